@@ -1,0 +1,58 @@
+"""The `specdeck` command: opens the window, or runs a headless subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from app import __version__
+
+# subcommand -> (module with add_arguments/run, one-line help)
+SUBCOMMANDS = {
+    "bench": ("app.engine.bench", "measure speculative decoding against plain decoding (the benchmark contract)"),
+    "chat": ("app.engine.terminal_chat", "chat in the terminal with streaming output"),
+    "doctor": ("app.doctor", "backend, devices, bandwidth and the ceiling for a model"),
+    "models": ("app.models_cmd", "list the GGUF models found on this machine and which drafters fit"),
+    "demo-models": ("app.demo_models", "install the two small demo models into the models folder"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; only ``command``'s module is imported, so one subcommand never slows another."""
+    parser = argparse.ArgumentParser(
+        prog="specdeck",
+        description="SpecDeck runs local GGUF models fast with speculative decoding. "
+        "Without a subcommand it opens the window.",
+    )
+    parser.add_argument("--version", action="version", version=f"SpecDeck {__version__}")
+    parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--engine-worker"]:
+        from app.engine.worker import worker_main
+
+        return worker_main(args_list[1:])
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        from ui.main import run_app
+
+        return run_app()
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

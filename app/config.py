@@ -1,0 +1,122 @@
+"""Typed, validated settings for loading models, drafting and sampling.
+
+Every value is checked here before it reaches llama.cpp, since some bad values (n_batch 0, n_ctx 1,
+NaN temperatures) make it assert and abort the process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from app.errors import SettingsError
+
+KV_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16")
+MAX_CTX = 1 << 20
+
+
+def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingsError(f"{name} must be a number, not {value!r}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingsError(f"{name} must be a finite number, not {value}.")
+    if integer and not float(value).is_integer():
+        raise SettingsError(f"{name} must be a whole number, not {value}.")
+    if not lo <= value <= hi:
+        raise SettingsError(f"{name} must be between {lo:g} and {hi:g}; {value:g} is out of range.")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Temperature 0 is greedy. Each filter is off at its neutral value (top_k 0, top_p 1, min_p 0)."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = -1
+    max_tokens: int = 512
+
+    def validate(self) -> SamplingSettings:
+        _number("Temperature", self.temperature, 0.0, 5.0)
+        _number("Top-k", self.top_k, 0, 1_000_000, integer=True)
+        _number("Top-p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise SettingsError("Top-p must be above 0 (1 turns it off).")
+        _number("Min-p", self.min_p, 0.0, 1.0)
+        _number("Repetition penalty", self.repeat_penalty, 0.5, 3.0)
+        _number("Repetition window", self.repeat_last_n, 0, 65536, integer=True)
+        _number("Seed", self.seed, -1, 2**63 - 1, integer=True)
+        _number("Max tokens", self.max_tokens, 1, MAX_CTX, integer=True)
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """How drafts are made: an optional model drafter, an optional n-gram drafter, and the depth policy."""
+
+    drafter_path: str | None = None
+    ngram: int = 0  # key length of the n-gram drafter; 0 = off
+    adaptive: bool = True
+    k: int = 4  # fixed depth when not adaptive
+    k_max: int = 8
+    p_min: float = 0.1  # a model drafter stops when its own top probability falls below this
+
+    def validate(self) -> DraftSettings:
+        _number("N-gram key length", self.ngram, 0, 16, integer=True)
+        _number("Draft depth k", self.k, 0, 32, integer=True)
+        _number("Maximum draft depth", self.k_max, 0, 32, integer=True)
+        _number("Drafter confidence cut", self.p_min, 0.0, 1.0)
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.drafter_path) or self.ngram > 0
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    target_path: str
+    draft: DraftSettings = field(default_factory=DraftSettings)
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_gpu_layers: int = -1  # -1 = all layers on the GPU when there is one
+    main_gpu: int = 0
+    flash_attn: str = "auto"  # auto | on | off
+    kv_type: str = "f16"
+    n_threads: int = 0  # 0 = physical cores
+
+    def validate(self) -> LoadSettings:
+        if not self.target_path:
+            raise SettingsError("Choose a target model first.")
+        _number("Context size", self.n_ctx, 16, MAX_CTX, integer=True)
+        _number("Batch size", self.n_batch, 16, 65536, integer=True)
+        _number("GPU layers", self.n_gpu_layers, -1, 10_000, integer=True)
+        _number("Main GPU", self.main_gpu, 0, 64, integer=True)
+        _number("Threads", self.n_threads, 0, 1024, integer=True)
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise SettingsError(f"Flash attention must be auto, on or off, not {self.flash_attn!r}.")
+        if self.kv_type not in KV_TYPES:
+            raise SettingsError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {self.kv_type!r}.")
+        if self.kv_type in ("q8_0", "q4_0") and self.flash_attn == "off":
+            raise SettingsError("A quantized KV cache needs flash attention: set it to auto or on.")
+        if self.draft.k_max + 1 > self.n_batch:
+            raise SettingsError("The batch size must be larger than the maximum draft depth.")
+        self.draft.validate()
+        return self
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass as plain JSON-ready values (nested dataclasses included)."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = as_dict(value) if hasattr(value, "__dataclass_fields__") else value
+    return out

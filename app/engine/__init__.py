@@ -1,0 +1,1 @@
+"""The engine: llama.cpp wrapper, chat templates, sampling, drafters and the speculative loop."""

@@ -1,0 +1,171 @@
+"""Choosing the draft depth k each pass from measured acceptance and measured cost.
+
+Expected tokens from a draft of depth k: E(k) = 1 + Σ_{i≤k} Π_{j≤i} a_j, with a_j the decayed rate at
+which position j is accepted given that every earlier one was. Expected time: t_verify(k + 1) plus the
+drafter's steps. k maximises E(k) / time. t_verify(n) is measured per width (flat on a GPU, rising on a
+small CPU), so the controller learns what a wide pass really costs on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DECAY = 0.85  # weight of the old estimate per observation: recent text matters most
+PROBE_EVERY = 12  # passes at k = 0 between probes, so a return of good drafts is noticed
+
+
+@dataclass
+class PositionAcceptance:
+    """Decayed acceptance rate per draft position for one drafter."""
+
+    k_max: int
+    prior: float
+    rates: list[float] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rates = [self.prior] * self.k_max
+        self.seen = [0] * self.k_max
+
+    def update(self, accepted: Sequence[bool]) -> None:
+        """``accepted`` holds one flag per drafted position up to and including the first rejection."""
+        for i, ok in enumerate(accepted[: self.k_max]):
+            self.rates[i] = DECAY * self.rates[i] + (1 - DECAY) * (1.0 if ok else 0.0)
+            self.seen[i] += 1
+            if not ok:
+                break
+
+
+class CostModel:
+    """Seconds per target pass of each width and per drafter step, from recent measurements.
+
+    Medians of a short window, not means: on a shared machine one pass in a few is slowed by other
+    work, and a mean would let those outliers talk the policy out of speculating.
+    """
+
+    WINDOW = 15
+
+    def __init__(self) -> None:
+        self._samples: dict[int, deque[float]] = {}
+        self._draft: deque[float] = deque(maxlen=self.WINDOW)
+        self._table: dict[int, float] | None = None
+
+    @property
+    def widths(self) -> dict[int, float]:
+        if self._table is None:
+            self._table = self._fit()
+        return self._table
+
+    @property
+    def draft_step(self) -> float:
+        return statistics.median(self._draft) if self._draft else 0.0
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        self._samples.setdefault(width, deque(maxlen=self.WINDOW)).append(seconds)
+        self._table = None
+
+    def observe_draft(self, steps: int, seconds: float) -> None:
+        if steps > 0:
+            self._draft.append(seconds / steps)
+
+    def _fit(self) -> dict[int, float]:
+        """Median per width, made non-decreasing in width and never above width × one-token cost."""
+        table: dict[int, float] = {}
+        floor = 0.0
+        for width in sorted(self._samples):
+            t = max(statistics.median(self._samples[width]), floor)
+            table[width] = t
+            floor = t
+        one = table.get(1)
+        if one is not None:
+            table = {w: min(t, w * one) for w, t in table.items()}
+        return table
+
+    def verify(self, width: int) -> float:
+        """Measured time of a pass of ``width`` tokens, interpolated between measured widths."""
+        widths = self.widths
+        if width in widths:
+            return widths[width]
+        known = sorted(widths)
+        if not known:
+            return 1.0
+        lower = [w for w in known if w < width]
+        upper = [w for w in known if w > width]
+        if lower and upper:
+            a, b = lower[-1], upper[0]
+            ta, tb = widths[a], widths[b]
+            return ta + (tb - ta) * (width - a) / (b - a)
+        if lower:  # extrapolate with the slope of the two widest measured
+            a = lower[-1]
+            slope = (widths[a] - widths[lower[-2]]) / (a - lower[-2]) if len(lower) > 1 else 0.0
+            return widths[a] + max(slope, 0.0) * (width - a)
+        return widths[upper[0]]
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    total, run = 1.0, 1.0
+    for a in rates[:k]:
+        run *= a
+        total += run
+    return total
+
+
+@dataclass
+class DepthController:
+    """Adaptive k in [0, k_max]; with ``fixed`` set, always that k (capped by what is proposed)."""
+
+    k_max: int
+    fixed: int | None = None
+    ngram: PositionAcceptance = field(init=False)
+    model: PositionAcceptance = field(init=False)
+    cost: CostModel = field(default_factory=CostModel)
+    _idle: int = 0
+    history: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ngram = PositionAcceptance(self.k_max, prior=0.6)
+        self.model = PositionAcceptance(self.k_max, prior=0.6)
+
+    def choose(self, ngram_available: int, has_model: bool) -> int:
+        """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists."""
+        if self.fixed is not None:
+            k = min(self.fixed, self.k_max) if has_model else min(self.fixed, ngram_available)
+            self.history.append(k)
+            return k
+        limit = self.k_max if has_model else min(self.k_max, ngram_available)
+        if limit == 0:
+            self.history.append(0)
+            return 0
+        rates = [
+            self.ngram.rates[i] if i < ngram_available else self.model.rates[i - ngram_available]
+            for i in range(limit)
+        ]
+        best_k, best = 0, 1.0 / self.cost.verify(1)
+        for k in range(1, limit + 1):
+            model_steps = max(0, k - ngram_available)
+            seconds = self.cost.verify(k + 1) + model_steps * self.cost.draft_step
+            rate = expected_tokens(rates, k) / seconds
+            if rate > best * 1.0001:
+                best_k, best = k, rate
+        if best_k == 0:
+            self._idle += 1
+            if self._idle >= PROBE_EVERY:  # a cheap probe keeps the estimates honest
+                self._idle = 0
+                best_k = min(2, limit)
+        else:
+            self._idle = 0
+        self.history.append(best_k)
+        return best_k
+
+    def observe(self, sources: Sequence[str], accepted: Sequence[bool]) -> None:
+        from app.events import FROM_NGRAM
+
+        ng = [ok for s, ok in zip(sources, accepted, strict=False) if s == FROM_NGRAM]
+        md = [ok for s, ok in zip(sources, accepted, strict=False) if s != FROM_NGRAM]
+        if ng:
+            self.ngram.update(ng)
+        if md and (not ng or all(ng)):
+            self.model.update(md)

@@ -1,0 +1,239 @@
+"""The app's side of the engine: starts the worker process, sends requests, yields typed events.
+
+If the worker dies (a GGML abort, an out-of-memory kill, a signal), the next read reports
+``EngineCrashed`` with the exit status and the last lines it logged; ``restart`` starts a new one.
+A worker that stays silent past the watchdog while busy is killed and reported the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from app.config import LoadSettings, SamplingSettings
+from app.events import (
+    Cancel,
+    EngineCrashed,
+    EngineError,
+    Event,
+    Finished,
+    Generate,
+    Load,
+    Loaded,
+    LoadProgress,
+    Request,
+    Shutdown,
+    Unload,
+    Unloaded,
+)
+
+TAIL_LINES = 20
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class EngineClient:
+    """One engine worker at a time. Not thread-safe: one thread sends and reads."""
+
+    def __init__(self, log_dir: Path | None = None, watchdog_seconds: float = 120.0) -> None:
+        self.log_dir = log_dir
+        self.watchdog_seconds = watchdog_seconds
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._log_path: Path | None = None
+        self._ids = itertools.count(1)
+        self.state = "stopped"  # stopped, idle, load, generate
+        self._last_heard = time.monotonic()
+        self.crashes_on_load = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        from app.engine.worker import run_worker
+
+        folder = self.log_dir or Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="specdeck-engine-", suffix=".log", dir=folder)
+        os.close(fd)
+        self._log_path = Path(name)
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=run_worker, args=(child, name), name="specdeck-engine", daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        self.state = "idle"
+        self._last_heard = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return int(self._proc.pid) if self._proc is not None else None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+        self._proc = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self.state = "stopped"
+
+    def close(self) -> None:
+        """Ask the worker to exit, then make sure it has."""
+        if self.alive and self._conn is not None:
+            try:
+                self._conn.send(Shutdown())
+                self._proc.join(5)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _send(self, request: Request) -> None:
+        if not self.alive:
+            self.start()
+        assert self._conn is not None
+        self._conn.send(request)
+        self._last_heard = time.monotonic()
+
+    def load(self, settings: LoadSettings) -> None:
+        settings.validate()
+        self.state = "load"
+        self._send(Load(settings))
+
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> int:
+        sampling.validate()
+        request_id = next(self._ids)
+        self.state = "generate"
+        self._send(Generate(request_id, tuple(messages), sampling))
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        if self.alive:
+            self._send(Cancel(request_id))
+
+    def unload(self) -> None:
+        if self.alive:
+            self._send(Unload())
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def log_tail(self, lines: int = TAIL_LINES) -> tuple[str, ...]:
+        if self._log_path is None or not self._log_path.exists():
+            return ()
+        with self._log_path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            text = fh.read().decode("utf-8", errors="replace")
+        return tuple(line for line in text.splitlines() if line.strip())[-lines:]
+
+    def _crashed(self, message: str = "") -> EngineCrashed:
+        during = self.state
+        code = None
+        if self._proc is not None:
+            self._proc.join(2)
+            code = self._proc.exitcode
+        sig = _signal_name(code)
+        if during == "load":
+            self.crashes_on_load += 1
+        event = EngineCrashed(
+            exit_code=code,
+            signal_name=sig,
+            during=during,
+            last_log_lines=self.log_tail(),
+            message=message or self._explain(code, sig, during),
+        )
+        self.kill()
+        return event
+
+    @staticmethod
+    def _explain(code: int | None, sig: str | None, during: str) -> str:
+        what = {"load": "while loading the model", "generate": "while generating", "idle": "while idle"}.get(
+            during, ""
+        )
+        how = f"was killed by {sig}" if sig else f"exited with status {code}"
+        advice = {
+            "load": "The model may be damaged, or there was not enough memory: try fewer GPU layers, a smaller "
+            "context or a smaller KV cache type.",
+            "generate": "This is often the GPU running out of memory: try a smaller context, fewer GPU layers, "
+            "or close other programs using the GPU.",
+        }.get(during, "")
+        return f"The engine {how} {what}. {advice} Your chat is safe; restart the engine to go on.".replace(
+            "  ", " "
+        )
+
+    def poll(self, timeout: float | None = 0.0) -> Event | None:
+        """The next event, None if none came within ``timeout``, or ``EngineCrashed`` if the worker died."""
+        if self._conn is None:
+            return None
+        try:
+            ready = self._conn.poll(timeout)
+        except (EOFError, OSError):
+            return self._crashed()
+        if not ready:
+            if not self.alive:
+                return self._crashed()
+            busy = self.state in ("load", "generate")
+            if busy and time.monotonic() - self._last_heard > self.watchdog_seconds:
+                return self._crashed(
+                    f"The engine stopped answering for {self.watchdog_seconds:.0f} s and was stopped. "
+                    "Your chat is safe; restart the engine to go on."
+                )
+            return None
+        try:
+            event: Event = self._conn.recv()
+        except (EOFError, OSError):
+            return self._crashed()
+        self._last_heard = time.monotonic()
+        if isinstance(event, Loaded):
+            self.state = "idle"
+            self.crashes_on_load = 0
+        elif isinstance(event, Finished | Unloaded) or (isinstance(event, EngineError) and self.state != "idle"):
+            self.state = "idle"
+        return event
+
+    def events(self, timeout: float = 600.0) -> Iterator[Event]:
+        """Events until the current request ends (Loaded, Finished, EngineError, EngineCrashed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            event = self.poll(0.1)
+            if event is None:
+                continue
+            yield event
+            if isinstance(event, Loaded | Finished | EngineError | EngineCrashed | Unloaded):
+                return
+        raise TimeoutError(f"no answer from the engine within {timeout:.0f} s")
+
+
+__all__ = ["EngineClient", "LoadProgress"]

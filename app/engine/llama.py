@@ -1,0 +1,354 @@
+"""A thin, typed wrapper over llama-cpp-python's low-level API.
+
+Owns model and context lifetimes, batch decoding with logits at chosen positions, zero-copy logits views,
+checked KV rollback, tokenization and UTF-8-safe detokenization. Never builds a batch larger than n_batch:
+llama.cpp aborts the whole process on that.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+import llama_cpp as lc
+import numpy as np
+import numpy.typing as npt
+
+from app.errors import EngineLoadError, ModelFileError, PromptTooLongError
+
+Logits = npt.NDArray[np.float32]
+
+KV_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+# llama.cpp's vocab type enum, named as GGUF's tokenizer.ggml.model spells it.
+VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "bert", 4: "t5", 5: "rwkv", 6: "plamo2"}
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_sink: Callable[[str], None] | None = None
+
+
+_LOG_DEBUG, _LOG_CONT = 1, 5
+_last_level = [0]
+
+
+@lc.llama_log_callback  # type: ignore[misc]
+def _on_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # Debug output (per-tensor graph details) drowns the lines that explain a failure.
+    if level != _LOG_CONT:
+        _last_level[0] = level
+    if _log_sink is not None and text and _last_level[0] != _LOG_DEBUG:
+        _log_sink(text.decode("utf-8", errors="replace"))
+
+
+def init_backend(log_sink: Callable[[str], None] | None = None) -> None:
+    """Initialise llama.cpp once per process; its log lines go to ``log_sink`` (or nowhere)."""
+    global _backend_ready, _log_sink
+    with _backend_lock:
+        _log_sink = log_sink
+        lc.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+        if not _backend_ready:
+            lc.llama_backend_init()
+            _backend_ready = True
+
+
+def backend_name() -> str:
+    """The GPU backend this llama.cpp build was compiled with, or "cpu"."""
+    if not lc.llama_supports_gpu_offload():
+        return "cpu"
+    lib_dir = Path(lc.__file__).parent / "lib"
+    names = " ".join(p.name for p in lib_dir.glob("*")) if lib_dir.is_dir() else ""
+    for backend in ("cuda", "vulkan", "metal", "hip", "sycl"):
+        if backend in names:
+            return backend
+    return "gpu"
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        return os.cpu_count() or 1
+
+
+class Model:
+    """A loaded GGUF model (weights and vocabulary). One model may serve several contexts."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_gpu_layers: int = -1,
+        main_gpu: int = 0,
+        vocab_only: bool = False,
+        progress: Callable[[float], bool] | None = None,
+    ) -> None:
+        self.path = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ModelFileError(f"{p} is not a file; choose a .gguf model file.")
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers if lc.llama_supports_gpu_offload() else 0
+        params.main_gpu = main_gpu
+        params.vocab_only = vocab_only
+        if progress is not None:
+            # Returning False from the callback makes llama.cpp give up the load.
+            self._progress_cb = lc.llama_progress_callback(lambda f, _ud: bool(progress(float(f))))
+            params.progress_callback = self._progress_cb
+        self._ptr = lc.llama_model_load_from_file(self.path.encode(), params)
+        if not self._ptr:
+            raise EngineLoadError(
+                f"llama.cpp could not load {p.name}: the file is damaged or of an unsupported architecture, "
+                "or there is not enough memory for its weights (try fewer GPU layers)."
+            )
+        vocab = lc.llama_model_get_vocab(self._ptr)
+        if not vocab:
+            raise EngineLoadError(f"{p.name} has no vocabulary.")
+        self.vocab = vocab
+        self.n_vocab = int(lc.llama_vocab_n_tokens(vocab))
+        self.vocab_type = VOCAB_TYPES.get(int(lc.llama_vocab_type(vocab)), "unknown")
+        self.bos = int(lc.llama_vocab_bos(vocab))
+        self.eos = int(lc.llama_vocab_eos(vocab))
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(vocab))
+        self.add_eos = bool(lc.llama_vocab_get_add_eos(vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for tok in range(self.n_vocab):
+            if lc.llama_vocab_is_eog(vocab, tok):
+                self._eog[tok] = True
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def size_bytes(self) -> int:
+        return int(lc.llama_model_size(self._ptr))
+
+    @property
+    def n_params(self) -> int:
+        return int(lc.llama_model_n_params(self._ptr))
+
+    @property
+    def n_layer(self) -> int:
+        return int(lc.llama_model_n_layer(self._ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(lc.llama_model_n_ctx_train(self._ptr))
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(lc.llama_model_is_recurrent(self._ptr)) or bool(lc.llama_model_is_hybrid(self._ptr))
+
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self._ptr, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        raw = lc.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="surrogateescape") if raw else ""
+
+    # --- tokens ---------------------------------------------------------------------------------
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise PromptTooLongError("The text could not be tokenized (llama.cpp reported an overflow).")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (control tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:  # the buffer was too small: -n bytes are needed
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        data = buf.raw[: max(n, 0)]
+        self._pieces[token] = data
+        return data
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None):
+            lc.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Detokenizer:
+    """Turns tokens into text without ever emitting half a UTF-8 character; invalid bytes become U+FFFD."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return self._decoder.decode(self._model.piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = physical cores
+    flash_attn: str = "auto"
+    kv_type: str = "f16"
+
+
+class Context:
+    """One llama.cpp context (KV cache) on a model, sequence 0 only.
+
+    ``n_past`` is the number of tokens in the KV cache; the caller keeps it honest through
+    ``decode`` and ``truncate``.
+    """
+
+    def __init__(self, model: Model, params: ContextParams) -> None:
+        self.model = model
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_batch
+        cp.n_seq_max = 1
+        threads = params.n_threads or physical_cores()
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
+        cp.type_k = KV_GGML_TYPES[params.kv_type]
+        cp.type_v = KV_GGML_TYPES[params.kv_type]
+        cp.no_perf = True
+        self._ptr = lc.llama_init_from_model(model._ptr, cp)
+        if not self._ptr:
+            raise EngineLoadError(
+                f"llama.cpp could not create a context of {params.n_ctx} tokens for {Path(model.path).name}: "
+                "most likely not enough memory for the KV cache. Try a smaller context, a smaller KV cache "
+                "type (q8_0) or fewer GPU layers."
+            )
+        self.n_ctx = int(lc.llama_n_ctx(self._ptr))
+        self.n_batch = int(lc.llama_n_batch(self._ptr))
+        self.n_vocab = model.n_vocab
+        self.n_past = 0
+        self._mem = lc.llama_get_memory(self._ptr)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._tok = self._batch.token
+        self._pos = self._batch.pos
+        self._nseq = self._batch.n_seq_id
+        self._seq = self._batch.seq_id
+        self._logit_flags = self._batch.logits
+        for i in range(self.n_batch):
+            self._nseq[i] = 1
+            self._seq[i][0] = 0
+
+    def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> Logits:
+        """Append ``tokens`` to the KV cache; return logits rows (all positions, or the last only).
+
+        The returned array is a view into llama.cpp's buffer, valid until the next decode on this context.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        if self.n_past + n > self.n_ctx:
+            raise PromptTooLongError(f"The context is full ({self.n_past} + {n} > {self.n_ctx} tokens).")
+        tok, pos, flags, base = self._tok, self._pos, self._logit_flags, self.n_past
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = base + i
+            flags[i] = all_logits
+        flags[n - 1] = True
+        self._batch.n_tokens = n
+        rc = lc.llama_decode(self._ptr, self._batch)
+        if rc != 0:
+            raise EngineLoadError(
+                f"llama.cpp failed to decode a batch of {n} tokens (code {rc}): "
+                + ("no room in the KV cache." if rc == 1 else "the backend reported an error.")
+            )
+        self.n_past += n
+        rows = n if all_logits else 1
+        ptr = lc.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def prefill(self, tokens: Sequence[int]) -> Logits:
+        """Decode a long token list in n_batch chunks; returns the last position's logits row."""
+        out: Logits | None = None
+        for start in range(0, len(tokens), self.n_batch):
+            out = self.decode(tokens[start : start + self.n_batch])
+        if out is None:
+            raise ValueError("prefill needs at least one token")
+        return out
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop every cached position from ``n_keep`` on (rollback after rejected drafts)."""
+        if n_keep >= self.n_past:
+            return
+        if not lc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise EngineLoadError(
+                "This model's cache cannot be rolled back (recurrent or hybrid architecture); "
+                "speculative decoding is not possible with it."
+            )
+        self.n_past = n_keep
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def synchronize(self) -> None:
+        lc.llama_synchronize(self._ptr)
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def kv_bytes_per_token(model: Model, kv_type: str = "f16") -> int:
+    """Bytes the KV cache takes per token of context, read from the model (SWA layers counted fully)."""
+    n_layer = model.n_layer
+    n_head_kv = int(lc.llama_model_n_head_kv(model._ptr))
+    n_head = max(int(lc.llama_model_n_head(model._ptr)), 1)
+    n_embd = int(lc.llama_model_n_embd(model._ptr))
+    arch = model.meta("general.architecture") or ""
+    k_dim = int(model.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+    v_dim = int(model.meta(f"{arch}.attention.value_length") or n_embd // n_head)
+    per_elem = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}[kv_type]
+    return int(n_layer * n_head_kv * (k_dim + v_dim) * per_elem)

@@ -1,0 +1,232 @@
+"""A loaded target (and drafters) ready to answer chats: what the worker process and `specdeck bench` drive.
+
+Loading checks every file with the bounded GGUF reader before llama.cpp sees it, checks the drafter
+against the target as llama.cpp does, and measures what a target pass of each width costs here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from app.compat import CompatResult, VocabInfo, check_compatible
+from app.config import LoadSettings, SamplingSettings
+from app.engine.adaptive import DepthController
+from app.engine.chat import render_chat
+from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.llama import Context, ContextParams, Model, backend_name, init_backend, kv_bytes_per_token
+from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.errors import EngineLoadError, IncompatibleDrafterError, ModelFileError, PromptTooLongError
+from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
+from app.gguf_reader import GGUFError, GGUFInfo, fingerprint_texts, read_gguf_info
+
+ProgressFn = Callable[[str, float], bool]
+
+
+def check_model_file(path: str, role: str) -> GGUFInfo:
+    """Refuse anything that is not a whole, loadable model before llama.cpp parses it."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"The {role} model {p} does not exist (moved or deleted?). Choose it again.")
+    if p.is_dir():
+        raise ModelFileError(f"The {role} model {p} is a folder; choose a .gguf file inside it.")
+    if not p.is_file():
+        raise ModelFileError(f"The {role} model {p} is not a regular file (a pipe or device?); choose a .gguf file.")
+    try:
+        info = read_gguf_info(p)
+    except GGUFError as exc:
+        raise ModelFileError(f"The {role} model {p.name} cannot be used: {exc}") from exc
+    if info.kind == "mmproj":
+        raise ModelFileError(
+            f"{p.name} is a vision projector (mmproj), not a language model; choose the main model file."
+        )
+    if info.kind == "lora":
+        raise ModelFileError(f"{p.name} is a LoRA adapter, not a model; choose the base model file.")
+    if info.kind == "shard":
+        raise ModelFileError(f"{p.name} is part of a split model; choose its first part (…-00001-of-….gguf).")
+    if info.missing_shards:
+        raise ModelFileError(
+            f"{p.name} is split into {info.split_count} parts and these are missing: "
+            + ", ".join(info.missing_shards)
+            + ". Put every part in the same folder."
+        )
+    return info
+
+
+def vocab_info(model: Model) -> tuple[VocabInfo, list[str]]:
+    texts = [model.token_text(i) for i in range(model.n_vocab)]
+    info = VocabInfo(
+        vocab_type=model.vocab_type,
+        n_vocab=model.n_vocab,
+        bos_id=model.bos,
+        eos_id=model.eos,
+        add_bos=model.add_bos,
+        add_eos=model.add_eos,
+        fingerprint=fingerprint_texts(texts),
+    )
+    return info, texts
+
+
+def check_drafter(target: Model, drafter: Model) -> CompatResult:
+    t_info, t_texts = vocab_info(target)
+    d_info, d_texts = vocab_info(drafter)
+    return check_compatible(t_info, d_info, t_texts, d_texts)
+
+
+def summarize(model: Model) -> ModelSummary:
+    return ModelSummary(
+        path=model.path,
+        name=model.meta("general.name") or Path(model.path).stem,
+        architecture=model.meta("general.architecture") or "unknown",
+        n_params=model.n_params,
+        size_bytes=model.size_bytes,
+        n_ctx_train=model.n_ctx_train,
+        n_layer=model.n_layer,
+        n_vocab=model.n_vocab,
+    )
+
+
+class EngineSession:
+    """Target, drafters and the loop, loaded from ``LoadSettings``."""
+
+    def __init__(self, settings: LoadSettings, *, log: Callable[[str], None] | None = None,
+                 progress: ProgressFn | None = None) -> None:
+        settings.validate()
+        t0 = time.perf_counter()
+        init_backend(log)
+        self.settings = settings
+        draft = settings.draft
+        self.target_info = check_model_file(settings.target_path, "target")
+        drafter_info = check_model_file(draft.drafter_path, "drafter") if draft.drafter_path else None
+        if settings.n_ctx > max(self.target_info.context_length, 1) * 4 and self.target_info.context_length:
+            raise EngineLoadError(
+                f"A context of {settings.n_ctx} tokens is far beyond what {Path(settings.target_path).name} "
+                f"was trained for ({self.target_info.context_length}); choose at most that."
+            )
+
+        def stage(name: str) -> Callable[[float], bool]:
+            return lambda f: progress(name, f) if progress else True
+
+        self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
+                            main_gpu=settings.main_gpu, progress=stage("target"))
+        cparams = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=settings.n_threads,
+                                flash_attn=settings.flash_attn, kv_type=settings.kv_type)
+        self.ctx = Context(self.target, cparams)
+        self.drafter_model: Model | None = None
+        model_drafter: ModelDrafter | None = None
+        if draft.drafter_path and drafter_info is not None:
+            if Path(draft.drafter_path).resolve() == Path(settings.target_path).resolve():
+                self.drafter_model = self.target  # never load the same file twice
+            else:
+                self.drafter_model = Model(draft.drafter_path, n_gpu_layers=settings.n_gpu_layers,
+                                           main_gpu=settings.main_gpu, progress=stage("drafter"))
+                verdict = check_drafter(self.target, self.drafter_model)
+                if not verdict.ok:
+                    raise IncompatibleDrafterError(
+                        f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
+                        f"{verdict.reason}"
+                    )
+            dctx = Context(self.drafter_model, cparams)
+            model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
+        if draft.speculative and self.target.is_recurrent:
+            raise EngineLoadError(
+                f"{Path(settings.target_path).name} is a recurrent or hybrid model, whose cache cannot be rolled "
+                "back; speculative decoding is refused for it. Turn the drafters off to use it."
+            )
+        ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
+        k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
+        controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
+        self.decoder = SpeculativeDecoder(self.target, self.ctx, ngram=ngram, drafter=model_drafter,
+                                          controller=controller)
+        self.kv_per_token = kv_bytes_per_token(self.target, settings.kv_type)
+        self.decoder.kv_bytes_per_token = self.kv_per_token
+        self.drafter_kv_per_token = (
+            kv_bytes_per_token(self.drafter_model, settings.kv_type) if self.drafter_model else 0
+        )
+        self.decoder.calibrate(widths=sorted({1, 2, 3, 5, min(9, k_max + 1)}) if k_max else (1,))
+        # Plain decoding on the same context, for side-by-side baselines.
+        self.plain_decoder = SpeculativeDecoder(self.target, self.ctx)
+        self.plain_decoder.kv_bytes_per_token = self.kv_per_token
+        self.plain_decoder.plain_tps = self.decoder.plain_tps
+        self.load_seconds = time.perf_counter() - t0
+
+    def loaded_event(self) -> Loaded:
+        per_token = self.kv_per_token + self.drafter_kv_per_token
+        return Loaded(
+            target=summarize(self.target),
+            drafter=summarize(self.drafter_model) if self.drafter_model else None,
+            ngram=self.settings.draft.ngram,
+            n_ctx=self.ctx.n_ctx,
+            backend=backend_name(),
+            gpu_offload=backend_name() != "cpu" and self.settings.n_gpu_layers != 0,
+            kv_bytes_per_token=per_token,
+            kv_bytes_total=per_token * self.ctx.n_ctx,
+            load_seconds=self.load_seconds,
+        )
+
+    # --- prompts --------------------------------------------------------------------------------
+
+    def prompt_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+        """Render the chat with the model's template and tokenize it.
+
+        Only the template's own text may contain control tokens: each message's content is tokenized
+        with special-token parsing off, so a user typing "<|im_end|>" gets plain text, not a control token.
+        """
+        model = self.target
+        bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
+        eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
+        rendered = render_chat(model.chat_template(), list(messages), bos_text, eos_text)
+        text = rendered.text
+        tokens: list[int] = []
+        if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
+            tokens.append(model.bos)
+        cursor = 0
+        for message in messages:
+            content = message.get("content", "")
+            for candidate in (content, content.strip()):
+                at = text.find(candidate, cursor) if candidate else -1
+                if at >= 0:
+                    tokens += model.tokenize(text[cursor:at], parse_special=True)
+                    tokens += model.tokenize(candidate, parse_special=False)
+                    cursor = at + len(candidate)
+                    break
+        tokens += model.tokenize(text[cursor:], parse_special=True)
+        return tokens, rendered.warning
+
+    # --- generation -----------------------------------------------------------------------------
+
+    def generate(self, request_id: int, messages: Sequence[dict[str, str]], sampling: SamplingSettings,
+                 *, prompt: Sequence[int] | None = None,
+                 cancelled: Callable[[], bool] | None = None,
+                 decoder: SpeculativeDecoder | None = None) -> Iterator[Event]:
+        sampling.validate()
+        decoder = decoder or self.decoder
+        tokens = list(prompt) if prompt is not None else self.prompt_tokens(messages)[0]
+        if len(tokens) >= self.ctx.n_ctx:
+            raise PromptTooLongError(
+                f"The prompt is {len(tokens)} tokens but the context holds {self.ctx.n_ctx}; "
+                "shorten it, start a new chat, or load the model with a larger context."
+            )
+        totals = RunTotals()
+        stop = StopReason()
+        pieces: list[str] = []
+        announced = False
+        for event in decoder.generate(tokens, sampling, request_id, totals=totals, stop=stop,
+                                       cancelled=cancelled):
+            if not announced:
+                announced = True
+                yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds)
+            if hasattr(event, "text"):
+                pieces.append(event.text)
+            yield event
+        yield Finished(request_id, stop.reason or "cancelled", totals.summary(decoder.plain_tps), "".join(pieces))
+
+    def close(self) -> None:
+        self.ctx.close()
+        drafter = self.decoder.drafter
+        if drafter is not None:
+            drafter.ctx.close()
+        if self.drafter_model is not None and self.drafter_model is not self.target:
+            self.drafter_model.close()
+        self.target.close()

@@ -1,0 +1,342 @@
+"""The speculative decoding loop: draft, verify in one target decode, accept, emit, roll back.
+
+Greedy accepts a draft token while it equals the target's argmax at that position. Sampling accepts x
+with probability min(1, p(x) / q(x)) and on rejection samples from norm(max(0, p − q)); after a fully
+accepted draft the bonus token comes from p. The output distribution is the target's own; only the
+speed changes. k = 0 is plain decoding through the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from app.config import SamplingSettings
+from app.engine import sampling
+from app.engine.adaptive import DepthController
+from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
+from app.engine.llama import Context, Detokenizer, Model
+from app.errors import PromptTooLongError
+from app.events import FROM_MODEL, FROM_NGRAM, FROM_TARGET, MessageStats, PassStats, Token
+
+
+@dataclass
+class RunTotals:
+    """Running figures for one answer, turned into ``MessageStats`` at the end."""
+
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    t_request: float = 0.0
+    t_first_token: float = 0.0
+    t_last_token: float = 0.0
+    tokens: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    pos_drafted: list[int] = field(default_factory=list)
+    pos_accepted: list[int] = field(default_factory=list)
+    k_history: list[int] = field(default_factory=list)
+
+    def record_positions(self, accepted: Sequence[bool], drafted: int) -> None:
+        while len(self.pos_drafted) < drafted:
+            self.pos_drafted.append(0)
+            self.pos_accepted.append(0)
+        for i in range(drafted):
+            self.pos_drafted[i] += 1
+        for i, ok in enumerate(accepted):
+            if not ok:
+                break
+            self.pos_accepted[i] += 1
+
+    def summary(self, plain_tps: float | None) -> MessageStats:
+        decode_s = max(self.t_last_token - self.t_first_token, 0.0)
+        decode_tokens = max(self.tokens - 1, 0)
+        decode_tps = decode_tokens / decode_s if decode_s > 0 else 0.0
+        return MessageStats(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.tokens,
+            ttft_seconds=max(self.t_first_token - self.t_request, 0.0) if self.tokens else 0.0,
+            prefill_tps=self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0,
+            decode_tps=decode_tps,
+            decode_seconds=decode_s,
+            passes=self.passes,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance=self.accepted / self.drafted if self.drafted else 0.0,
+            tokens_per_pass=self.tokens / self.passes if self.passes else 0.0,
+            per_position_acceptance=tuple(
+                a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted, strict=True)
+            ),
+            k_history=tuple(self.k_history),
+            speedup_estimate=decode_tps / plain_tps if plain_tps and decode_tps else 1.0,
+        )
+
+
+@dataclass
+class StopReason:
+    reason: str = ""
+
+
+class SpeculativeDecoder:
+    """Runs one answer at a time on a target context, with optional n-gram and model drafters."""
+
+    def __init__(
+        self,
+        target: Model,
+        ctx: Context,
+        *,
+        ngram: NGramDrafter | None = None,
+        drafter: ModelDrafter | None = None,
+        controller: DepthController | None = None,
+    ) -> None:
+        self.target = target
+        self.ctx = ctx
+        self.ngram = ngram
+        self.drafter = drafter
+        self.controller = controller or DepthController(k_max=0, fixed=0)
+        self.k_cap = max(0, ctx.n_batch - 1)
+        self.plain_tps: float | None = None  # measured plain decode rate, for the speedup estimate
+        self.kv_bytes_per_token = 0
+        self._ctx_tokens: list[int] = []
+
+    def reset_cache(self) -> None:
+        """Forget every cached token (target and drafters), as before a fresh, comparable run."""
+        self.ctx.clear()
+        self._ctx_tokens = []
+        if self.drafter is not None:
+            self.drafter.reset()
+        if self.ngram is not None:
+            self.ngram.reset()
+
+    # --- cost calibration -----------------------------------------------------------------------
+
+    def calibrate(self, widths: Sequence[int] = (1, 2, 3, 5, 9), repeats: int = 2) -> None:
+        """Time target passes of several widths once, so the first choices of k are already informed."""
+        ctx = self.ctx
+        ctx.clear()
+        probe = [self.target.bos if self.target.bos >= 0 else 0] * 16
+        ctx.decode(probe[:8])
+        for _ in range(repeats):
+            for w in widths:
+                if w > ctx.n_batch or ctx.n_past + w > ctx.n_ctx:
+                    continue
+                n_keep = ctx.n_past
+                t0 = time.perf_counter()
+                ctx.decode(probe[:w], all_logits=True)
+                ctx.synchronize()
+                self.controller.cost.observe_verify(w, time.perf_counter() - t0)
+                ctx.truncate(n_keep)
+        if self.drafter is not None:
+            dctx = self.drafter.ctx
+            dctx.clear()
+            dctx.decode(probe[:8])
+            t0 = time.perf_counter()
+            for _ in range(4):
+                dctx.decode(probe[:1])
+            dctx.synchronize()
+            self.controller.cost.observe_draft(4, time.perf_counter() - t0)
+            self.drafter.reset()
+        ctx.clear()
+        one = self.controller.cost.widths.get(1)
+        if one:
+            self.plain_tps = 1.0 / one
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        settings: SamplingSettings,
+        request_id: int = 0,
+        *,
+        totals: RunTotals | None = None,
+        stop: StopReason | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[Token | PassStats]:
+        """Yield a ``Token`` and a ``PassStats`` per verify pass; ``stop.reason`` says why it ended.
+
+        ``cancelled`` is asked once per pass, so a Cancel takes effect within one verify pass.
+        """
+        totals = totals if totals is not None else RunTotals()
+        stop = stop if stop is not None else StopReason()
+        ctx, model = self.ctx, self.target
+        if len(prompt) == 0:
+            raise PromptTooLongError("The prompt is empty; type a message first.")
+        if len(prompt) >= ctx.n_ctx:
+            raise PromptTooLongError(
+                f"The prompt is {len(prompt)} tokens but the context holds {ctx.n_ctx}; "
+                "shorten it or load the model with a larger context."
+            )
+        seed = settings.seed if settings.seed >= 0 else None
+        rng = np.random.default_rng(seed)
+        greedy = settings.greedy
+        penalize = settings.repeat_penalty != 1.0 and settings.repeat_last_n > 0
+        controller = self.controller
+        detok = Detokenizer(model)
+
+        totals.t_request = time.perf_counter()
+        totals.prompt_tokens = len(prompt)
+        # Reuse the KV cache of a shared prefix (an earlier turn of the same chat).
+        tokens: list[int] = list(prompt)
+        self._reuse_prefix(tokens[:-1])
+        t0 = time.perf_counter()
+        if ctx.n_past < len(tokens) - 1:
+            ctx.prefill(tokens[ctx.n_past : -1])
+        ctx.synchronize()
+        totals.prefill_seconds = time.perf_counter() - t0
+        self._ctx_tokens = tokens[:-1]
+        if self.ngram is not None:
+            self.ngram.observe(tokens)
+
+        produced = 0
+        while True:
+            if cancelled is not None and cancelled():
+                stop.reason = "cancelled"
+                break
+            room = ctx.n_ctx - ctx.n_past  # the pending token needs one slot, each draft token one more
+            if room < 1:
+                stop.reason = "context_full"
+                break
+            remaining = settings.max_tokens - produced
+            if remaining <= 0:
+                stop.reason = "max_tokens"
+                break
+            t_pass = time.perf_counter()
+            # --- draft ---
+            ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
+            k = controller.choose(len(ng_draft), self.drafter is not None)
+            k = max(0, min(k, self.k_cap, room - 1, remaining - 1))
+            draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
+            if self.drafter is not None and len(draft) < k:
+                recent = np.array(tokens[-settings.repeat_last_n :], dtype=np.int64) if penalize else None
+                draft.extend(self.drafter.propose(tokens + draft.tokens, k - len(draft), settings, rng, recent))
+            t_drafted = time.perf_counter()
+            # --- verify in one decode ---
+            n_before = ctx.n_past
+            rows = ctx.decode([tokens[-1], *draft.tokens], all_logits=True)
+            ctx.synchronize()
+            t_verified = time.perf_counter()
+            # --- accept ---
+            emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize)
+            n_acc = sum(accepted)
+            ctx.truncate(n_before + 1 + n_acc)
+            # --- bookkeeping ---
+            if len(draft) == 0 and ng_draft.tokens:
+                # The n-gram draft was not used: still learn whether its first token was right.
+                controller.ngram.update([ng_draft.tokens[0] == emitted[0]] if greedy else [])
+            controller.observe(draft.sources, accepted)
+            controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
+            if draft.model_steps:
+                controller.cost.observe_draft(draft.model_steps, draft.model_seconds)
+            stop_now = False
+            out_ids: list[int] = []
+            pieces: list[str] = []
+            for tok in emitted:
+                if model.is_eog(tok):
+                    stop_now = True
+                    break
+                out_ids.append(tok)
+                pieces.append(detok.feed(tok))
+                if produced + len(out_ids) >= settings.max_tokens:
+                    break
+            tokens.extend(out_ids)
+            produced += len(out_ids)
+            sources = [draft.sources[i] if i < n_acc else FROM_TARGET for i in range(len(out_ids))]
+            now = time.perf_counter()
+            if out_ids:
+                if totals.tokens == 0:
+                    totals.t_first_token = now
+                totals.t_last_token = now
+            totals.tokens += len(out_ids)
+            totals.passes += 1
+            totals.drafted += len(draft)
+            totals.accepted += n_acc
+            totals.record_positions(accepted, len(draft))
+            totals.k_history.append(k)
+            overhead = time.perf_counter() - t_pass - (t_verified - t_drafted) - draft.model_seconds
+            if out_ids:
+                yield Token(request_id, "".join(pieces), tuple(out_ids), tuple(sources), tuple(pieces))
+            yield PassStats(
+                request_id=request_id,
+                t_start=t_pass,
+                draft_seconds=t_drafted - t_pass,
+                verify_seconds=t_verified - t_drafted,
+                k=k,
+                drafted=len(draft),
+                accepted=tuple(accepted),
+                emitted=len(out_ids),
+                from_ngram=sum(1 for s in sources if s == FROM_NGRAM),
+                from_model=sum(1 for s in sources if s == FROM_MODEL),
+                context_tokens=ctx.n_past,
+                kv_bytes_used=ctx.n_past * self.kv_bytes_per_token,
+                verify_width=len(draft) + 1,
+                overhead_seconds=overhead,
+            )
+            if stop_now:
+                stop.reason = "eog"
+                break
+        tail = detok.flush()
+        if tail:
+            yield Token(request_id, tail, (), (), ())
+        # Keep the KV of every token but the last emitted one, ready for the next turn's prefix reuse.
+        ctx.truncate(min(ctx.n_past, len(tokens) - 1))
+        self._ctx_tokens = tokens[: ctx.n_past]
+
+    def _reuse_prefix(self, wanted: list[int]) -> None:
+        have = self._ctx_tokens
+        common = 0
+        limit = min(len(have), len(wanted), self.ctx.n_past)
+        while common < limit and have[common] == wanted[common]:
+            common += 1
+        self.ctx.truncate(common)
+        if common == 0:
+            self.ctx.clear()
+
+    def _accept(
+        self,
+        rows: npt.NDArray[np.float32],
+        draft: Draft,
+        tokens: list[int],
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        greedy: bool,
+        penalize: bool,
+    ) -> tuple[list[int], list[bool]]:
+        """Compare the draft with the target's rows; return (emitted tokens, accept flag per position)."""
+        emitted: list[int] = []
+        accepted: list[bool] = []
+        window = settings.repeat_last_n
+        for i, x in enumerate(draft.tokens):
+            recent = np.array((tokens + emitted)[-window:], dtype=np.int64) if penalize else None
+            if greedy:
+                target_tok = sampling.greedy_token(rows[i], settings, recent)
+                if target_tok == x:
+                    accepted.append(True)
+                    emitted.append(x)
+                    continue
+                accepted.append(False)
+                emitted.append(target_tok)
+                return emitted, accepted
+            p = sampling.distribution(rows[i], settings, recent)
+            q = draft.q[i]
+            px = p.prob(x)
+            qx = 1.0 if q is None else q.prob(x)
+            if qx > 0 and rng.random() < min(1.0, px / qx):
+                accepted.append(True)
+                emitted.append(x)
+                continue
+            accepted.append(False)
+            resid = sampling.residual(p, q if q is not None else sampling.point_mass(x))
+            emitted.append(resid.sample(rng))
+            return emitted, accepted
+        last = len(draft.tokens)
+        recent = np.array((tokens + emitted)[-window:], dtype=np.int64) if penalize else None
+        if greedy:
+            emitted.append(sampling.greedy_token(rows[last], settings, recent))
+        else:
+            emitted.append(sampling.distribution(rows[last], settings, recent).sample(rng))
+        return emitted, accepted

@@ -1,0 +1,145 @@
+"""The engine worker process: owns llama.cpp, so an abort in it never takes the window down.
+
+It reads requests from a pipe and answers with events. Its C-level stderr (where llama.cpp and GGML
+asserts write) goes to a log file that the client reads back when the worker dies.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from app.errors import AppError
+from app.events import (
+    Cancel,
+    EngineError,
+    Generate,
+    Load,
+    LoadProgress,
+    Log,
+    Shutdown,
+    Unload,
+    Unloaded,
+)
+
+
+def _redirect_stderr(log_path: str) -> None:
+    """Send fd 2 (llama.cpp's logs and abort messages) to the log file the client tails."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+class Worker:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.session: Any = None
+        self.pending: list[Any] = []  # requests that arrived during a generation
+
+    def send(self, event: object) -> None:
+        self.conn.send(event)
+
+    def log(self, line: str) -> None:
+        line = line.rstrip()
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+    def next_request(self) -> Any:
+        if self.pending:
+            return self.pending.pop(0)
+        return self.conn.recv()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                request = self.next_request()
+            except (EOFError, OSError):
+                return  # the app went away
+            if isinstance(request, Shutdown):
+                self.unload()
+                return
+            try:
+                if isinstance(request, Load):
+                    self.load(request)
+                elif isinstance(request, Generate):
+                    self.generate(request)
+                elif isinstance(request, Unload):
+                    self.unload()
+                    self.send(Unloaded())
+                elif isinstance(request, Cancel):
+                    pass  # nothing running: a late cancel is harmless
+            except AppError as exc:
+                request_id = getattr(request, "request_id", None)
+                self.send(EngineError(str(exc), kind=type(exc).__name__, request_id=request_id))
+            except Exception as exc:  # keep serving; the message says what failed
+                self.log(traceback.format_exc())
+                request_id = getattr(request, "request_id", None)
+                self.send(EngineError(f"Unexpected engine error: {exc!r}", kind="internal", request_id=request_id))
+
+    def load(self, request: Load) -> None:
+        from app.engine.session import EngineSession
+
+        self.unload()
+
+        last = {"stage": "", "fraction": -1.0}
+
+        def progress(stage: str, fraction: float) -> bool:
+            # llama.cpp reports per tensor; a few dozen updates are plenty for a progress bar.
+            if stage != last["stage"] or fraction - float(last["fraction"]) >= 0.02 or fraction >= 1.0:
+                last.update(stage=stage, fraction=fraction)
+                self.send(LoadProgress(stage, fraction))
+            return True
+
+        self.session = EngineSession(request.settings, log=self.log, progress=progress)
+        self.send(self.session.loaded_event())
+
+    def unload(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def generate(self, request: Generate) -> None:
+        if self.session is None:
+            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
+                                  request_id=request.request_id))
+            return
+        cancelled = False
+
+        def is_cancelled() -> bool:
+            nonlocal cancelled
+            while not cancelled and self.conn.poll():
+                incoming = self.conn.recv()
+                if isinstance(incoming, Cancel) and incoming.request_id == request.request_id:
+                    cancelled = True
+                elif isinstance(incoming, Cancel):
+                    continue
+                else:
+                    self.pending.append(incoming)
+                    if isinstance(incoming, Load | Unload | Shutdown | Generate):
+                        cancelled = True  # a new request supersedes this answer
+            return cancelled
+
+        for event in self.session.generate(request.request_id, request.messages, request.sampling,
+                                           cancelled=is_cancelled):
+            self.send(event)
+
+
+def run_worker(conn: Connection, log_path: str) -> None:
+    """Entry point of the worker process (spawned by ``EngineClient``)."""
+    _redirect_stderr(log_path)
+    from app.engine.llama import init_backend
+
+    worker = Worker(conn)
+    init_backend(worker.log)
+    worker.send(Log("engine worker ready"))
+    worker.serve()
+
+
+def worker_main(argv: list[str]) -> int:
+    """`specdeck --engine-worker` is reserved for frozen builds; the client uses multiprocessing."""
+    print("The engine worker is started by SpecDeck itself.", file=sys.stderr)
+    return 2

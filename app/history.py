@@ -1,0 +1,501 @@
+"""Chat history in SQLite, written so that a crash or a power cut loses at most the last second of an answer.
+
+- WAL journal with ``synchronous=FULL``: every commit is on disk before the call returns.
+- The user's message is committed before generation starts (``add_message``); the answer is a
+  ``"streaming"`` row (``begin_answer``) whose text the caller flushes at least once a second
+  (``update_answer``, one small UPDATE) and closes with ``finish_answer``.
+- On open, an answer left ``"streaming"`` by a crash is marked ``"interrupted"`` and kept with its text.
+- Every write is one transaction: a full disk raises :class:`app.errors.StorageError` and leaves the
+  database as it was before that call.
+- The schema is versioned with ``PRAGMA user_version``; ``_MIGRATIONS[n]`` takes version n to n + 1.
+
+Threads: a store belongs to the thread that opened it (sqlite3's ``check_same_thread`` stays on, so a
+call from another thread raises ``sqlite3.ProgrammingError`` instead of racing). The UI uses it from the
+GUI thread only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from app.atomic import describe_os_error
+from app.errors import StorageError
+from app.paths import data_dir
+
+FILE_NAME = "history.sqlite3"
+ROLES = ("system", "user", "assistant")
+STATUSES = ("complete", "streaming", "interrupted", "cancelled", "error")
+FINAL_STATUSES = ("complete", "interrupted", "cancelled", "error")
+
+_STATUS_NOTES = {
+    "streaming": "still being written",
+    "interrupted": "interrupted: SpecDeck stopped before this answer finished",
+    "cancelled": "stopped by the user",
+    "error": "ended by an error",
+}
+
+# Each entry takes the schema from version n to n + 1, inside one transaction.
+_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE chats (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            created REAL NOT NULL,
+            updated REAL NOT NULL
+        )""",
+        # AUTOINCREMENT: an id is never reused, so a late flush for a deleted answer cannot land in a
+        # newer message that happened to get the same id.
+        f"""CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN {ROLES!r}),
+            text TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN {STATUSES!r}),
+            target_model TEXT,
+            drafter TEXT,
+            sampling TEXT,
+            stats TEXT,
+            created REAL NOT NULL,
+            updated REAL NOT NULL
+        )""",
+        "CREATE INDEX messages_by_chat ON messages(chat_id, id)",
+        "CREATE INDEX messages_by_status ON messages(status)",
+    ),
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class ChatSummary:
+    id: int
+    title: str
+    system_prompt: str
+    created: float  # unix seconds
+    updated: float
+    message_count: int
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    chat_id: int
+    role: str
+    text: str
+    status: str
+    target_model: str | None
+    drafter: str | None
+    sampling: dict[str, Any] | None
+    stats: dict[str, Any] | None
+    created: float
+    updated: float
+
+
+def _clean_text(text: str) -> str:
+    """Text SQLite and every exporter can hold: valid surrogate pairs joined, lone ones U+FFFD, NULs gone."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text.replace("\x00", "")
+
+
+def _finite(value: Any) -> Any:
+    """JSON-ready copy with NaN/infinity as null (strict JSON readers reject them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, str):
+        return _clean_text(value)
+    return value
+
+
+def _to_json(value: object) -> str | None:
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a dataclass or a mapping, not {type(value).__name__}")
+    return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+
+
+def _from_json(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None  # an unreadable side-record must not hide the message itself
+    return value if isinstance(value, dict) else None
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _sqlite_reason(exc: sqlite3.Error) -> tuple[str, str]:
+    name = getattr(exc, "sqlite_errorname", "")
+    msg = str(exc).lower()
+    if name == "SQLITE_FULL" or "disk is full" in msg:
+        return "the disk is full", "Free some space and try again"
+    if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED") or "locked" in msg:
+        return "the history is in use by another SpecDeck window", "Close the other window and try again"
+    if name.startswith("SQLITE_READONLY") or "readonly" in msg:
+        return "the history file is read-only", "Check the permissions of the data folder"
+    if name.startswith("SQLITE_IOERR") or "i/o error" in msg:
+        return "the disk reported an input/output error", "Check the disk and free space"
+    if name.startswith("SQLITE_CORRUPT") or "malformed" in msg:
+        return "the history file is damaged", "Export what you can and restart SpecDeck"
+    return str(exc), "Try again"
+
+
+def _storage_error(exc: sqlite3.Error) -> StorageError:
+    reason, advice = _sqlite_reason(exc)
+    return StorageError(
+        f"Could not save the chat history: {reason} ({exc}). {advice}; messages already saved are kept."
+    )
+
+
+class HistoryStore:
+    """All chats and their messages. Use from one thread (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else data_dir() / FILE_NAME
+        self.warning: str | None = None  # set when a damaged file was moved aside at open
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                describe_os_error(exc, "the chat history", self.path.parent, kept="no chat was changed")
+            ) from exc
+        try:
+            self._conn = self._open()
+        except sqlite3.DatabaseError as exc:
+            name = getattr(exc, "sqlite_errorname", "")
+            if not (name in ("SQLITE_NOTADB", "SQLITE_CORRUPT") or "not a database" in str(exc)
+                    or "malformed" in str(exc)):
+                raise _storage_error(exc) from exc
+            aside = self._move_aside()
+            self.warning = (
+                f"The chat history file was damaged ({exc}) and could not be opened. It was kept as "
+                f"{aside} and a new, empty history was started."
+            )
+            try:
+                self._conn = self._open()
+            except sqlite3.Error as exc2:
+                raise _storage_error(exc2) from exc2
+
+    # --- opening ------------------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        # isolation_level=None: no implicit transactions; every write below says where it begins and ends.
+        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+        try:
+            # The version first: a newer SpecDeck's file is refused before anything (even the journal
+            # mode, which is in the file header) is changed.
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StorageError(
+                    f"The chat history at {self.path} was written by a newer SpecDeck (history version "
+                    f"{version}; this one knows up to {SCHEMA_VERSION}). Update SpecDeck to open it; "
+                    "nothing was changed."
+                )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._conn = conn
+            self._migrate(version)
+            with self._write():
+                now = time.time()
+                conn.execute(
+                    "UPDATE messages SET status='interrupted', updated=? WHERE status='streaming'", (now,)
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, version: int) -> None:
+        for n in range(version, SCHEMA_VERSION):
+            with self._write() as conn:
+                for statement in _MIGRATIONS[n]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={n + 1}")
+
+    def _move_aside(self) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.bad-{stamp}")
+        n = 0
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.bad-{stamp}-{n}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(f"{self.path}{suffix}")
+            if src.exists():
+                try:
+                    os.replace(src, f"{aside}{suffix}")
+                except OSError as exc:
+                    raise StorageError(describe_os_error(
+                        exc, "the chat history", self.path.parent, kept="no chat was changed"
+                    )) from exc
+        return aside.name
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; any SQLite failure rolls it back and becomes a StorageError."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:  # SQLite may already have rolled back (e.g. on SQLITE_FULL)
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.ProgrammingError):
+                raise _storage_error(exc) from exc
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- chats --------------------------------------------------------------------------------------
+
+    def new_chat(self, title: str = "New chat", system_prompt: str = "") -> int:
+        now = time.time()
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO chats (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
+                (_clean_text(title), _clean_text(system_prompt), now, now),
+            )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def list_chats(self) -> list[ChatSummary]:
+        """Most recently updated first."""
+        rows = self._conn.execute(
+            "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)"
+            " FROM chats c ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ChatSummary(*row) for row in rows]
+
+    def chat(self, chat_id: int) -> ChatSummary:
+        row = self._conn.execute(
+            "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id) FROM chats c WHERE c.id = ?",
+            (chat_id,),
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"There is no chat {chat_id}.")
+        return ChatSummary(*row)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        with self._write() as conn:
+            self._touch(conn, chat_id, "title=?", _clean_text(title))
+
+    def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
+        with self._write() as conn:
+            self._touch(conn, chat_id, "system_prompt=?", _clean_text(system_prompt))
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM chats WHERE id=?", (chat_id,))  # messages go by ON DELETE CASCADE
+
+    @staticmethod
+    def _touch(conn: sqlite3.Connection, chat_id: int, assignment: str = "", value: object = None) -> None:
+        now = time.time()
+        if assignment:
+            cur = conn.execute(f"UPDATE chats SET {assignment}, updated=? WHERE id=?", (value, now, chat_id))
+        else:
+            cur = conn.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
+        if cur.rowcount == 0:
+            raise KeyError(f"There is no chat {chat_id}.")
+
+    # --- messages -----------------------------------------------------------------------------------
+
+    def messages(self, chat_id: int) -> list[StoredMessage]:
+        """In conversation order."""
+        rows = self._conn.execute(
+            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated"
+            " FROM messages WHERE chat_id=? ORDER BY id",
+            (chat_id,),
+        ).fetchall()
+        return [self._message(row) for row in rows]
+
+    def message(self, message_id: int) -> StoredMessage:
+        row = self._conn.execute(
+            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated"
+            " FROM messages WHERE id=?",
+            (message_id,),
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"There is no message {message_id}.")
+        return self._message(row)
+
+    @staticmethod
+    def _message(row: Sequence[Any]) -> StoredMessage:
+        return StoredMessage(
+            id=row[0], chat_id=row[1], role=row[2], text=row[3], status=row[4], target_model=row[5],
+            drafter=row[6], sampling=_from_json(row[7]), stats=_from_json(row[8]), created=row[9],
+            updated=row[10],
+        )
+
+    def add_message(
+        self,
+        chat_id: int,
+        role: str,
+        text: str,
+        status: str = "complete",
+        *,
+        model: str | None = None,
+        drafter: str | None = None,
+        sampling: object = None,
+        stats: object = None,
+    ) -> int:
+        """Commit one message (the user's, before generation starts). ``sampling``/``stats``: a dataclass
+        (SamplingSettings, MessageStats) or a mapping. Raises KeyError for an unknown chat."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        record = (_clean_text(text), status, model, drafter, _to_json(sampling), _to_json(stats))
+        now = time.time()
+        with self._write() as conn:
+            self._touch(conn, chat_id)
+            cur = conn.execute(
+                "INSERT INTO messages (chat_id, role, text, status, target_model, drafter, sampling, stats,"
+                " created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (chat_id, role, *record, now, now),
+            )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def begin_answer(
+        self, chat_id: int, *, model: str | None = None, drafter: str | None = None, sampling: object = None
+    ) -> int:
+        """An empty assistant message with status "streaming"; fill it with update_answer."""
+        return self.add_message(chat_id, "assistant", "", "streaming", model=model, drafter=drafter,
+                                sampling=sampling)
+
+    def update_answer(self, message_id: int, text: str) -> bool:
+        """Save the answer so far: one UPDATE, one commit. Call it at least once a second while streaming.
+
+        Returns False when the message is gone or already finished (nothing is written then). An answer
+        another SpecDeck marked "interrupted" at its start is taken back to "streaming".
+        """
+        try:
+            cur = self._conn.execute(
+                "UPDATE messages SET text=?, status='streaming', updated=?"
+                " WHERE id=? AND status IN ('streaming', 'interrupted')",
+                (_clean_text(text), time.time(), message_id),
+            )
+        except sqlite3.ProgrammingError:
+            raise
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+        return cur.rowcount == 1
+
+    def finish_answer(
+        self, message_id: int, text: str, status: str = "complete", stats: object = None
+    ) -> None:
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"status must be one of {FINAL_STATUSES}, not {status!r}")
+        with self._write() as conn:
+            row = conn.execute("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"There is no message {message_id}.")
+            conn.execute(
+                "UPDATE messages SET text=?, status=?, stats=?, updated=? WHERE id=?",
+                (_clean_text(text), status, _to_json(stats), time.time(), message_id),
+            )
+            self._touch(conn, row[0])
+
+    def delete_message(self, message_id: int) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM messages WHERE id=?", (message_id,))
+
+    def truncate_after(self, chat_id: int, message_id: int, *, inclusive: bool = False) -> int:
+        """Delete the messages after ``message_id`` in this chat (and it too when ``inclusive``): for
+        regenerate (keep the question) and edit-and-resend. Returns how many were deleted."""
+        with self._write() as conn:
+            op = ">=" if inclusive else ">"
+            cur = conn.execute(f"DELETE FROM messages WHERE chat_id=? AND id {op} ?", (chat_id, message_id))
+            if cur.rowcount:
+                self._touch(conn, chat_id)
+        return cur.rowcount
+
+    # --- checks and export --------------------------------------------------------------------------
+
+    def integrity_ok(self) -> bool:
+        """PRAGMA integrity_check (reads the whole file: not for every start of a big history)."""
+        try:
+            rows = self._conn.execute("PRAGMA integrity_check").fetchall()
+        except sqlite3.DatabaseError:
+            return False
+        return [tuple(r) for r in rows] == [("ok",)]
+
+    def export_markdown(self, chat_id: int) -> str:
+        chat = self.chat(chat_id)
+        lines = [f"# {chat.title}", "", f"_Exported from SpecDeck. Chat started {_iso(chat.created)}._", ""]
+        if chat.system_prompt:
+            lines += ["## System", "", chat.system_prompt, ""]
+        for m in self.messages(chat_id):
+            heading = m.role.capitalize()
+            if m.role == "assistant" and m.target_model:
+                heading += f" ({Path(m.target_model).name}"
+                heading += f" + {Path(m.drafter).name})" if m.drafter else ")"
+            lines += [f"## {heading}", ""]
+            lines += [m.text, ""] if m.text else []
+            if m.status != "complete":
+                lines += [f"_({_STATUS_NOTES.get(m.status, m.status)})_", ""]
+        return "\n".join(lines).rstrip("\n") + "\n"
+
+    def export_json(self, chat_id: int) -> str:
+        chat = self.chat(chat_id)
+        doc = {
+            "format": "specdeck-chat",
+            "version": 1,
+            "title": chat.title,
+            "system_prompt": chat.system_prompt,
+            "created": _iso(chat.created),
+            "updated": _iso(chat.updated),
+            "messages": [
+                {
+                    "role": m.role,
+                    "content": m.text,
+                    "status": m.status,
+                    "target_model": m.target_model,
+                    "drafter": m.drafter,
+                    "sampling": m.sampling,
+                    "stats": m.stats,
+                    "created": _iso(m.created),
+                    "updated": _iso(m.updated),
+                }
+                for m in self.messages(chat_id)
+            ],
+        }
+        return json.dumps(_finite(doc), ensure_ascii=False, indent=2, allow_nan=False) + "\n"

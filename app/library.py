@@ -1,0 +1,580 @@
+"""The model library: GGUF files found on this machine, described from their headers, and which drafter
+fits which target.
+
+Looks in SpecDeck's models folder, LM Studio's folders, the Hugging Face hub cache (snapshot links followed
+to their blobs), Ollama's store (its manifests name the blobs) and folders the user adds. Headers are read
+with the bounded reader and cached by path + size + mtime in a JSON file written atomically. A file that
+cannot be read is listed with its reason, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from app.compat import CompatResult, VocabInfo, check_compatible
+from app.gguf_reader import (
+    GGUFError,
+    GGUFInfo,
+    MissingShardError,
+    ensure_complete,
+    read_gguf_info,
+    read_token_texts,
+    shard_siblings,
+)
+from app.paths import cache_dir, models_dir
+from app.recommend import Recommendation, recommend_drafters
+
+SPECDECK = "specdeck"
+LMSTUDIO = "lmstudio"
+HUGGINGFACE = "huggingface"
+OLLAMA = "ollama"
+FOLDER = "folder"
+SOURCES = (SPECDECK, LMSTUDIO, HUGGINGFACE, OLLAMA, FOLDER)
+
+CACHE_FILE = "gguf-headers.json"
+CACHE_VERSION = 1
+MAX_FILES = 20_000  # per discovery, all roots together
+MAX_DEPTH = 8
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_CACHE_BYTES = 256 << 20
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_OLLAMA_KINDS = {
+    "application/vnd.ollama.image.model": "model",
+    "application/vnd.ollama.image.projector": "mmproj",
+    "application/vnd.ollama.image.adapter": "lora",
+}
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    path: str  # as the user knows it: the HF snapshot link, the Ollama blob, the file in a folder
+    source: str  # one of SOURCES
+    label: str  # "org/repo/file.gguf" (HF), "llama3.2:1b" (Ollama), the file name otherwise
+    real_path: str  # the file read (symlinks resolved)
+    size: int
+    info: GGUFInfo | None
+    error: str | None = None  # one sentence: why it cannot be used (unreadable, broken, shards missing)
+    error_type: str | None = None  # the GGUFError subclass name
+
+    @property
+    def usable(self) -> bool:
+        return self.info is not None and self.error is None
+
+    @property
+    def is_model(self) -> bool:
+        return self.usable and self.info is not None and self.info.kind == "model"
+
+
+@dataclass(frozen=True)
+class Root:
+    path: Path
+    source: str
+    layout: str  # "tree" (any folder of .gguf files), "hf" (hub cache) or "ollama" (models store)
+
+
+@dataclass(frozen=True)
+class _Found:
+    path: Path
+    source: str
+    label: str
+    missing: str | None = None  # a reason when the file a manifest or link names is not there
+
+
+# --- where to look ------------------------------------------------------------------------------
+
+
+def default_roots(
+    home: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    specdeck_dir: Path | None = None,
+) -> list[Root]:
+    """The folders SpecDeck looks in, for Linux, macOS and Windows (all three apps keep their stores
+    under the home folder on every platform). A given `home` stands for another user: the environment's
+    overrides are then ignored unless `env` is passed too."""
+    system_home = home is None
+    home = Path.home() if home is None else Path(home)
+    env = (os.environ if system_home else {}) if env is None else env
+    roots = [Root(specdeck_dir if specdeck_dir is not None else models_dir(), SPECDECK, "tree")]
+
+    lm = [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+    pointer = home / ".lmstudio-home-pointer"  # newer LM Studio: a file naming its home folder
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if pointer.is_file() and pointer.stat().st_size < 4096:
+            target = pointer.read_text(encoding="utf-8").strip()
+            if target:
+                lm.insert(0, Path(target) / "models")
+    roots += [Root(p, LMSTUDIO, "tree") for p in lm]
+
+    if env.get("HF_HUB_CACHE"):
+        hub = Path(env["HF_HUB_CACHE"])
+    elif env.get("HUGGINGFACE_HUB_CACHE"):
+        hub = Path(env["HUGGINGFACE_HUB_CACHE"])
+    elif env.get("HF_HOME"):
+        hub = Path(env["HF_HOME"]) / "hub"
+    elif env.get("XDG_CACHE_HOME"):
+        hub = Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub"
+    else:
+        hub = home / ".cache" / "huggingface" / "hub"
+    roots.append(Root(hub, HUGGINGFACE, "hf"))
+
+    if env.get("OLLAMA_MODELS"):
+        roots.append(Root(Path(env["OLLAMA_MODELS"]), OLLAMA, "ollama"))
+    roots.append(Root(home / ".ollama" / "models", OLLAMA, "ollama"))
+    if system_home and sys.platform.startswith("linux"):
+        roots.append(Root(Path("/usr/share/ollama/.ollama/models"), OLLAMA, "ollama"))  # the Linux service
+    return roots
+
+
+# --- walking ------------------------------------------------------------------------------------
+
+
+class _Budget:
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+
+def _walk_gguf(top: Path, budget: _Budget, max_depth: int = MAX_DEPTH) -> Iterator[Path]:
+    """*.gguf files under top, links followed, loops and hidden folders skipped, depth and count capped."""
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[Path, int]] = [(top, 0)]
+    while stack and budget.left > 0:
+        folder, depth = stack.pop()
+        try:
+            st = folder.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as it:
+                items = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subdirs = []
+        for item in items:
+            if item.name.startswith("."):
+                continue
+            try:
+                is_dir = item.is_dir()
+            except OSError:
+                continue
+            if is_dir:
+                if depth < max_depth:
+                    subdirs.append((Path(item.path), depth + 1))
+            elif item.name.lower().endswith(".gguf"):
+                if budget.left <= 0:
+                    return
+                budget.left -= 1
+                yield Path(item.path)
+        stack.extend(reversed(subdirs))
+
+
+def _find_tree(root: Root, budget: _Budget) -> Iterator[_Found]:
+    if root.path.is_file() and root.path.name.lower().endswith(".gguf"):
+        budget.left -= 1
+        yield _Found(root.path, root.source, root.path.name)
+        return
+    for path in _walk_gguf(root.path, budget):
+        yield _Found(path, root.source, _relative_label(path, root.path))
+
+
+def _relative_label(path: Path, top: Path) -> str:
+    try:
+        return path.relative_to(top).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _find_hf(root: Root, budget: _Budget) -> Iterator[_Found]:
+    """hub/models--org--name/snapshots/<revision>/**.gguf, each usually a link to ../../blobs/<hash>.
+    Newer revisions first, so when several snapshots share a blob the newest one names it."""
+    try:
+        repos = sorted(p for p in root.path.iterdir() if p.name.startswith("models--") and p.is_dir())
+    except OSError:
+        return
+    for repo in repos:
+        repo_id = repo.name[len("models--"):].replace("--", "/")
+        try:
+            snapshots = sorted((s for s in (repo / "snapshots").iterdir() if s.is_dir()),
+                               key=lambda s: s.stat().st_mtime, reverse=True)
+        except OSError:
+            continue
+        for snap in snapshots:
+            for path in _walk_gguf_links(snap, budget):
+                rel = _relative_label(path, snap)
+                missing = None
+                if not path.exists():
+                    missing = (f"{repo_id}/{rel} links to a blob that is not there "
+                               "(the download is incomplete or the cache was pruned).")
+                yield _Found(path, root.source, f"{repo_id}/{rel}", missing)
+
+
+def _walk_gguf_links(top: Path, budget: _Budget) -> Iterator[Path]:
+    """Like _walk_gguf, but also yields broken links (so a pruned blob is reported, not ignored)."""
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        depth = len(Path(dirpath).relative_to(top).parts)
+        if depth >= MAX_DEPTH:
+            dirnames[:] = []
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.lower().endswith(".gguf"):
+                if budget.left <= 0:
+                    return
+                budget.left -= 1
+                yield Path(dirpath) / name
+
+
+def _ollama_label(rel: Sequence[str]) -> str:
+    """manifests/<host>/<namespace>/<model>/<tag> -> "model:tag", "ns/model:tag" or "host/ns/model:tag"."""
+    if len(rel) < 2:
+        return ":".join(rel)
+    *prefix, model, tag = rel
+    name = f"{model}:{tag}"
+    if len(prefix) == 2 and prefix[0] == "registry.ollama.ai":
+        return name if prefix[1] == "library" else f"{prefix[1]}/{name}"
+    return "/".join([*prefix, name])
+
+
+def _find_ollama(root: Root, budget: _Budget) -> Iterator[_Found]:
+    """Each manifest under manifests/ names its layers by digest; the model layer is a GGUF blob."""
+    manifests = root.path / "manifests"
+    blobs = root.path / "blobs"
+    if not manifests.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(manifests):
+        rel_dir = Path(dirpath).relative_to(manifests)
+        if len(rel_dir.parts) >= MAX_DEPTH:
+            dirnames[:] = []
+        dirnames.sort()
+        for name in sorted(filenames):
+            if budget.left <= 0:
+                return
+            if name.startswith("."):
+                continue
+            label = _ollama_label([*rel_dir.parts, name])
+            manifest = Path(dirpath) / name
+            try:
+                if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+                    continue
+                doc = json.loads(manifest.read_bytes())
+            except (OSError, ValueError):
+                continue
+            layers = doc.get("layers") if isinstance(doc, dict) else None
+            if not isinstance(layers, list):
+                continue
+            for layer in layers:
+                if not isinstance(layer, dict) or layer.get("mediaType") not in _OLLAMA_KINDS:
+                    continue
+                m = _DIGEST.match(str(layer.get("digest", "")))
+                if m is None:  # never build a path from an unchecked digest
+                    continue
+                budget.left -= 1
+                kind = _OLLAMA_KINDS[str(layer["mediaType"])]
+                shown = label if kind == "model" else f"{label} ({kind})"
+                blob = blobs / f"sha256-{m.group(1)}"
+                if not blob.exists() and (blobs / f"sha256:{m.group(1)}").exists():
+                    blob = blobs / f"sha256:{m.group(1)}"  # older Ollama on Linux/macOS
+                missing = None if blob.exists() else \
+                    f"Ollama's manifest for {label} names blob sha256-{m.group(1)[:12]}…, which is missing."
+                yield _Found(blob, root.source, shown, missing)
+
+
+_FINDERS = {"tree": _find_tree, "hf": _find_hf, "ollama": _find_ollama}
+
+
+# --- header cache -------------------------------------------------------------------------------
+
+
+def _stat_sig(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _info_to_json(info: GGUFInfo) -> dict[str, Any]:
+    return asdict(info)
+
+
+def _info_from_json(data: Mapping[str, Any]) -> GGUFInfo:
+    names = {f.name for f in fields(GGUFInfo)}
+    if set(data) != names:
+        raise ValueError("cache entry from another version")
+    values = dict(data)
+    values["swa_layers"] = tuple(bool(v) for v in values["swa_layers"])
+    values["missing_shards"] = tuple(str(v) for v in values["missing_shards"])
+    return GGUFInfo(**values)
+
+
+class HeaderCache:
+    """GGUF header descriptions keyed by path, valid while the file's (and its shards') size and mtime
+    are unchanged. Saved as JSON: temp file + fsync + os.replace, so a crash never leaves half a file."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else cache_dir() / CACHE_FILE
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.dirty = False
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            if self.path.stat().st_size > MAX_CACHE_BYTES:
+                return
+            doc = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            return
+        if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
+            return
+        if isinstance(doc.get("entries"), dict):
+            self.entries = {k: v for k, v in doc["entries"].items() if isinstance(v, dict)}
+
+    def _deps(self, path: Path, info: GGUFInfo | None) -> dict[str, list[int] | None]:
+        if info is None or info.split_count <= 1 or info.split_index != 0:
+            return {}
+        siblings = shard_siblings(path, info.split_count) or []
+        return {str(s): _stat_sig(s) for s in siblings[1:]}
+
+    def get(self, path: Path, sig: list[int]) -> tuple[GGUFInfo | None, str | None, str | None] | None:
+        entry = self.entries.get(str(path))
+        if entry is None or entry.get("sig") != sig:
+            return None
+        deps = entry.get("deps") or {}
+        if not isinstance(deps, dict) or any(_stat_sig(Path(p)) != s for p, s in deps.items()):
+            return None
+        try:
+            if "error" in entry:
+                return None, str(entry["error"]), str(entry.get("error_type") or "GGUFError")
+            return _info_from_json(entry["info"]), None, None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def put(self, path: Path, sig: list[int], info: GGUFInfo | None, error: str | None,
+            error_type: str | None) -> None:
+        entry: dict[str, Any] = {"sig": sig, "deps": self._deps(path, info)}
+        if info is not None:
+            entry["info"] = _info_to_json(info)
+        else:
+            entry["error"] = error
+            entry["error_type"] = error_type
+        self.entries[str(path)] = entry
+        self.dirty = True
+
+    def prune(self, keep: set[str]) -> None:
+        """Forget entries for files that no longer exist (entries from other folders stay)."""
+        for key in [k for k in self.entries if k not in keep and not os.path.exists(k)]:
+            del self.entries[key]
+            self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        data = json.dumps({"version": CACHE_VERSION, "entries": self.entries}, separators=(",", ":"))
+        atomic_write(self.path, data.encode("utf-8"))
+        self.dirty = False
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write data to path so that readers see the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if os.name == "posix":  # make the rename itself durable
+        with contextlib.suppress(OSError):
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+
+def describe(path: Path, cache: HeaderCache | None = None) -> tuple[GGUFInfo | None, str | None, str | None]:
+    """(info, error, error type) for one file, through the cache when given. A split model with missing
+    shards comes back with both its info and the MissingShardError's sentence."""
+    sig = _stat_sig(path)
+    if cache is not None and sig is not None:
+        hit = cache.get(path, sig)
+        if hit is not None:
+            return hit
+    info: GGUFInfo | None = None
+    error: str | None = None
+    error_type: str | None = None
+    try:
+        info = read_gguf_info(path)
+        if info.missing_shards:
+            ensure_complete(info)
+    except MissingShardError as exc:
+        error, error_type = str(exc), type(exc).__name__
+    except GGUFError as exc:
+        info, error, error_type = None, str(exc), type(exc).__name__
+    if cache is not None and sig is not None:
+        cache.put(path, sig, info, error, error_type)
+    return info, error, error_type
+
+
+def discover(
+    extra_folders: Sequence[str | Path] = (),
+    home: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    specdeck_dir: Path | None = None,
+    cache_path: Path | None = None,
+    use_cache: bool = True,
+) -> list[LibraryEntry]:
+    """Every GGUF file in the known folders and `extra_folders`, each once (by resolved path; the first
+    source in SOURCES order names it), with its header description or the reason it cannot be read."""
+    roots = default_roots(home, env, specdeck_dir)
+    roots += [Root(Path(f).expanduser(), FOLDER, "tree") for f in extra_folders]
+    cache = HeaderCache(cache_path) if use_cache else None
+    budget = _Budget(MAX_FILES)
+    entries: list[LibraryEntry] = []
+    seen_real: set[str] = set()
+    seen_roots: set[str] = set()
+    for root in roots:
+        try:
+            root_key = str(root.path.resolve())
+        except OSError:
+            continue
+        if root_key in seen_roots and root.layout == "tree":
+            continue
+        seen_roots.add(root_key)
+        for found in _FINDERS[root.layout](root, budget):
+            entry = _entry(found, cache)
+            if entry.real_path in seen_real:
+                continue
+            seen_real.add(entry.real_path)
+            entries.append(entry)
+    if cache is not None:
+        cache.prune({e.path for e in entries})
+        with contextlib.suppress(OSError):  # a read-only cache folder must not break discovery
+            cache.save()
+    return entries
+
+
+def _entry(found: _Found, cache: HeaderCache | None) -> LibraryEntry:
+    try:
+        real = str(found.path.resolve())
+    except OSError:
+        real = str(found.path)
+    if found.missing is not None:
+        return LibraryEntry(str(found.path), found.source, found.label, real, 0, None, found.missing,
+                            "UnreadableError")
+    info, error, error_type = describe(found.path, cache)
+    size = info.file_size if info is not None else (_stat_sig(found.path) or [0])[0]
+    return LibraryEntry(str(found.path), found.source, found.label, real, size, info, error, error_type)
+
+
+# --- compatibility ------------------------------------------------------------------------------
+
+
+def _vocab_key(info: GGUFInfo) -> tuple[object, ...]:
+    return (info.vocab_type, info.n_vocab, info.bos_id, info.eos_id, info.add_bos, info.add_eos,
+            info.token_fingerprint)
+
+
+class _Texts:
+    """Token texts read once per file for the pairs a fingerprint cannot decide."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str] | GGUFError] = {}
+
+    def get(self, path: str) -> list[str] | GGUFError:
+        if path not in self.texts:
+            try:
+                self.texts[path] = read_token_texts(path)
+            except GGUFError as exc:
+                self.texts[path] = exc
+        return self.texts[path]
+
+
+def _confirm(target: GGUFInfo, drafter: GGUFInfo, texts: _Texts) -> CompatResult:
+    t, d = texts.get(target.path), texts.get(drafter.path)
+    tv, dv = VocabInfo.from_gguf(target), VocabInfo.from_gguf(drafter)
+    if isinstance(t, GGUFError) or isinstance(d, GGUFError):
+        err = t if isinstance(t, GGUFError) else d
+        first = check_compatible(tv, dv)
+        return CompatResult(first.ok, first.check,
+                            f"{first.reason}; the token texts could not be read: {err}", confirmed=False)
+    return check_compatible(tv, dv, t, d)
+
+
+def confirm_pair(target: GGUFInfo, drafter: GGUFInfo) -> CompatResult:
+    """The compatibility rule decided on both files' real token texts (what llama.cpp compares)."""
+    return _confirm(target, drafter, _Texts())
+
+
+def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True
+                  ) -> dict[tuple[str, str], CompatResult]:
+    """check_compatible for every (target, drafter) pair of usable models, keyed by their paths. Pairs
+    with the same vocabulary signature share one decision; a pass the fingerprints cannot decide (sizes
+    apart by 1..128) is confirmed on the real token texts when `confirm` is set."""
+    models = [e for e in entries if e.is_model and e.info is not None and e.info.n_vocab > 0]
+    decided: dict[tuple[tuple[object, ...], tuple[object, ...]], CompatResult] = {}
+    texts = _Texts()
+    out: dict[tuple[str, str], CompatResult] = {}
+    for t in models:
+        for d in models:
+            if t is d or t.info is None or d.info is None:
+                continue
+            key = (_vocab_key(t.info), _vocab_key(d.info))
+            result = decided.get(key)
+            if result is None:
+                result = check_compatible(VocabInfo.from_gguf(t.info), VocabInfo.from_gguf(d.info))
+                if confirm and result.ok and not result.confirmed:
+                    result = _confirm(t.info, d.info, texts)
+                decided[key] = result
+            out[(t.path, d.path)] = result
+    return out
+
+
+@dataclass(frozen=True)
+class DrafterReport:
+    recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
+    refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
+
+
+def drafters_for(
+    target: GGUFInfo,
+    entries: Sequence[LibraryEntry],
+    measured_acceptance: Mapping[tuple[str, str], float] | None = None,
+    *,
+    confirm: bool = True,
+) -> DrafterReport:
+    """Rank the library's models as drafters for `target` (which need not be in the library). Passing
+    pairs are confirmed on the real token texts when `confirm` is set."""
+    texts = _Texts()
+    tv = VocabInfo.from_gguf(target)
+    ok: list[GGUFInfo] = []
+    refused: list[tuple[LibraryEntry, CompatResult]] = []
+    target_real = os.path.realpath(target.path)
+    for e in entries:
+        if not e.is_model or e.info is None or e.real_path == target_real:
+            continue
+        result = check_compatible(tv, VocabInfo.from_gguf(e.info))
+        if result.ok and confirm:
+            result = _confirm(target, e.info, texts)
+        if result.ok:
+            ok.append(e.info)
+        else:
+            refused.append((e, result))
+    recs = recommend_drafters(target, ok, measured_acceptance or {})
+    return DrafterReport(recs, refused)

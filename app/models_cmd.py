@@ -1,0 +1,143 @@
+"""`specdeck models`: the GGUF models found on this machine, and with --target, which drafters fit it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app.gguf_reader import GGUFError, GGUFInfo, ensure_complete, read_gguf_info
+from app.library import DrafterReport, LibraryEntry, discover, drafters_for
+from app.recommend import Recommendation
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--target", type=Path, default=None, metavar="PATH",
+                        help="also rank the library's models as drafters for this target model")
+    parser.add_argument("--folder", type=Path, action="append", default=[], metavar="DIR",
+                        help="also look in this folder (repeatable)")
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def human_count(n: int) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def _info_json(info: GGUFInfo) -> dict[str, Any]:
+    return {
+        "kind": info.kind, "architecture": info.architecture, "name": info.name, "n_params": info.n_params,
+        "tensor_bytes": info.tensor_bytes, "quantization": info.quantization,
+        "context_length": info.context_length, "n_layer": info.n_layer, "vocab_type": info.vocab_type,
+        "n_vocab": info.n_vocab, "has_chat_template": info.has_chat_template,
+        "split_count": info.split_count, "missing_shards": list(info.missing_shards),
+    }
+
+
+def _entry_json(e: LibraryEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": e.path, "source": e.source, "label": e.label, "size_bytes": e.size,
+                           "error": e.error, "error_type": e.error_type}
+    if e.info is not None:
+        out.update(_info_json(e.info))
+    return out
+
+
+def _rec_json(r: Recommendation) -> dict[str, Any]:
+    return {"path": r.drafter_path, "name": r.name, "kind": r.kind, "cost_ratio": round(r.cost_ratio, 6),
+            "acceptance": r.acceptance, "acceptance_source": r.acceptance_source, "best_k": r.best_k,
+            "tokens_per_pass": round(r.tokens_per_pass, 4), "predicted_speedup": round(r.speedup, 4),
+            "note": r.note}
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _library_text(entries: Sequence[LibraryEntry]) -> str:
+    rows: list[list[str]] = [["SOURCE", "MODEL", "ARCH", "SIZE", "PARAMS", "QUANT", "CTX", "VOCAB", "NOTE"]]
+    broken: list[str] = []
+    for e in entries:
+        i = e.info
+        if i is None:
+            broken.append(f"  {e.source}: {e.label}: {e.error}")
+            continue
+        note = "" if i.kind == "model" else i.kind
+        if e.error:
+            note = "incomplete: shards missing"
+        rows.append([e.source, e.label, i.architecture or "-", human_bytes(e.size), human_count(i.n_params),
+                     i.quantization or "-", str(i.context_length or "-"), str(i.n_vocab or "-"), note])
+    out = [_table(rows)] if len(rows) > 1 else ["No GGUF models found."]
+    if broken:
+        out.append(f"\nCannot be used ({len(broken)}):")
+        out += broken
+    return "\n".join(out)
+
+
+def _drafters_text(target: GGUFInfo, report: DrafterReport) -> str:
+    out = [f"\nDrafters for {Path(target.path).name} ({human_bytes(target.tensor_bytes)} of weights), "
+           "ranked by predicted speedup on a bandwidth-bound device:"]
+    rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP"]]
+    for n, r in enumerate(report.recommendations, 1):
+        label = r.name if r.drafter_path is None else f"{r.name} ({Path(r.drafter_path).name})"
+        rows.append([str(n), label, f"{r.cost_ratio:.3f}", f"{r.acceptance:.2f} {r.acceptance_source}",
+                     str(r.best_k), f"{r.tokens_per_pass:.2f}", f"{r.speedup:.2f}x"])
+    out.append(_table(rows))
+    if len(report.recommendations) == 1:
+        out.append("No model in the library has a vocabulary this target accepts; the n-gram drafter "
+                   "needs none.")
+    if report.refused:
+        out.append(f"\nCannot draft for it ({len(report.refused)}):")
+        out += [f"  {e.label}: {res.reason}" for e, res in report.refused]
+    return "\n".join(out)
+
+
+def _load_target(path: Path) -> GGUFInfo:
+    info = read_gguf_info(path)
+    if info.kind in ("mmproj", "lora"):
+        kind = "a vision projector (mmproj)" if info.kind == "mmproj" else "a LoRA adapter"
+        raise GGUFError(f"{path.name} is {kind}, not a model that can be a target.", str(path))
+    ensure_complete(info)
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    target: GGUFInfo | None = None
+    if args.target is not None:
+        try:
+            target = _load_target(args.target)
+        except GGUFError as exc:
+            print(f"specdeck models: {exc}", file=sys.stderr)
+            return 1
+    entries = discover(extra_folders=args.folder)
+    report = drafters_for(target, entries) if target is not None else None
+
+    if args.json:
+        doc: dict[str, Any] = {"models": [_entry_json(e) for e in entries]}
+        if target is not None and report is not None:
+            doc["target"] = {"path": target.path, **_info_json(target)}
+            doc["drafters"] = [_rec_json(r) for r in report.recommendations]
+            doc["incompatible"] = [
+                {"path": e.path, "label": e.label, "check": res.check, "reason": res.reason}
+                for e, res in report.refused
+            ]
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        return 0
+
+    print(_library_text(entries))
+    if target is not None and report is not None:
+        print(_drafters_text(target, report))
+    return 0

@@ -1,0 +1,124 @@
+"""Which drafter should I pick? Compatible drafters ranked by predicted speedup (Leviathan et al. 2023).
+
+On a bandwidth-bound device a drafter step costs about its weight bytes over the target's, c. With a
+per-token acceptance α and draft depth k, a verify pass yields (1 − α^(k+1)) / (1 − α) tokens on average
+and costs k·c + 1 target-step times, so the speedup is the ratio; the best k maximises it. The acceptance
+is the one measured for that pair in earlier runs when SpecDeck has it, otherwise a stated default.
+The n-gram drafter (prompt lookup) costs nothing to run and is always listed as the free option.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from app.compat import VocabInfo, check_compatible
+from app.gguf_reader import GGUFInfo
+
+DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
+NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
+NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
+K_MAX = 16
+NGRAM_K_MAX = 8
+_NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Leviathan's E[tokens per verify pass] = (1 − α^(k+1)) / (1 − α); k + 1 when α = 1."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, c: float) -> float:
+    """Speedup over plain decoding: tokens per pass ÷ (k·c + 1)."""
+    return expected_tokens_per_pass(alpha, k) / (k * c + 1.0)
+
+
+def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
+    """(k, speedup) for the depth 1..k_max with the highest predicted speedup."""
+    best = (1, predicted_speedup(alpha, 1, c))
+    for k in range(2, k_max + 1):
+        s = predicted_speedup(alpha, k, c)
+        if s > best[1]:
+            best = (k, s)
+    return best
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    drafter_path: str | None  # None for the n-gram drafter
+    name: str
+    kind: str  # "model" or "ngram"
+    cost_ratio: float  # c: drafter bytes ÷ target bytes (0 for n-gram)
+    acceptance: float  # α used
+    acceptance_source: str  # "measured" or "default"
+    best_k: int
+    tokens_per_pass: float
+    speedup: float
+    note: str  # one sentence: why this prediction
+
+
+def _acceptance(measured: Mapping[tuple[str, str], float], key: tuple[str, str], default: float
+                ) -> tuple[float, str]:
+    value = measured.get(key)
+    if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0:
+        return value, "measured"
+    return default, "default"
+
+
+def recommend_drafters(
+    target: GGUFInfo,
+    candidates: Sequence[GGUFInfo],
+    measured_acceptance: Mapping[tuple[str, str], float] = _NO_MEASUREMENTS,
+    *,
+    default_acceptance: float = DEFAULT_ACCEPTANCE,
+    k_max: int = K_MAX,
+) -> list[Recommendation]:
+    """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
+    Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
+    out (the library's compatibility matrix says why). Keys of measured_acceptance are
+    (target path, drafter path), with NGRAM_KEY as the drafter path for the n-gram drafter."""
+    target_vocab = VocabInfo.from_gguf(target)
+    models: list[Recommendation] = []
+    for cand in candidates:
+        if cand.kind != "model" or cand.missing_shards or _same_file(cand.path, target.path):
+            continue
+        if cand.tensor_bytes <= 0 or target.tensor_bytes <= 0:
+            continue
+        if not check_compatible(target_vocab, VocabInfo.from_gguf(cand)).ok:
+            continue
+        c = cand.tensor_bytes / target.tensor_bytes
+        alpha, source = _acceptance(measured_acceptance, (target.path, cand.path), default_acceptance)
+        k, s = best_k(alpha, c, k_max)
+        if c >= 1.0:
+            note = f"the drafter is not smaller than the target (c = {c:.2f}): slower than plain decoding"
+        elif s <= 1.0:
+            note = f"too large for its acceptance (c = {c:.2f}, α = {alpha:.2f}): no depth beats plain decode"
+        else:
+            note = (f"c = {c:.3f} (weight bytes, bandwidth-bound), α = {alpha:.2f} "
+                    f"({'measured for this pair' if source == 'measured' else 'default, not yet measured'})")
+        models.append(Recommendation(cand.path, cand.name, "model", c, alpha, source, k,
+                                     expected_tokens_per_pass(alpha, k), s, note))
+    models.sort(key=lambda r: (-r.speedup, r.cost_ratio, r.drafter_path or ""))
+
+    alpha, source = _acceptance(measured_acceptance, (target.path, NGRAM_KEY), NGRAM_DEFAULT_ACCEPTANCE)
+    k = min(k_max, NGRAM_K_MAX)
+    ngram = Recommendation(
+        None, "n-gram (prompt lookup)", "ngram", 0.0, alpha, source, k, expected_tokens_per_pass(alpha, k),
+        predicted_speedup(alpha, k, 0.0),
+        "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt",
+    )
+    return [*models, ngram]
+
+
+def _same_file(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False

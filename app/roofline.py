@@ -1,0 +1,539 @@
+"""The ceiling: how fast a decode pass can possibly be on given hardware. Pure arithmetic, no I/O.
+
+A pass reads the weights of every layer it runs plus the KV cache at the current context, and does
+2 FLOPs per parameter per token in the pass (plus attention over the context). On each device the pass
+takes at least max(bytes / bandwidth, FLOPs / peak); devices run one after another (layers are a
+pipeline for one sequence), so the times add up. Ceiling = 1 / that time. Every input is an upper bound
+on what the hardware delivers and every byte and FLOP counted is work llama.cpp really does, so the
+ceiling is a true upper bound on the measured rate, never an estimate of it.
+
+Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.gguf_reader import GGUFInfo
+
+# Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
+KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+    "iq4_nl": 18 / 32,
+}
+_BLOCK = 32
+# llama.cpp pads the context (and the SWA cache) to a multiple of 256 cells.
+KV_PAD = 256
+
+MEMORY = "memory"
+COMPUTE = "compute"
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def kv_row_bytes(kv_type: str, n_elements: int) -> int:
+    """Bytes of one cache row of n_elements values (ggml_row_size)."""
+    per = KV_TYPE_BYTES.get(kv_type)
+    if per is None:
+        raise ValueError(f"unknown KV cache type {kv_type!r}; known: {', '.join(KV_TYPE_BYTES)}")
+    if kv_type in ("f32", "f16", "bf16"):
+        return int(per * n_elements)
+    return math.ceil(n_elements / _BLOCK) * round(per * _BLOCK)
+
+
+# --- models -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the roofline needs to know about a model (see ``from_gguf``)."""
+
+    name: str
+    weight_bytes: int  # all tensor data: what one pass streams from memory
+    n_params: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int = 0
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()  # per layer; empty = no sliding-window layers
+
+    @classmethod
+    def from_gguf(cls, info: GGUFInfo) -> ModelShape:
+        # Untied token embeddings are counted in full although a pass reads one row of them: for an 8B
+        # model that overstates bytes by ~6%. GGUFInfo has no per-tensor sizes to subtract them.
+        return cls(
+            name=info.name or info.path,
+            weight_bytes=info.tensor_bytes,
+            n_params=info.n_params,
+            n_layer=info.n_layer,
+            n_embd=info.n_embd,
+            n_head=info.n_head,
+            n_head_kv=info.n_head_kv,
+            head_dim_k=info.head_dim_k,
+            head_dim_v=info.head_dim_v,
+            n_vocab=info.n_vocab,
+            sliding_window=info.sliding_window,
+            swa_layers=tuple(info.swa_layers) if info.sliding_window > 0 else (),
+        )
+
+    def is_swa(self, layer: int) -> bool:
+        return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
+
+    def kv_layer_bytes_per_cell(self, type_k: str = "f16", type_v: str | None = None) -> int:
+        """K + V bytes one layer stores per context cell."""
+        k = kv_row_bytes(type_k, self.n_head_kv * self.head_dim_k)
+        v = kv_row_bytes(type_v or type_k, self.n_head_kv * self.head_dim_v)
+        return k + v
+
+
+def kv_bytes_per_token(shape: ModelShape, type_k: str = "f16", type_v: str | None = None) -> int:
+    """KV bytes one more token of context adds, all layers (sliding-window layers until their window fills)."""
+    return shape.n_layer * shape.kv_layer_bytes_per_cell(type_k, type_v)
+
+
+def kv_layer_cells_read(shape: ModelShape, layer: int, context: int) -> int:
+    """Cells a pass attends to in one layer: the whole context, or at most the window on SWA layers."""
+    if shape.is_swa(layer):
+        return min(context, shape.sliding_window)
+    return context
+
+
+def kv_bytes_read(
+    shape: ModelShape, context: int, type_k: str = "f16", type_v: str | None = None,
+    layers: Sequence[int] | None = None,
+) -> int:
+    """KV bytes one pass reads at this context (optionally only for some layers)."""
+    per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
+    chosen = range(shape.n_layer) if layers is None else layers
+    return sum(kv_layer_cells_read(shape, il, context) for il in chosen) * per_cell
+
+
+def kv_cache_bytes(
+    shape: ModelShape, n_ctx: int, type_k: str = "f16", type_v: str | None = None, *,
+    swa_full: bool = True, n_ubatch: int = 512, n_batch: int = 512,
+) -> int:
+    """KV bytes llama.cpp allocates for one sequence (llama-kv-cache-iswa.cpp).
+
+    The context is padded to 256 cells. SWA layers get their own cache of
+    pad(min(n_ctx, window + n_ubatch), 256) cells unless ``swa_full`` (llama.cpp's default, which the
+    high-level ``Llama`` keeps) gives them the full context.
+    """
+    kv_size = _pad(n_ctx, KV_PAD)
+    ubatch = min(n_ubatch, n_batch, n_ctx)
+    swa_size = kv_size if swa_full else _pad(min(kv_size, shape.sliding_window + ubatch), KV_PAD)
+    per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
+    total = 0
+    for il in range(shape.n_layer):
+        total += (swa_size if shape.is_swa(il) else kv_size) * per_cell
+    return total
+
+
+def compute_buffer_bytes(shape: ModelShape, n_ctx: int, *, n_ubatch: int = 512, n_batch: int = 512,
+                         flash_attn: bool = True) -> int:
+    """Estimate of llama.cpp's compute buffer: the worst-case graph holds logits for a whole ubatch.
+
+    Fitted to llama.cpp's own "compute buffer size" on the demo models (within 1 %). Without flash
+    attention the attention scores of a ubatch against the whole context may be larger.
+    """
+    ubatch = min(n_ubatch, n_batch, n_ctx)
+    per_token = shape.n_vocab + 2 * shape.n_embd
+    if not flash_attn:
+        per_token = max(per_token, shape.n_head * _pad(n_ctx, KV_PAD) + 2 * shape.n_embd)
+    return 4 * ubatch * per_token + 4 * shape.n_vocab  # + the output buffer for one row of logits
+
+
+def attention_flops_per_token(shape: ModelShape, context: int) -> int:
+    """QK^T and AV over the attended cells, all layers."""
+    per_cell = 2 * shape.n_head * (shape.head_dim_k + shape.head_dim_v)
+    return sum(kv_layer_cells_read(shape, il, context) for il in range(shape.n_layer)) * per_cell
+
+
+# --- devices and placement ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """One place a model's layers can run, with the two roofs."""
+
+    key: str  # "cpu", "gpu0", ...
+    name: str
+    kind: str  # "cpu" or "gpu"
+    bandwidth: float  # bytes/s
+    peak_flops: float | None = None  # None: unknown, so the compute roof is left out
+    free_bytes: int | None = None  # for the fit estimate; None: unknown
+
+
+@dataclass(frozen=True)
+class Share:
+    """The part of a model one device runs: its repeating layers, and maybe the output layer."""
+
+    device: Device
+    layers: tuple[int, ...]
+    output: bool
+
+    def weight_fraction(self, n_layer: int) -> float:
+        # Weights taken as spread evenly over n_layer + 1 slices (the last is the output layer):
+        # GGUFInfo has no per-layer sizes.
+        return (len(self.layers) + (1 if self.output else 0)) / (n_layer + 1)
+
+
+def place(shape: ModelShape, devices: Sequence[Device], n_gpu_layers: int = -1) -> tuple[Share, ...]:
+    """Which layers run where, as llama.cpp places them: the last n_gpu_layers repeating layers (and the
+    output layer once n_gpu_layers > n_layer) on the GPUs, split by free memory; the rest on the CPU."""
+    cpu = next((d for d in devices if d.kind == "cpu"), None)
+    gpus = [d for d in devices if d.kind != "cpu"]
+    n = shape.n_layer
+    n_off = 0 if not gpus else (n + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n + 1))
+    if cpu is None and n_off < n + 1:
+        if not gpus:
+            raise ValueError("no device to run the model on")
+        n_off = n + 1  # no CPU device given: everything on the GPUs
+    n_rep_off = min(n_off, n)
+    first_gpu_layer = n - n_rep_off
+    shares: list[Share] = []
+    if first_gpu_layer > 0 or n_off <= n:
+        assert cpu is not None
+        shares.append(Share(cpu, tuple(range(first_gpu_layer)), output=n_off <= n))
+    if gpus and n_off > 0:
+        weights = [float(g.free_bytes) if g.free_bytes else 1.0 for g in gpus]
+        total = sum(weights)
+        gpu_layers = list(range(first_gpu_layer, n))
+        start = 0
+        acc = 0.0
+        for i, g in enumerate(gpus):
+            acc += weights[i]
+            end = len(gpu_layers) if i == len(gpus) - 1 else round(len(gpu_layers) * acc / total)
+            last = i == len(gpus) - 1
+            shares.append(Share(g, tuple(gpu_layers[start:end]), output=last and n_off > n))
+            start = end
+    return tuple(s for s in shares if s.layers or s.output)
+
+
+# --- time per pass ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoofTime:
+    """One device's share of one phase of a pass."""
+
+    device: str  # Device.key
+    phase: str  # "target" or "drafter"
+    bytes: float
+    flops: float
+    memory_seconds: float
+    compute_seconds: float  # 0 when the device's peak is unknown
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_seconds, self.compute_seconds)
+
+    @property
+    def binding(self) -> str:
+        return COMPUTE if self.compute_seconds > self.memory_seconds else MEMORY
+
+
+def roof(device: Device, nbytes: float, flops: float, phase: str = "target") -> RoofTime:
+    """The roofline for one device: bytes over bandwidth against FLOPs over peak."""
+    if device.bandwidth <= 0:
+        raise ValueError(f"{device.name}: memory bandwidth must be positive")
+    compute = flops / device.peak_flops if device.peak_flops else 0.0
+    return RoofTime(device.key, phase, nbytes, flops, nbytes / device.bandwidth, compute)
+
+
+@dataclass(frozen=True)
+class PassEstimate:
+    """The ceiling of one decode pass: `tokens` verified by the target after `draft_steps` drafter steps."""
+
+    tokens: int
+    draft_steps: int
+    context: int
+    target_weight_bytes: float
+    target_kv_bytes: float
+    drafter_bytes: float  # drafter weights + its KV, times draft steps
+    flops: float
+    parts: tuple[RoofTime, ...]
+
+    @property
+    def bytes(self) -> float:
+        return self.target_weight_bytes + self.target_kv_bytes + self.drafter_bytes
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.parts)
+
+    @property
+    def passes_per_second(self) -> float:
+        return 1.0 / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def tokens_per_second(self) -> float:
+        """The ceiling at one emitted token per pass (plain decoding when tokens == 1)."""
+        return self.passes_per_second
+
+    @property
+    def memory_seconds(self) -> float:
+        return sum(p.memory_seconds for p in self.parts)
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(p.compute_seconds for p in self.parts)
+
+    @property
+    def binding(self) -> str:
+        """The roof that holds the most time: "memory" or "compute"."""
+        mem = sum(p.seconds for p in self.parts if p.binding == MEMORY)
+        comp = sum(p.seconds for p in self.parts if p.binding == COMPUTE)
+        return COMPUTE if comp > mem else MEMORY
+
+    @property
+    def binding_device(self) -> str:
+        return max(self.parts, key=lambda p: p.seconds).device if self.parts else ""
+
+    def speculative_tokens_per_second(self, tokens_per_pass: float) -> float:
+        """The speculative ceiling: measured tokens per pass times passes per second."""
+        return tokens_per_pass * self.passes_per_second
+
+
+def _model_roofs(
+    shape: ModelShape, shares: Sequence[Share], context: int, tokens: int, type_k: str, type_v: str | None,
+    phase: str,
+) -> tuple[list[RoofTime], float, float]:
+    parts: list[RoofTime] = []
+    weights_total = 0.0
+    kv_total = 0.0
+    attn_per_token = attention_flops_per_token(shape, context)
+    for share in shares:
+        frac = share.weight_fraction(shape.n_layer)
+        w = shape.weight_bytes * frac
+        kv = float(kv_bytes_read(shape, context, type_k, type_v, layers=share.layers))
+        layer_frac = len(share.layers) / shape.n_layer if shape.n_layer else 0.0
+        flops = tokens * (2.0 * shape.n_params * frac + attn_per_token * layer_frac)
+        parts.append(roof(share.device, w + kv, flops, phase))
+        weights_total += w
+        kv_total += kv
+    return parts, weights_total, kv_total
+
+
+def estimate_pass(
+    target: ModelShape,
+    devices: Sequence[Device],
+    context: int,
+    *,
+    tokens: int = 1,
+    type_k: str = "f16",
+    type_v: str | None = None,
+    n_gpu_layers: int = -1,
+    drafter: ModelShape | None = None,
+    draft_steps: int = 0,
+    drafter_gpu_layers: int = -1,
+) -> PassEstimate:
+    """The ceiling of one pass at this context: the target verifying `tokens` tokens in one decode,
+    after `draft_steps` single-token drafter decodes (each a full pass over the drafter's weights)."""
+    if tokens < 1:
+        raise ValueError("a pass verifies at least one token")
+    context = max(context, 0)
+    parts, w, kv = _model_roofs(target, place(target, devices, n_gpu_layers), context, tokens,
+                                type_k, type_v, "target")
+    flops = sum(p.flops for p in parts)
+    drafter_bytes = 0.0
+    if drafter is not None and draft_steps > 0:
+        d_parts, dw, dkv = _model_roofs(drafter, place(drafter, devices, drafter_gpu_layers), context, 1,
+                                        type_k, type_v, "drafter")
+        # Draft steps run one after another, each streaming the drafter's weights again.
+        for p in d_parts:
+            parts.append(RoofTime(p.device, p.phase, p.bytes * draft_steps, p.flops * draft_steps,
+                                  p.memory_seconds * draft_steps, p.compute_seconds * draft_steps))
+        drafter_bytes = (dw + dkv) * draft_steps
+        flops += sum(p.flops for p in d_parts) * draft_steps
+    return PassEstimate(tokens, draft_steps if drafter is not None else 0, context, w, kv, drafter_bytes,
+                        flops, tuple(parts))
+
+
+def ceiling(
+    target: ModelShape, devices: Sequence[Device], context: int, *, type_k: str = "f16",
+    type_v: str | None = None, n_gpu_layers: int = -1,
+) -> PassEstimate:
+    """Plain decoding's ceiling at this context (one token per pass): what the dashboard plots."""
+    return estimate_pass(target, devices, context, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers)
+
+
+# --- speculation (Leviathan et al. 2023) --------------------------------------------------------
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("alpha must lie in [0, 1]")
+    if k < 0:
+        raise ValueError("k must be >= 0")
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan's walltime improvement: c is a drafter step's cost relative to a target pass."""
+    if c < 0:
+        raise ValueError("c must be >= 0")
+    return expected_tokens_per_pass(alpha, k) / (k * c + 1.0)
+
+
+# --- fit ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    device: str  # Device.key
+    name: str
+    weights: int
+    kv: int
+    compute: int
+    free: int | None
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.compute
+
+    @property
+    def fits(self) -> bool:
+        return self.free is None or self.need <= self.free
+
+    @property
+    def short_by(self) -> int:
+        return 0 if self.free is None else max(0, self.need - self.free)
+
+
+@dataclass(frozen=True)
+class FitEstimate:
+    devices: tuple[DeviceFit, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    @property
+    def message(self) -> str:
+        short = [d for d in self.devices if not d.fits]
+        if not short:
+            return "Fits: " + "; ".join(
+                f"{d.name} needs {_gb(d.need)}" + (f" of {_gb(d.free)} free" if d.free is not None else "")
+                for d in self.devices
+            ) + "."
+        return " ".join(
+            f"Does not fit on {d.name}: needs {_gb(d.need)} (weights {_gb(d.weights)}, KV {_gb(d.kv)}, "
+            f"compute {_gb(d.compute)}) with {_gb(d.free or 0)} free, {_gb(d.short_by)} short."
+            for d in short
+        )
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def fit_estimate(
+    target: ModelShape,
+    devices: Sequence[Device],
+    n_ctx: int,
+    *,
+    type_k: str = "f16",
+    type_v: str | None = None,
+    n_gpu_layers: int = -1,
+    drafter: ModelShape | None = None,
+    drafter_n_ctx: int | None = None,
+    drafter_gpu_layers: int = -1,
+    swa_full: bool = True,
+    n_ubatch: int = 512,
+    flash_attn: bool = True,
+) -> FitEstimate:
+    """Weights + both KV caches + compute buffers per device, against each device's free memory."""
+    need: dict[str, list[int]] = {d.key: [0, 0, 0] for d in devices}
+    by_key = {d.key: d for d in devices}
+
+    def add(shape: ModelShape, ctx: int, layers_on_gpu: int) -> None:
+        shares = place(shape, devices, layers_on_gpu)
+        per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
+        total_kv = kv_cache_bytes(shape, ctx, type_k, type_v, swa_full=swa_full, n_ubatch=n_ubatch)
+        full_kv = _pad(ctx, KV_PAD) * per_cell * shape.n_layer
+        for share in shares:
+            slot = need[share.device.key]
+            slot[0] += round(shape.weight_bytes * share.weight_fraction(shape.n_layer))
+            layer_kv = _pad(ctx, KV_PAD) * per_cell * len(share.layers)
+            # SWA layers hold less: scale this device's share of the full-size cache down alike.
+            slot[1] += round(layer_kv * (total_kv / full_kv)) if full_kv else 0
+        # The compute buffer lives on the device that runs the output layer.
+        main = next((s.device.key for s in shares if s.output), shares[-1].device.key)
+        need[main][2] += compute_buffer_bytes(shape, ctx, n_ubatch=n_ubatch, flash_attn=flash_attn)
+
+    add(target, n_ctx, n_gpu_layers)
+    if drafter is not None:
+        add(drafter, drafter_n_ctx or n_ctx, drafter_gpu_layers)
+    fits = tuple(
+        DeviceFit(key, by_key[key].name, w, kv, comp, by_key[key].free_bytes)
+        for key, (w, kv, comp) in need.items()
+        if w or kv or comp
+    )
+    return FitEstimate(fits)
+
+
+# --- calibration --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a measured plain decode delivered, beside what the spec sheet promises."""
+
+    passes_per_second: float
+    bytes_per_pass: float
+    flops_per_pass: float
+    delivered_bandwidth: float  # bytes/s
+    delivered_flops: float  # FLOP/s
+    ceiling_passes_per_second: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.passes_per_second  # plain decoding emits one token per pass
+
+    @property
+    def efficiency(self) -> float | None:
+        """Measured over ceiling (0..1 when the ceiling is honest)."""
+        if not self.ceiling_passes_per_second:
+            return None
+        return self.passes_per_second / self.ceiling_passes_per_second
+
+
+def make_calibration(
+    passes_per_second: float, bytes_per_pass: float, flops_per_pass: float,
+    ceiling_passes_per_second: float | None = None,
+) -> Calibration:
+    """Turn a measured plain-decode rate into delivered bytes/s and FLOP/s."""
+    if not (math.isfinite(passes_per_second) and passes_per_second >= 0):
+        raise ValueError("passes per second must be a finite number >= 0")
+    return Calibration(
+        passes_per_second=passes_per_second,
+        bytes_per_pass=bytes_per_pass,
+        flops_per_pass=flops_per_pass,
+        delivered_bandwidth=passes_per_second * bytes_per_pass,
+        delivered_flops=passes_per_second * flops_per_pass,
+        ceiling_passes_per_second=ceiling_passes_per_second,
+    )
+
+
+def calibrate(measured_passes_per_second: float, estimate: PassEstimate) -> Calibration:
+    """The calibration of a measured rate against the pass estimate for the same model and context."""
+    return make_calibration(measured_passes_per_second, estimate.bytes, estimate.flops,
+                            estimate.passes_per_second)

@@ -1,0 +1,11 @@
+"""Data files shipped with SpecDeck: demo-model manifest, style sheet, bench prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESOURCES_DIR = Path(__file__).resolve().parent
+
+
+def resource(name: str) -> Path:
+    return RESOURCES_DIR / name

@@ -1,0 +1,337 @@
+"""Write tiny, random-weight llama GGUF models that llama.cpp loads and decodes in milliseconds.
+
+`write_tiny_model` is the one entry point. The weights are random but shaped so the next-token distribution
+is peaked yet context-dependent (greedy output varies, temperature-1 sampling sees several likely tokens),
+and control tokens are made very unlikely so generation rarely stops early on an EOS.
+
+Vocabularies:
+
+- ``"bytes"``: byte-level BPE ("gpt2" tokenizer): 5 control tokens, the 256 GPT-2 byte tokens and 8 merges
+  (269 tokens). Ids: 0 ``<|bos|>``, 1 ``<|eos|>``, 2 ``<|im_start|>``, 3 ``<|im_end|>``, 4 ``<|pad|>``,
+  5..260 the byte tokens (byte b is id 5 + b), 261..268 the merged tokens.
+- ``"bytes-alt"``: the same, except the last merge (and so the text of token 268) differs, so llama.cpp's
+  drafter compatibility rule (identical token text from id 5 on) fails and nothing else does.
+- ``"smollm2"``: the tokenizer metadata of the installed SmolLM2 demo model (49,152 tokens).
+
+Drafters: the same ``seed`` and ``perturb=0`` give bit-identical weights; ``perturb > 0`` adds Gaussian
+noise of that relative scale (per tensor, relative to the tensor's RMS) drawn from ``perturb_seed``.
+Every tensor is cast to float32 here: an F64 tensor loads and then aborts llama.cpp at the first decode.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+VOCABS = ("bytes", "bytes-alt", "smollm2")
+
+BYTES_SPECIALS = ("<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+BYTES_BOS_ID = 0
+BYTES_EOS_ID = 1
+BYTES_EOT_ID = 3
+BYTES_PAD_ID = 4
+BYTES_FIRST_BYTE_ID = len(BYTES_SPECIALS)  # byte b is token BYTES_FIRST_BYTE_ID + b
+_MERGES = ("Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e")
+_MERGES_ALT = (*_MERGES[:-1], "a n")
+BYTES_VOCAB_SIZE = len(BYTES_SPECIALS) + 256 + len(_MERGES)  # 269
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_VOCAB_SIZE = 49152
+
+# Standard deviation of the logits over ordinary tokens (after the final RMS norm): large enough for a
+# peaked distribution, small enough that temperature-1 sampling sees several likely tokens.
+_LOGIT_STD = 4.0
+# Output rows of control tokens (and, in the byte vocabularies, of non-printable bytes) are shrunk by
+# these factors so they are rarely produced: the logit of a control token stays near 0 while ordinary
+# tokens spread with std _LOGIT_STD.
+_CONTROL_ROW_SCALE = 0.05
+_UNPRINTABLE_ROW_SCALE = 0.3
+
+_TOKEN_NORMAL = 1
+_TOKEN_CONTROL = 3
+
+
+@dataclass
+class _Vocab:
+    model: str
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    add_eos: bool = False
+    add_space_prefix: bool = False
+    eot_id: int | None = None
+    unk_id: int | None = None
+    pad_id: int | None = None
+    # Output-row scale per token (1.0 = ordinary token).
+    row_scale: np.ndarray = field(default_factory=lambda: np.ones(0, dtype=np.float32))
+
+
+@functools.cache
+def gpt2_byte_to_unicode() -> dict[int, str]:
+    """The GPT-2 byte-to-unicode map used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def _bytes_vocab(alt: bool) -> _Vocab:
+    b2u = gpt2_byte_to_unicode()
+    merges = list(_MERGES_ALT if alt else _MERGES)
+    tokens = list(BYTES_SPECIALS) + [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
+    types = [_TOKEN_CONTROL] * len(BYTES_SPECIALS) + [_TOKEN_NORMAL] * (256 + len(merges))
+    scale = np.ones(len(tokens), dtype=np.float32)
+    scale[: len(BYTES_SPECIALS)] = _CONTROL_ROW_SCALE
+    for b in range(256):
+        if not (0x20 <= b <= 0x7E or b == 0x0A):
+            scale[BYTES_FIRST_BYTE_ID + b] = _UNPRINTABLE_ROW_SCALE
+    assert len(tokens) == BYTES_VOCAB_SIZE
+    return _Vocab(
+        model="gpt2", pre="gpt-2", tokens=tokens, token_types=types, merges=merges,
+        bos_id=BYTES_BOS_ID, eos_id=BYTES_EOS_ID, add_bos=True, eot_id=BYTES_EOT_ID, pad_id=BYTES_PAD_ID,
+        row_scale=scale,
+    )
+
+
+def smollm2_path() -> Path:
+    """The installed SmolLM2 demo model; a clear error when it is not installed."""
+    from app.demo_models import installed_demo_models
+
+    for path in installed_demo_models():
+        if path.name == SMOLLM2_FILE:
+            return path
+    raise FileNotFoundError(
+        f"The demo model {SMOLLM2_FILE} is not installed (needed for vocab='smollm2'); "
+        "run `specdeck demo-models` first."
+    )
+
+
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                   12: "<d"}
+_GGUF_STRING = 8
+_GGUF_ARRAY = 9
+
+
+def read_metadata(path: Path, prefix: str = "") -> dict[str, Any]:
+    """The GGUF key/value metadata whose keys start with `prefix` (arrays as lists).
+
+    A minimal reader for trusted files (the demo models): `gguf.GGUFReader` takes seconds on a 49k-token
+    vocabulary, this takes a fraction of one.
+    """
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        (version,) = struct.unpack_from("<I", buf, 4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        (n_kv,) = struct.unpack_from("<Q", buf, 16)
+        pos = 24
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            text = buf[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace")
+            pos += 8 + n
+            return text
+
+        def value(vtype: int) -> Any:
+            nonlocal pos
+            if vtype == _GGUF_STRING:
+                return string()
+            if vtype == _GGUF_ARRAY:
+                etype, count = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if etype in _SCALAR_FORMATS:
+                    fmt = _SCALAR_FORMATS[etype]
+                    size = struct.calcsize(fmt)
+                    items = list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos))
+                    pos += size * count
+                    return items
+                return [value(etype) for _ in range(count)]
+            fmt = _SCALAR_FORMATS[vtype]
+            (item,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return item
+
+        out: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = string()
+            (vtype,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            item = value(vtype)
+            if key.startswith(prefix):
+                out[key] = item
+        return out
+
+
+@functools.cache
+def _smollm2_vocab(path: Path) -> _Vocab:
+    meta = read_metadata(path, "tokenizer.")
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"tokenizer.ggml.{key}", default)
+
+    def opt_int(key: str) -> int | None:
+        value = get(key)
+        return None if value is None else int(value)
+
+    tokens = [str(t) for t in get("tokens")]
+    types = [int(t) for t in get("token_type")]
+    scale = np.ones(len(tokens), dtype=np.float32)
+    scale[np.asarray(types) == _TOKEN_CONTROL] = _CONTROL_ROW_SCALE
+    return _Vocab(
+        model=str(get("model")), pre=str(get("pre", "default")), tokens=tokens, token_types=types,
+        merges=[str(m) for m in get("merges")], bos_id=int(get("bos_token_id")),
+        eos_id=int(get("eos_token_id")), add_bos=bool(get("add_bos_token", False)),
+        add_eos=bool(get("add_eos_token", False)), add_space_prefix=bool(get("add_space_prefix", False)),
+        eot_id=opt_int("eot_token_id"), unk_id=opt_int("unknown_token_id"),
+        pad_id=opt_int("padding_token_id"), row_scale=scale,
+    )
+
+
+def _vocab(name: str) -> _Vocab:
+    if name == "bytes":
+        return _bytes_vocab(alt=False)
+    if name == "bytes-alt":
+        return _bytes_vocab(alt=True)
+    if name == "smollm2":
+        return _smollm2_vocab(smollm2_path())
+    raise ValueError(f"unknown vocab {name!r}; expected one of {', '.join(VOCABS)}")
+
+
+def _weights(
+    vocab: _Vocab, *, seed: int, n_embd: int, n_layer: int, n_head: int, n_head_kv: int, n_ff: int,
+) -> dict[str, np.ndarray]:
+    """Random float32 weights, numpy shapes in (out, in) order, generated in a fixed order from `seed`."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab.tokens)
+    head_dim = n_embd // n_head
+    n_embd_kv = head_dim * n_head_kv
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    w: dict[str, np.ndarray] = {}
+    w["token_embd.weight"] = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(n_embd, dtype=np.float32)
+        w[p + "attn_q.weight"] = linear(n_embd, n_embd)
+        w[p + "attn_k.weight"] = linear(n_embd_kv, n_embd)
+        w[p + "attn_v.weight"] = linear(n_embd_kv, n_embd)
+        w[p + "attn_output.weight"] = linear(n_embd, n_embd)
+        w[p + "ffn_norm.weight"] = np.ones(n_embd, dtype=np.float32)
+        w[p + "ffn_gate.weight"] = linear(n_ff, n_embd)
+        w[p + "ffn_up.weight"] = linear(n_ff, n_embd)
+        w[p + "ffn_down.weight"] = linear(n_embd, n_ff)
+    w["output_norm.weight"] = np.ones(n_embd, dtype=np.float32)
+    out = linear(n_vocab, n_embd) * np.float32(_LOGIT_STD)
+    w["output.weight"] = (out * vocab.row_scale[:, None]).astype(np.float32)
+    return w
+
+
+def _perturb(weights: dict[str, np.ndarray], scale: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for name, tensor in weights.items():
+        rms = float(np.sqrt(np.mean(np.square(tensor, dtype=np.float64))))
+        noise = rng.standard_normal(tensor.shape) * (scale * rms)
+        weights[name] = (tensor + noise).astype(np.float32)
+
+
+def write_tiny_model(
+    path: Path,
+    *,
+    vocab: str = "bytes",
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 4096,
+    perturb: float = 0.0,
+    perturb_seed: int = 1,
+    chat_template: str | None = DEFAULT_TEMPLATE,
+    name: str = "tiny",
+) -> Path:
+    """Write a tiny random llama model to `path` (a .gguf file) and return `path`."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be a multiple of n_head, and n_head a multiple of n_head_kv")
+    if perturb < 0:
+        raise ValueError("perturb must be >= 0")
+    voc = _vocab(vocab)
+    weights = _weights(voc, seed=seed, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+                       n_ff=n_ff)
+    if perturb > 0:
+        _perturb(weights, perturb, perturb_seed)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "llama")
+    writer.add_name(name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(voc.tokens))
+
+    writer.add_tokenizer_model(voc.model)
+    writer.add_tokenizer_pre(voc.pre)
+    writer.add_token_list(voc.tokens)
+    writer.add_token_types(voc.token_types)
+    writer.add_token_merges(voc.merges)
+    writer.add_bos_token_id(voc.bos_id)
+    writer.add_eos_token_id(voc.eos_id)
+    if voc.eot_id is not None:
+        writer.add_eot_token_id(voc.eot_id)
+    if voc.unk_id is not None:
+        writer.add_unk_token_id(voc.unk_id)
+    if voc.pad_id is not None:
+        writer.add_pad_token_id(voc.pad_id)
+    writer.add_add_bos_token(voc.add_bos)
+    writer.add_add_eos_token(voc.add_eos)
+    writer.add_add_space_prefix(voc.add_space_prefix)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    for tensor_name, tensor in weights.items():
+        assert tensor.dtype == np.float32, tensor_name
+        writer.add_tensor(tensor_name, tensor)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    return path
