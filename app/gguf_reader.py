@@ -66,14 +66,18 @@ class UnreadableError(GGUFError):
 # Far above any real model (tens of keys, a few thousand tensors, vocabularies of ~260k tokens), far below
 # what would take seconds or gigabytes to walk in Python.
 MAX_KV = 1 << 14
-MAX_TENSORS = 1 << 18
-MAX_KEY_LEN = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_KEY_LEN = 1 << 10  # real keys are under 100 bytes; gguf.cpp allows longer, but nobody writes them
 MAX_STRING_LEN = 1 << 24
 MAX_ARRAY_LEN = 1 << 24
-MAX_STRING_ELEMENTS = 1 << 23  # string-array elements walked in one file, all arrays together
+MAX_STRING_ELEMENTS = 1 << 22  # string-array elements walked in one file, all arrays together (~0.4 s)
+MAX_VOCAB = 1 << 20  # tokens; real vocabularies have up to ~260k
+MAX_EMPTY_TOKENS = 4096  # empty token texts (llama.cpp renames each; real vocabularies have a handful)
+MAX_SHARDS = 1024  # files of one split model (gguf-split names allow 99999)
 MAX_TEMPLATE_LEN = 1 << 20  # a chat template longer than this is reported present but not kept
-MAX_METADATA_STR = 1024  # strings kept in GGUFInfo.metadata are cut to this many characters
-SMALL_ARRAY = 4096  # numeric arrays up to this length are decoded (per-layer values)
+MAX_METADATA_STR = 1024  # bytes of a string value kept (GGUFInfo.metadata, general.name)
+SMALL_ARRAY = 4096  # numeric arrays up to this length are decoded (per-layer values)...
+MAX_DECODED = 1 << 16  # ...until this many elements are decoded in one file (a few MB at most)
 GGML_MAX_NAME = 64
 GGML_MAX_DIMS = 4
 INT64_MAX = (1 << 63) - 1
@@ -292,17 +296,25 @@ class _Reader:
         self.skip(n - keep, what)
         return head, n
 
-    def hash_range(self, start: int, end: int) -> str:
-        """sha256 of file bytes [start, end) (already bounds-checked by the caller's walk)."""
+    def hash_tokens(self, start: int, end: int, empty: list[tuple[int, int]]) -> str:
+        """The token fingerprint straight from the file: the raw length-prefixed texts in [start, end) are
+        exactly what fingerprint_texts hashes, except each empty text, hashed under llama.cpp's new name.
+        (The range was bounds-checked by the walk.)"""
         h = hashlib.sha256()
-        self.f.seek(start)
-        left = end - start
-        while left > 0:
-            block = self.f.read(min(left, _CHUNK))
-            if not block:
-                raise self.truncated(end, "the token list")
-            h.update(block)
-            left -= len(block)
+        cur = start
+        for token_id, offset in [*empty, (-1, end)]:
+            self.f.seek(cur)
+            left = offset - cur
+            while left > 0:
+                block = self.f.read(min(left, _CHUNK))
+                if not block:
+                    raise self.truncated(end, "the token list")
+                h.update(block)
+                left -= len(block)
+            if token_id >= 0:
+                name = _decode_token(b"", token_id).encode()
+                h.update(_U64.pack(len(name)) + name)
+            cur = offset + 8
         return h.hexdigest()
 
 
@@ -312,8 +324,8 @@ class _StringArray:
     start: int  # file offset of the first element
     fp_start: int  # file offset of element FINGERPRINT_START (== end when shorter)
     end: int
-    any_empty_from_fp: bool  # an empty text from id 5 on (llama.cpp renames it "[EMPTY_i]")
-    items: list[bytes] | None
+    empty: list[tuple[int, int]]  # (id, file offset) of empty texts from id 5 on: llama.cpp renames them
+    items: list[str] | None  # the decoded texts, when collected
     fingerprint: str = ""
 
 
@@ -353,7 +365,7 @@ def _parse(r: _Reader, *, collect_tokens: bool) -> _Header:
         raise NotGGUFError(f"{name} is {_describe_non_gguf(head, r)}, not a GGUF model.")
     r.pos = 4
     version = r.u32("the GGUF version")
-    if version in (1,):
+    if version == 1:
         raise UnsupportedVersionError(
             f"{name} is a GGUF version 1 file (from before August 2023); llama.cpp reads versions 2 and 3 "
             "only: convert the model again.",
@@ -386,7 +398,7 @@ def _parse(r: _Reader, *, collect_tokens: bool) -> _Header:
     str_len: dict[str, int] = {}
     arrays: dict[str, _Array] = {}
     seen: set[str] = set()
-    budget = [MAX_STRING_ELEMENTS]
+    budget = [MAX_STRING_ELEMENTS, MAX_DECODED]
     for i in range(n_kv):
         klen = r.string_len(f"the key of metadata entry {i}", MAX_KEY_LEN)
         raw_key = r.take(klen, f"the key of metadata entry {i}")
@@ -402,7 +414,8 @@ def _parse(r: _Reader, *, collect_tokens: bool) -> _Header:
         if vtype not in _VALUE_TYPES:
             raise MalformedError(f"{name} is corrupt: {what} has unknown value type {vtype:,}.")
         if vtype == _T_STRING:
-            keep = MAX_TEMPLATE_LEN if key.startswith("tokenizer.chat_template") else MAX_METADATA_STR * 4
+            # Only the default template is kept whole; other strings are kept as far as GGUFInfo shows them.
+            keep = MAX_TEMPLATE_LEN if key == "tokenizer.chat_template" else MAX_METADATA_STR
             data, full = r.string(what, keep)
             kv[key] = data.decode("utf-8", errors="replace")
             str_len[key] = full
@@ -410,9 +423,8 @@ def _parse(r: _Reader, *, collect_tokens: bool) -> _Header:
             is_tokens = key == "tokenizer.ggml.tokens"
             arrays[key] = _read_array(r, key, collect_tokens and is_tokens, budget)
             strings = arrays[key].strings
-            if is_tokens and strings is not None and strings.count > FINGERPRINT_START \
-                    and not strings.any_empty_from_fp:
-                strings.fingerprint = r.hash_range(strings.fp_start, strings.end)
+            if is_tokens and strings is not None and strings.count > FINGERPRINT_START:
+                strings.fingerprint = r.hash_tokens(strings.fp_start, strings.end, strings.empty)
         else:
             kv[key] = r.scalar(vtype, what)
 
@@ -425,23 +437,27 @@ def _parse(r: _Reader, *, collect_tokens: bool) -> _Header:
 
     tensors: list[tuple[str, tuple[int, ...], int, int]] = []
     names: set[str] = set()
+    what = "the tensor infos"  # constant: formatting a label per field would dominate the loop
     for i in range(n_tensors):
-        what = f"tensor info {i}"
-        nlen = r.string_len(f"the name of {what}", MAX_KEY_LEN)
+        nlen = r.u64(what)
         if nlen >= GGML_MAX_NAME:
             raise MalformedError(f"{name} is corrupt: the name of tensor {i} is {nlen:,} bytes long; "
                                  f"ggml allows at most {GGML_MAX_NAME - 1}.")
-        tname = r.take(nlen, what).decode("utf-8", errors="replace")
+        r.need(nlen + 4, what)
+        tname = r.buf[r.pos : r.pos + nlen].decode("utf-8", errors="replace")
+        (n_dims,) = _U32.unpack_from(r.buf, r.pos + nlen)
+        r.pos += nlen + 4
         if tname in names:
             raise MalformedError(f"{name} is corrupt: the tensor name {tname!r} appears twice.")
         names.add(tname)
-        n_dims = r.u32(f"the dimension count of tensor {tname!r}")
         if n_dims > GGML_MAX_DIMS:
             raise MalformedError(f"{name} is corrupt: tensor {tname!r} has {n_dims:,} dimensions; "
                                  f"ggml allows at most {GGML_MAX_DIMS}.")
-        dims = tuple(r.u64(f"the shape of tensor {tname!r}") for _ in range(n_dims))
-        ttype = r.u32(f"the type of tensor {tname!r}")
-        offset = r.u64(f"the offset of tensor {tname!r}")
+        r.need(8 * n_dims + 12, what)
+        dims = struct.unpack_from(f"<{n_dims}QIQ", r.buf, r.pos)
+        r.pos += 8 * n_dims + 12
+        ttype, offset = int(dims[-2]), int(dims[-1])
+        dims = dims[:-2]
         count = 1
         for d in dims:
             if d > INT64_MAX:
@@ -497,18 +513,23 @@ def _read_array(r: _Reader, key: str, collect: bool, budget: list[int]) -> _Arra
     if n > MAX_ARRAY_LEN:
         raise LimitError(f"{r.name} is corrupt: {what} claims {n:,} elements{_pow2(n)}; "
                          f"at most {MAX_ARRAY_LEN:,} are allowed.")
+    if etype == _T_STRING:
+        if key == "tokenizer.ggml.tokens" and n > MAX_VOCAB:
+            raise LimitError(f"{r.name} is corrupt: its vocabulary claims {n:,} tokens; at most "
+                             f"{MAX_VOCAB:,} are allowed.")
+        if n > budget[0]:
+            raise LimitError(f"{r.name} is corrupt: its string arrays hold more than "
+                             f"{MAX_STRING_ELEMENTS:,} elements in all.")
+        budget[0] -= n
     size = _VALUE_TYPES[etype][1]
     least = n * (size or 8)
     if r.tell() + least > r.size:
         raise TruncatedError(f"{r.name} is truncated or corrupt: {what} claims {n:,} elements, which need at "
                              f"least {least:,} bytes, but only {r.size - r.tell():,} follow.")
     if etype == _T_STRING:
-        if n > budget[0]:
-            raise LimitError(f"{r.name} is corrupt: its string arrays hold more than "
-                             f"{MAX_STRING_ELEMENTS:,} elements in all.")
-        budget[0] -= n
         return _Array(etype, n, None, _walk_strings(r, n, what, collect))
-    if n <= SMALL_ARRAY:
+    if n <= SMALL_ARRAY and n <= budget[1]:
+        budget[1] -= n
         code = _VALUE_TYPES[etype][2]
         r.need(n * size, what)
         raw = struct.unpack_from(f"<{n}{code[1]}", r.buf, r.pos)
@@ -522,10 +543,10 @@ def _read_array(r: _Reader, key: str, collect: bool, budget: list[int]) -> _Arra
 def _walk_strings(r: _Reader, n: int, what: str, collect: bool) -> _StringArray:
     """Walk n length-prefixed strings. The fast path works on the buffer directly (a 262k-token vocabulary
     is walked in well under 0.1 s); the slow path refills and checks bounds."""
-    items: list[bytes] | None = [] if collect else None
+    items: list[str] | None = [] if collect else None
     start = r.tell()
     fp_start = -1
-    any_empty = False
+    empty: list[tuple[int, int]] = []
     unpack = _U64.unpack_from
     buf, pos = r.buf, r.pos
     end = len(buf)
@@ -538,18 +559,19 @@ def _walk_strings(r: _Reader, n: int, what: str, collect: bool) -> _StringArray:
             stop = pos + 8 + ln
             if stop <= end and ln <= MAX_STRING_LEN:
                 if items is not None:
-                    items.append(buf[pos + 8 : stop])
+                    items.append(_decode_token(buf[pos + 8 : stop], i))
                 if ln == 0 and i >= FINGERPRINT_START:
-                    any_empty = True
+                    _note_empty(r, empty, i, r.base + pos)
                 pos = stop
                 i += 1
                 continue
         r.pos = pos
+        at = r.tell()
         ln = r.string_len(f"element {i:,} of {what}")
         if ln == 0 and i >= FINGERPRINT_START:
-            any_empty = True
+            _note_empty(r, empty, i, at)
         if items is not None:
-            items.append(r.take(ln, f"element {i:,} of {what}"))
+            items.append(_decode_token(r.take(ln, f"element {i:,} of {what}"), i))
         else:
             r.skip(ln, f"element {i:,} of {what}")
         buf, pos = r.buf, r.pos
@@ -557,7 +579,13 @@ def _walk_strings(r: _Reader, n: int, what: str, collect: bool) -> _StringArray:
         i += 1
     r.pos = pos
     stop_at = r.tell()
-    return _StringArray(n, start, fp_start if fp_start >= 0 else stop_at, stop_at, any_empty, items)
+    return _StringArray(n, start, fp_start if fp_start >= 0 else stop_at, stop_at, empty, items)
+
+
+def _note_empty(r: _Reader, empty: list[tuple[int, int]], token_id: int, offset: int) -> None:
+    if len(empty) >= MAX_EMPTY_TOKENS:
+        raise LimitError(f"{r.name} is corrupt: more than {MAX_EMPTY_TOKENS:,} of its strings are empty.")
+    empty.append((token_id, offset))
 
 
 def _describe_non_gguf(head: bytes, r: _Reader) -> str:
@@ -565,8 +593,10 @@ def _describe_non_gguf(head: bytes, r: _Reader) -> str:
     signatures = (
         (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
         (b"PK\x03\x04", "a ZIP archive"), (b"\x1f\x8b", "a gzip archive"), (b"%PDF", "a PDF document"),
-        (b"\x7fELF", "a program (ELF)"), (b"ggml", "an old GGML file (pre-GGUF)"),
-        (b"ggjt", "an old GGJT file (pre-GGUF)"), (b"FUGG", "a big-endian or corrupt GGUF"),
+        (b"\x7fELF", "a program (ELF)"), (b"MZ", "a Windows program"),
+        (b"lmgg", "an old GGML model (from before GGUF; convert it again)"),
+        (b"fmgg", "an old GGMF model (from before GGUF; convert it again)"),
+        (b"tjgg", "an old GGJT model (from before GGUF; convert it again)"),
     )
     for sig, label in signatures:
         if head.startswith(sig):
@@ -765,6 +795,9 @@ def _interpret(h: _Header, path: Path, size: int, follow_shards: bool) -> GGUFIn
     split_index = _int_value(h, "split.no", name) or 0
     if split_count < 1 or not 0 <= split_index < split_count:
         raise MalformedError(f"{name} is corrupt: it says it is shard {split_index + 1} of {split_count}.")
+    if split_count > MAX_SHARDS:
+        raise LimitError(f"{name} is corrupt: it says the model is split into {split_count:,} files; at most "
+                         f"{MAX_SHARDS:,} are allowed.")
     general_type = _str_value(h, "general.type") or ""
     arch = _str_value(h, "general.architecture")
     if split_index > 0:
@@ -817,8 +850,6 @@ def _interpret(h: _Header, path: Path, size: int, follow_shards: bool) -> GGUFIn
     bos, eos, add_bos, add_eos = _resolve_vocab(h, n_vocab)
 
     fingerprint = strings.fingerprint if strings is not None else ""
-    if strings is not None and strings.any_empty_from_fp:
-        fingerprint = fingerprint_texts(_token_texts_from(path))  # rare: hash the renamed texts
 
     file_type = _int_value(h, "general.file_type", name)
     quant = _quant_name(file_type, h)
@@ -832,8 +863,8 @@ def _interpret(h: _Header, path: Path, size: int, follow_shards: bool) -> GGUFIn
     if split_count > 1 and follow_shards and split_index == 0:
         siblings = shard_siblings(path, split_count)
         if siblings is None:
-            missing = tuple(f"shard {i + 1} of {split_count} (its file name is unknown)"
-                            for i in range(1, split_count))
+            later = "shard 2" if split_count == 2 else f"shards 2 to {split_count}"
+            missing = (f"{later} of {split_count} (the file name does not say where to find them)",)
         else:
             lost = []
             for sib in siblings[1:]:
@@ -850,8 +881,8 @@ def _interpret(h: _Header, path: Path, size: int, follow_shards: bool) -> GGUFIn
     for key, value in h.kv.items():
         if key.startswith("tokenizer.chat_template"):
             continue
-        if isinstance(value, str) and len(value) > MAX_METADATA_STR:
-            value = value[:MAX_METADATA_STR] + "…"
+        if isinstance(value, str) and h.str_len.get(key, 0) > MAX_METADATA_STR:
+            value += "…"  # cut when read
         metadata[key] = value
 
     return GGUFInfo(
@@ -893,7 +924,7 @@ def _token_texts_from(path: Path) -> list[str]:
     tokens = h.arrays.get("tokenizer.ggml.tokens")
     if tokens is None or tokens.strings is None or tokens.strings.items is None:
         return []
-    return [_decode_token(raw, i) for i, raw in enumerate(tokens.strings.items)]
+    return tokens.strings.items
 
 
 def read_token_texts(path: str | Path) -> list[str]:
@@ -912,7 +943,10 @@ def read_token_texts(path: str | Path) -> list[str]:
 def ensure_complete(info: GGUFInfo) -> None:
     """Raise MissingShardError when a split model lacks shards, so it is refused before llama.cpp sees it."""
     if info.missing_shards:
-        names = ", ".join(Path(m).name if os.sep in m or "/" in m else m for m in info.missing_shards)
+        shown = [Path(m).name if os.sep in m or "/" in m else m for m in info.missing_shards[:3]]
+        if len(info.missing_shards) > 3:
+            shown.append(f"and {len(info.missing_shards) - 3} more")
+        names = ", ".join(shown)
         raise MissingShardError(
             f"{Path(info.path).name} is part 1 of a model split into {info.split_count} files, and "
             f"{len(info.missing_shards)} of them {'is' if len(info.missing_shards) == 1 else 'are'} missing "
@@ -925,10 +959,3 @@ def ensure_complete(info: GGUFInfo) -> None:
             "open the first part (…-00001-of-…) instead.",
             info.path,
         )
-
-
-__all__ = [
-    "FILE_TYPES", "GGML_TYPES", "GGUFError", "GGUFInfo", "LimitError", "MalformedError", "MissingKeyError",
-    "MissingShardError", "NotGGUFError", "TruncatedError", "UnreadableError", "UnsupportedVersionError",
-    "ensure_complete", "fingerprint_texts", "read_gguf_info", "read_token_texts", "shard_siblings",
-]

@@ -14,13 +14,14 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from app.compat import CompatResult, VocabInfo, check_compatible
+from app.atomic import atomic_write_bytes
+from app.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
+from app.errors import StorageError
 from app.gguf_reader import (
     GGUFError,
     GGUFInfo,
@@ -46,7 +47,7 @@ MAX_FILES = 20_000  # per discovery, all roots together
 MAX_DEPTH = 8
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_CACHE_BYTES = 256 << 20
-_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+_DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # fullmatch only
 _OLLAMA_KINDS = {
     "application/vnd.ollama.image.model": "model",
     "application/vnd.ollama.image.projector": "mmproj",
@@ -58,7 +59,7 @@ _OLLAMA_KINDS = {
 class LibraryEntry:
     path: str  # as the user knows it: the HF snapshot link, the Ollama blob, the file in a folder
     source: str  # one of SOURCES
-    label: str  # "org/repo/file.gguf" (HF), "llama3.2:1b" (Ollama), the file name otherwise
+    label: str  # "org/repo/file.gguf" (HF), "llama3.2:1b" (Ollama), else the path under its folder
     real_path: str  # the file read (symlinks resolved)
     size: int
     info: GGUFInfo | None
@@ -272,7 +273,7 @@ def _find_ollama(root: Root, budget: _Budget) -> Iterator[_Found]:
             for layer in layers:
                 if not isinstance(layer, dict) or layer.get("mediaType") not in _OLLAMA_KINDS:
                     continue
-                m = _DIGEST.match(str(layer.get("digest", "")))
+                m = _DIGEST.fullmatch(str(layer.get("digest", "")))
                 if m is None:  # never build a path from an unchecked digest
                     continue
                 budget.left -= 1
@@ -350,9 +351,13 @@ class HeaderCache:
         if not isinstance(deps, dict) or any(_stat_sig(Path(p)) != s for p, s in deps.items()):
             return None
         try:
-            if "error" in entry:
-                return None, str(entry["error"]), str(entry.get("error_type") or "GGUFError")
-            return _info_from_json(entry["info"]), None, None
+            info = _info_from_json(entry["info"]) if entry.get("info") is not None else None
+            error = entry.get("error")
+            if info is None and error is None:
+                return None
+            if error is None:
+                return info, None, None
+            return info, str(error), str(entry.get("error_type") or "GGUFError")
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -361,7 +366,7 @@ class HeaderCache:
         entry: dict[str, Any] = {"sig": sig, "deps": self._deps(path, info)}
         if info is not None:
             entry["info"] = _info_to_json(info)
-        else:
+        if error is not None:  # a split model with shards missing has both
             entry["error"] = error
             entry["error_type"] = error_type
         self.entries[str(path)] = entry
@@ -377,31 +382,8 @@ class HeaderCache:
         if not self.dirty:
             return
         data = json.dumps({"version": CACHE_VERSION, "entries": self.entries}, separators=(",", ":"))
-        atomic_write(self.path, data.encode("utf-8"))
+        atomic_write_bytes(self.path, data.encode("utf-8"))  # temp file + fsync + os.replace
         self.dirty = False
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write data to path so that readers see the old file or the new one, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if os.name == "posix":  # make the rename itself durable
-        with contextlib.suppress(OSError):
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
 
 
 # --- discovery ----------------------------------------------------------------------------------
@@ -465,7 +447,7 @@ def discover(
             entries.append(entry)
     if cache is not None:
         cache.prune({e.path for e in entries})
-        with contextlib.suppress(OSError):  # a read-only cache folder must not break discovery
+        with contextlib.suppress(StorageError):  # a read-only cache folder must not break discovery
             cache.save()
     return entries
 
@@ -517,6 +499,11 @@ def _confirm(target: GGUFInfo, drafter: GGUFInfo, texts: _Texts) -> CompatResult
     return check_compatible(tv, dv, t, d)
 
 
+def _worth_confirming(result: CompatResult) -> bool:
+    """Undecided passes need the texts; so do fingerprint refusals, to name the first differing token."""
+    return (result.ok and not result.confirmed) or result.check == CHECK_TOKEN_TEXT
+
+
 def confirm_pair(target: GGUFInfo, drafter: GGUFInfo) -> CompatResult:
     """The compatibility rule decided on both files' real token texts (what llama.cpp compares)."""
     return _confirm(target, drafter, _Texts())
@@ -525,8 +512,8 @@ def confirm_pair(target: GGUFInfo, drafter: GGUFInfo) -> CompatResult:
 def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True
                   ) -> dict[tuple[str, str], CompatResult]:
     """check_compatible for every (target, drafter) pair of usable models, keyed by their paths. Pairs
-    with the same vocabulary signature share one decision; a pass the fingerprints cannot decide (sizes
-    apart by 1..128) is confirmed on the real token texts when `confirm` is set."""
+    with the same vocabulary signature share one decision. With `confirm`, a pass the fingerprints cannot
+    decide (sizes 1..128 apart) is decided on the real token texts, and a text refusal names the token."""
     models = [e for e in entries if e.is_model and e.info is not None and e.info.n_vocab > 0]
     decided: dict[tuple[tuple[object, ...], tuple[object, ...]], CompatResult] = {}
     texts = _Texts()
@@ -539,7 +526,7 @@ def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True
             result = decided.get(key)
             if result is None:
                 result = check_compatible(VocabInfo.from_gguf(t.info), VocabInfo.from_gguf(d.info))
-                if confirm and result.ok and not result.confirmed:
+                if confirm and _worth_confirming(result):
                     result = _confirm(t.info, d.info, texts)
                 decided[key] = result
             out[(t.path, d.path)] = result
@@ -559,8 +546,9 @@ def drafters_for(
     *,
     confirm: bool = True,
 ) -> DrafterReport:
-    """Rank the library's models as drafters for `target` (which need not be in the library). Passing
-    pairs are confirmed on the real token texts when `confirm` is set."""
+    """Rank the library's models as drafters for `target` (which need not be in the library). With
+    `confirm`, what the fingerprints leave open is decided on the real token texts (as compat_matrix does);
+    equal fingerprints of equal-size vocabularies are sha256 of the very texts, so they decide alone."""
     texts = _Texts()
     tv = VocabInfo.from_gguf(target)
     ok: list[GGUFInfo] = []
@@ -570,7 +558,7 @@ def drafters_for(
         if not e.is_model or e.info is None or e.real_path == target_real:
             continue
         result = check_compatible(tv, VocabInfo.from_gguf(e.info))
-        if result.ok and confirm:
+        if confirm and _worth_confirming(result):
             result = _confirm(target, e.info, texts)
         if result.ok:
             ok.append(e.info)

@@ -87,13 +87,17 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
     return "\n".join(out)
 
 
-def _drafters_text(target: GGUFInfo, report: DrafterReport) -> str:
+def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[LibraryEntry]) -> str:
+    labels = {e.path: e.label for e in entries}
     out = [f"\nDrafters for {Path(target.path).name} ({human_bytes(target.tensor_bytes)} of weights), "
            "ranked by predicted speedup on a bandwidth-bound device:"]
     rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP"]]
     for n, r in enumerate(report.recommendations, 1):
-        label = r.name if r.drafter_path is None else f"{r.name} ({Path(r.drafter_path).name})"
-        rows.append([str(n), label, f"{r.cost_ratio:.3f}", f"{r.acceptance:.2f} {r.acceptance_source}",
+        if r.drafter_path is None:
+            rank, label = "free", r.name
+        else:
+            rank, label = str(n), f"{labels.get(r.drafter_path, Path(r.drafter_path).name)} ({r.name})"
+        rows.append([rank, label, f"{r.cost_ratio:.3f}", f"{r.acceptance:.2f} {r.acceptance_source}",
                      str(r.best_k), f"{r.tokens_per_pass:.2f}", f"{r.speedup:.2f}x"])
     out.append(_table(rows))
     if len(report.recommendations) == 1:
@@ -115,6 +119,10 @@ def _load_target(path: Path) -> GGUFInfo:
 
 
 def run(args: argparse.Namespace) -> int:
+    for stream in (sys.stdout, sys.stderr):  # odd file names or a narrow console must not crash the listing
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="replace")
     target: GGUFInfo | None = None
     if args.target is not None:
         try:
@@ -134,10 +142,10 @@ def run(args: argparse.Namespace) -> int:
                 {"path": e.path, "label": e.label, "check": res.check, "reason": res.reason}
                 for e, res in report.refused
             ]
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        print(json.dumps(doc, indent=2))
         return 0
 
     print(_library_text(entries))
     if target is not None and report is not None:
-        print(_drafters_text(target, report))
+        print(_drafters_text(target, report, entries))
     return 0

@@ -14,14 +14,15 @@ def _base(kind: str) -> Path:
     home = os.environ.get("SPECDECK_HOME")
     if home:
         return Path(home) / kind
-    getter = {
-        "models": lambda: Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models",
-        "config": lambda: Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
-        "data": lambda: Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
-        "logs": lambda: Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
-        "cache": lambda: Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
-    }[kind]
-    return getter()
+    if kind == "models":
+        return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
+    if kind == "config":
+        return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+    if kind == "data":
+        return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    if kind == "logs":
+        return Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 def models_dir() -> Path:

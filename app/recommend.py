@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from app.compat import VocabInfo, check_compatible
 from app.gguf_reader import GGUFInfo
+from app.roofline import expected_speedup, expected_tokens_per_pass
 
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
@@ -26,16 +27,9 @@ NGRAM_K_MAX = 8
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 
 
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """Leviathan's E[tokens per verify pass] = (1 − α^(k+1)) / (1 − α); k + 1 when α = 1."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
 def predicted_speedup(alpha: float, k: int, c: float) -> float:
-    """Speedup over plain decoding: tokens per pass ÷ (k·c + 1)."""
-    return expected_tokens_per_pass(alpha, k) / (k * c + 1.0)
+    """Speedup over plain decoding: tokens per pass ÷ (k·c + 1) (roofline's Leviathan arithmetic)."""
+    return expected_speedup(alpha, k, c)
 
 
 def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
@@ -122,3 +116,9 @@ def _same_file(a: str, b: str) -> bool:
         return Path(a).resolve() == Path(b).resolve()
     except OSError:
         return False
+
+
+__all__ = [
+    "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "Recommendation", "best_k",
+    "expected_tokens_per_pass", "predicted_speedup", "recommend_drafters",
+]

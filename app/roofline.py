@@ -102,7 +102,7 @@ class ModelShape:
 
 
 def kv_bytes_per_token(shape: ModelShape, type_k: str = "f16", type_v: str | None = None) -> int:
-    """KV bytes one more token of context adds, all layers (sliding-window layers until their window fills)."""
+    """KV bytes one more token of context adds, all layers (SWA layers only until their window fills)."""
     return shape.n_layer * shape.kv_layer_bytes_per_cell(type_k, type_v)
 
 
@@ -370,6 +370,31 @@ def ceiling(
 ) -> PassEstimate:
     """Plain decoding's ceiling at this context (one token per pass): what the dashboard plots."""
     return estimate_pass(target, devices, context, type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers)
+
+
+@dataclass(frozen=True)
+class CeilingModel:
+    """A loaded model's ceiling as a function of context: built once, asked on every stats update."""
+
+    target: ModelShape
+    devices: tuple[Device, ...]
+    type_k: str = "f16"
+    type_v: str | None = None
+    n_gpu_layers: int = -1
+    drafter: ModelShape | None = None
+    drafter_gpu_layers: int = -1
+
+    def plain(self, context: int) -> PassEstimate:
+        """Plain decoding at this context (one token per pass)."""
+        return estimate_pass(self.target, self.devices, context, type_k=self.type_k, type_v=self.type_v,
+                             n_gpu_layers=self.n_gpu_layers)
+
+    def speculative(self, context: int, k: int, *, with_drafter: bool = True) -> PassEstimate:
+        """A verify pass of k + 1 tokens after k drafter steps (n-gram drafting: with_drafter=False)."""
+        drafter = self.drafter if with_drafter else None
+        return estimate_pass(self.target, self.devices, context, tokens=k + 1, type_k=self.type_k,
+                             type_v=self.type_v, n_gpu_layers=self.n_gpu_layers, drafter=drafter,
+                             draft_steps=k, drafter_gpu_layers=self.drafter_gpu_layers)
 
 
 # --- speculation (Leviathan et al. 2023) --------------------------------------------------------

@@ -10,6 +10,7 @@ dict into a version-``old + 1`` dict. Files are migrated step by step on load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 from app.atomic import atomic_write_json
 from app.config import DraftSettings, LoadSettings, SamplingSettings, as_dict
-from app.errors import SettingsError
+from app.errors import SettingsError, StorageError
 from app.paths import config_dir
 
 SCHEMA_VERSION = 1
@@ -325,9 +326,12 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> tuple[AppSettin
     if not problems:
         return settings, None
     listed = " ".join(problems)
+    aside = _move_aside(target)
+    # Write the repaired settings back at once, so the valid values survive even if nothing saves later.
+    with contextlib.suppress(StorageError, SettingsError, ValueError):  # the warning already says enough
+        save_settings(settings, target)
     return settings, (
-        f"Some values in {target.name} were invalid and were reset to their defaults: {listed} "
-        f"{_move_aside(target)}"
+        f"Some values in {target.name} were invalid and were reset to their defaults: {listed} {aside}"
     )
 
 

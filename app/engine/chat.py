@@ -192,7 +192,9 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
             if name == "format" and isinstance(value, str):
                 _check_format_string(value, self.limit)
             if name == "join" and isinstance(value, list | tuple):
-                _check_result("".join(v for v in value if isinstance(v, str)), self.limit)
+                total = sum(len(v) for v in value if isinstance(v, str))
+                if total > self.limit:
+                    raise _TooLarge(f"a join of {total:,} characters")
             # Checked after the fact: one filter call on bounded inputs builds a bounded amount.
             return _check_result(fn(*args, **kwargs), self.limit)
 
@@ -408,3 +410,26 @@ def render_chat(
             ])
     return result(render_chatml(cleaned, add_generation_prompt), True,
                   [f"{first} A plain ChatML format was used instead."])
+
+
+# Formats for architectures whose GGUFs often ship without a template, as llama.cpp recognises them.
+BUILTIN_TEMPLATES = {
+    "gemma": (
+        "{{ bos_token }}{% set ns = namespace(sys='') %}"
+        "{% for m in messages %}"
+        "{% if m['role'] == 'system' %}{% set ns.sys = m['content'] ~ '\\n\\n' %}"
+        "{% else %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+        "{{ (ns.sys if m['role'] == 'user' else '') ~ m['content'] | trim }}<end_of_turn>\n"
+        "{% if m['role'] == 'user' %}{% set ns.sys = '' %}{% endif %}{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+}
+
+
+def builtin_template(architecture: str) -> str | None:
+    """The known chat format for an architecture family (``gemma3`` → ``gemma``), if there is one."""
+    for family, template in BUILTIN_TEMPLATES.items():
+        if architecture.startswith(family):
+            return template
+    return None

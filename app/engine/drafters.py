@@ -131,14 +131,13 @@ class ModelDrafter:
         for i in range(k):
             recent_arr = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
             dist = sampling.distribution(row, settings, recent_arr)
-            if settings.greedy:
-                tok = dist.top
-                conf = _top_prob(row)
-            else:
-                tok = dist.sample(rng)
-                conf = dist.prob(tok)
+            # Decide to stop before sampling, from the row alone: stopping on the probability of the token
+            # just sampled would drop unlikely draws and skew the output towards confident tokens (no
+            # longer lossless: the acceptance test assumes the draft was drawn from q itself).
+            conf = _top_prob(row) if settings.greedy else float(dist.probs[0])
             if i > 0 and conf < self.p_min:
                 break
+            tok = dist.top if settings.greedy else dist.sample(rng)
             draft.tokens.append(tok)
             draft.q.append(None if settings.greedy else dist)
             draft.sources.append(FROM_MODEL)

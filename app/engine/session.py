@@ -13,7 +13,7 @@ from pathlib import Path
 from app.compat import CompatResult, VocabInfo, check_compatible
 from app.config import LoadSettings, SamplingSettings
 from app.engine.adaptive import DepthController
-from app.engine.chat import render_chat
+from app.engine.chat import builtin_template, clean_messages, render_chat
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, backend_name, init_backend, kv_bytes_per_token
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
@@ -176,7 +176,13 @@ class EngineSession:
         model = self.target
         bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
-        rendered = render_chat(model.chat_template(), list(messages), bos_text, eos_text)
+        messages = clean_messages(messages)[0]
+        template = model.chat_template()
+        note = None
+        if not template:
+            template = builtin_template(model.meta("general.architecture") or "")
+            note = "The model file has no chat template; its architecture's known format was used." if template else None
+        rendered = render_chat(template, messages, bos_text, eos_text)
         text = rendered.text
         tokens: list[int] = []
         if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
@@ -192,7 +198,7 @@ class EngineSession:
                     cursor = at + len(candidate)
                     break
         tokens += model.tokenize(text[cursor:], parse_special=True)
-        return tokens, rendered.warning
+        return tokens, " ".join(w for w in (note, rendered.warning) if w) or None
 
     # --- generation -----------------------------------------------------------------------------
 

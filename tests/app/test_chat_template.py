@@ -70,7 +70,7 @@ HOSTILE = {
                 "{% endfor %}",
     "doubling_join": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
                      "{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}",
-    "output_flood": "{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}",
+    "output_flood": "{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}",
     "recursion": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
 }
 
@@ -133,7 +133,7 @@ def test_hostile_templates_are_refused_quickly(name: str) -> None:
     start = time.monotonic()
     with pytest.raises(TemplateError) as info:
         render_template(HOSTILE[name], CONVO, time_limit=1.0)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 1.5
     message = str(info.value)
     assert message.startswith("The model's chat template ")
     if name in ("mro", "class", "globals", "template_reference", "subscript", "mutation"):

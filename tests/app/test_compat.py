@@ -40,13 +40,15 @@ def test_vocab_type_names_agree_across_forms() -> None:
 def test_vocab_type_mismatch() -> None:
     r = check_compatible(vocab(vocab_type="llama"), vocab(vocab_type="gpt2"))
     assert (r.ok, r.check) == (False, "vocab_type")
-    assert "SentencePiece (SPM)" in r.reason and "byte-level BPE" in r.reason
+    assert "SentencePiece (SPM)" in r.reason
+    assert "byte-level BPE" in r.reason
 
 
 def test_bos_rules() -> None:
     r = check_compatible(vocab(add_bos=True), vocab(add_bos=False))
     assert (r.ok, r.check) == (False, "bos")
-    assert "the target adds a BOS token" in r.reason and "add_bos true vs false" in r.reason
+    assert "the target adds a BOS token" in r.reason
+    assert "add_bos true vs false" in r.reason
     r = check_compatible(vocab(bos_id=1), vocab(bos_id=7))
     assert (r.ok, r.check, r.reason) == (False, "bos", "BOS token ids differ (1 vs 7)")
     # llama.cpp compares BOS ids only when BOS is added.
@@ -68,7 +70,9 @@ def test_size_difference_limit() -> None:
     assert r.reason == "vocabulary sizes differ by 212992 (262144 vs 49152); llama.cpp allows at most 128"
     assert not check_compatible(vocab(1129), vocab(1000)).ok
     r = check_compatible(vocab(1128), vocab(1000))
-    assert r.ok and not r.confirmed and "still need comparing" in r.reason
+    assert r.ok
+    assert not r.confirmed
+    assert "still need comparing" in r.reason
 
 
 def test_fingerprints_decide_equal_sizes() -> None:
@@ -83,7 +87,9 @@ def test_texts_decide_from_id_5_up_to_the_smaller_size() -> None:
     texts = [f"t{i}" for i in range(10)]
     longer = [*texts, "pad0", "pad1"]
     r = check_compatible(vocab(10), vocab(12), texts, longer)
-    assert r.ok and r.confirmed and "real token texts" in r.reason
+    assert r.ok
+    assert r.confirmed
+    assert "real token texts" in r.reason
     below_five = ["X", *texts[1:]]
     assert check_compatible(vocab(10), vocab(10), texts, below_five).ok
     changed = [*texts[:7], "other", *texts[8:]]
@@ -102,10 +108,12 @@ def test_identical_vocab_fixtures_accepted(tiny_target: Path, tiny_drafter_same:
         d = read_gguf_info(path)
         assert d.token_fingerprint == t.token_fingerprint
         r = check_compatible(VocabInfo.from_gguf(t), VocabInfo.from_gguf(d))
-        assert r.ok and r.confirmed
+        assert r.ok
+        assert r.confirmed
         r = check_compatible(VocabInfo.from_gguf(t), VocabInfo.from_gguf(d), read_token_texts(tiny_target),
                              read_token_texts(path))
-        assert r.ok and r.confirmed
+        assert r.ok
+        assert r.confirmed
 
 
 def test_other_vocab_fixture_refused(tiny_target: Path, tiny_drafter_other_vocab: Path) -> None:
@@ -130,7 +138,8 @@ def test_gemma_and_smollm2_refused_with_the_reason(demo_models: tuple[Path, Path
     # With the type check passed, the sizes would refuse them next, as llama.cpp does.
     r = check_compatible(gemma, VocabInfo(**{**smollm2.__dict__, "vocab_type": "llama", "add_bos": True,
                                              "bos_id": 2, "eos_id": 1}))
-    assert r.check == "vocab_size" and "differ by 212992 (262144 vs 49152)" in r.reason
+    assert r.check == "vocab_size"
+    assert "differ by 212992 (262144 vs 49152)" in r.reason
 
 
 @pytest.mark.demo
@@ -173,7 +182,8 @@ def test_header_values_match_llama_cpp_loaded_vocab(demo_models: tuple[Path, Pat
         for d in paths:
             from_headers = check_compatible(VocabInfo.from_gguf(headers[t]), VocabInfo.from_gguf(headers[d]))
             from_llama = check_compatible(real[t][0], real[d][0], real[t][1], real[d][1])
-            assert (from_headers.ok, from_headers.check) == (from_llama.ok, from_llama.check), (t.name, d.name)
+            pair = (t.name, d.name)
+            assert (from_headers.ok, from_headers.check) == (from_llama.ok, from_llama.check), pair
 
 
 # --- recommendations ----------------------------------------------------------------------------------
@@ -192,7 +202,8 @@ def test_leviathan_arithmetic() -> None:
 
 def _info(path: str, tensor_bytes: int, **kw: object) -> GGUFInfo:
     base: dict[str, object] = {
-        "path": path, "file_size": tensor_bytes + 1000, "version": 3, "kind": "model", "architecture": "llama",
+        "path": path, "file_size": tensor_bytes + 1000, "version": 3, "kind": "model",
+        "architecture": "llama",
         "name": Path(path).stem, "n_params": tensor_bytes, "tensor_bytes": tensor_bytes, "file_type": 15,
         "quantization": "Q4_K_M", "context_length": 4096, "n_layer": 2, "n_embd": 64, "n_head": 4,
         "n_head_kv": 2, "head_dim_k": 16, "head_dim_v": 16, "sliding_window": 0, "swa_layers": (False, False),
@@ -216,7 +227,8 @@ def test_drafters_ranked_by_predicted_speedup() -> None:
     assert (first.acceptance, first.acceptance_source) == (DEFAULT_ACCEPTANCE, "default")
     assert (first.best_k, first.speedup) == best_k(DEFAULT_ACCEPTANCE, 0.05)
     assert first.tokens_per_pass == pytest.approx(expected_tokens_per_pass(DEFAULT_ACCEPTANCE, first.best_k))
-    assert recs[-1].kind == "ngram" and recs[-1].cost_ratio == 0.0
+    assert recs[-1].kind == "ngram"
+    assert recs[-1].cost_ratio == 0.0
 
 
 def test_measured_acceptance_changes_the_ranking() -> None:
@@ -236,7 +248,9 @@ def test_measured_acceptance_changes_the_ranking() -> None:
 
 def test_ngram_is_listed_even_without_candidates() -> None:
     recs = recommend_drafters(_info("/m/big.gguf", 1000), [])
-    assert len(recs) == 1 and recs[0].kind == "ngram" and recs[0].drafter_path is None
+    assert len(recs) == 1
+    assert recs[0].kind == "ngram"
+    assert recs[0].drafter_path is None
     assert recs[0].speedup > 1.0
 
 
@@ -244,4 +258,5 @@ def test_a_drafter_as_large_as_the_target_is_flagged() -> None:
     target = _info("/m/a.gguf", 1000)
     twin = _info("/m/b.gguf", 1000)
     rec = recommend_drafters(target, [twin])[0]
-    assert rec.speedup < 1.0 and "not smaller than the target" in rec.note
+    assert rec.speedup < 1.0
+    assert "not smaller than the target" in rec.note

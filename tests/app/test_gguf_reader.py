@@ -90,8 +90,11 @@ def model_kvs(arch: str = "llama", *, tokens: Sequence[str] = TOKENS, n_layer: i
     return kvs
 
 
-DEFAULT_TENSORS = [("token_embd.weight", (64, len(TOKENS)), GGML_F16), ("blk.0.attn_q.weight", (64, 64), GGML_Q8_0),
-                   ("output_norm.weight", (64,), GGML_F32)]
+DEFAULT_TENSORS = [
+    ("token_embd.weight", (64, len(TOKENS)), GGML_F16),
+    ("blk.0.attn_q.weight", (64, 64), GGML_Q8_0),
+    ("output_norm.weight", (64,), GGML_F32),
+]
 
 
 def nbytes(dims: Sequence[int], ttype: int) -> int:
@@ -158,8 +161,10 @@ def test_tiny_model_described(tmp_path: Path) -> None:
     assert (info.file_type, info.quantization) == (1, "F16")
     assert (info.vocab_type, info.n_vocab, info.tokenizer_pre) == ("gpt2", len(TOKENS), "gpt-2")
     assert (info.bos_id, info.eos_id, info.add_bos, info.add_eos) == (0, 1, True, False)
-    assert info.has_chat_template and info.chat_template == "{{ messages }}"
-    assert info.sliding_window == 0 and info.swa_layers == (False, False)
+    assert info.has_chat_template
+    assert info.chat_template == "{{ messages }}"
+    assert info.sliding_window == 0
+    assert info.swa_layers == (False, False)
     assert info.token_fingerprint == fingerprint_texts(TOKENS)
     assert info.metadata["general.name"] == "Tiny Test"
     assert "tokenizer.chat_template" not in info.metadata
@@ -174,7 +179,8 @@ def test_quantization_falls_back_to_dominant_weight_type(tmp_path: Path) -> None
     kvs = [k for k in model_kvs() if b"general.file_type" not in k]
     info = read_gguf_info(write(tmp_path / "q.gguf", build(kvs)))
     # token_embd (64 x 14) is F16, blk.0.attn_q (64 x 64) is Q8_0: more weights are Q8_0.
-    assert info.file_type is None and info.quantization == "Q8_0"
+    assert info.file_type is None
+    assert info.quantization == "Q8_0"
 
 
 def test_per_layer_head_counts_take_the_largest(tmp_path: Path) -> None:
@@ -197,7 +203,9 @@ def test_kinds(tmp_path: Path) -> None:
     lora = build([kv("general.architecture", STRING, "llama"), kv("general.type", STRING, "adapter"),
                   kv("adapter.type", STRING, "lora")])
     info = read_gguf_info(write(tmp_path / "lora.gguf", lora))
-    assert info.kind == "lora" and info.n_vocab == 0 and info.add_bos is None
+    assert info.kind == "lora"
+    assert info.n_vocab == 0
+    assert info.add_bos is None
 
 
 def _write_split(folder: Path, count: int = 3) -> list[Path]:
@@ -214,7 +222,8 @@ def test_split_model_with_all_shards(tmp_path: Path) -> None:
     first, second, _ = _write_split(tmp_path)
     info = read_gguf_info(first)
     assert (info.kind, info.split_count, info.split_index, info.missing_shards) == ("model", 3, 0, ())
-    assert info.n_params == 3 * 64 * 4 and info.tensor_bytes == 3 * 64 * 4 * 4
+    assert info.n_params == 3 * 64 * 4
+    assert info.tensor_bytes == 3 * 64 * 4 * 4
     ensure_complete(info)
     part = read_gguf_info(second)
     assert (part.kind, part.split_index, part.architecture) == ("shard", 1, "")
@@ -229,14 +238,16 @@ def test_split_model_with_a_missing_shard(tmp_path: Path) -> None:
     info = read_gguf_info(first)
     assert info.missing_shards == (str(second), str(third))
     assert info.n_params == 64 * 4
-    with pytest.raises(MissingShardError, match=r"2 of them are missing or unreadable: big-model-00002-of-00003"):
+    with pytest.raises(MissingShardError, match=r"2 of them are missing or unreadable: big-model-00002-of"):
         ensure_complete(info)
 
 
 def test_split_count_without_the_naming_pattern(tmp_path: Path) -> None:
     kvs = [*model_kvs(), kv("split.no", U16, 0), kv("split.count", U16, 2)]
     info = read_gguf_info(write(tmp_path / "renamed.gguf", build(kvs)))
-    assert info.missing_shards == ("shard 2 of 2 (its file name is unknown)",)
+    assert info.missing_shards == ("shard 2 of 2 (the file name does not say where to find them)",)
+    with pytest.raises(MissingShardError, match="split into 2 files"):
+        ensure_complete(info)
 
 
 def test_sliding_window_pattern_key_overrides_the_architecture(tmp_path: Path) -> None:
@@ -258,6 +269,11 @@ def _replace_kv(key: str, new: bytes) -> list[bytes]:
     return [new if k.startswith(gstr(key)) else k for k in model_kvs()]
 
 
+def _string_array(key: str, n: int) -> bytes:
+    """The head of a string array that claims n elements (and holds none)."""
+    return gstr(key) + struct.pack("<IIQ", ARRAY, STRING, n)
+
+
 def _token_len_flipped() -> bytes:
     good = build()
     at = good.index(gstr("ab"))  # the length field of token 8
@@ -276,8 +292,10 @@ MALFORMED: dict[str, tuple[Callable[[], bytes], type[GGUFError], str]] = {
                     "safetensors"),
     "version 1": (lambda: build(version=1), UnsupportedVersionError, "version 1"),
     "unknown version": (lambda: build(version=7), UnsupportedVersionError, "version 7"),
-    "big-endian": (lambda: b"GGUF" + struct.pack(">I", 3) + b"\0" * 64, UnsupportedVersionError, "big-endian"),
-    "2^61 tensors": (lambda: build(n_tensors=1 << 61), LimitError, "2,305,843,009,213,693,952 tensors (2^61)"),
+    "big-endian": (lambda: b"GGUF" + struct.pack(">I", 3) + b"\0" * 64, UnsupportedVersionError,
+                   "big-endian"),
+    "2^61 tensors": (lambda: build(n_tensors=1 << 61), LimitError,
+                     "2,305,843,009,213,693,952 tensors (2^61)"),
     "2^62 tensors": (lambda: build(n_tensors=1 << 62), LimitError, "(2^62)"),
     "2^61 kv": (lambda: build(n_kv=1 << 61), LimitError, "metadata entries (2^61)"),
     "2^62 kv": (lambda: build(n_kv=1 << 62), LimitError, "metadata entries (2^62)"),
@@ -286,6 +304,12 @@ MALFORMED: dict[str, tuple[Callable[[], bytes], type[GGUFError], str]] = {
                         "length of 1,152,921,504,606,846,976 bytes (2^60)"),
     "array of 2^40": (lambda: build([gstr("big") + struct.pack("<IIQ", ARRAY, U8, 1 << 40)]), LimitError,
                       "claims 1,099,511,627,776 elements (2^40)"),
+    "vocabulary of 2^21 tokens": (lambda: build([_string_array("tokenizer.ggml.tokens", 1 << 21)]),
+                                  LimitError, "vocabulary claims 2,097,152 tokens"),
+    "string arrays too long": (lambda: build([_string_array("merges", (1 << 22) + 1)]), LimitError,
+                               "hold more than 4,194,304 elements in all"),
+    "5000 empty token texts": (lambda: build(model_kvs(tokens=[*TOKENS, *[""] * 5000])), LimitError,
+                               "more than 4,096 of its strings are empty"),
     "array longer than the file": (lambda: build([gstr("big") + struct.pack("<IIQ", ARRAY, U32, 1 << 20)]),
                                    TruncatedError, "need at least 4,194,304 bytes"),
     "unknown value type": (lambda: build([*model_kvs()[:2], gstr("weird") + struct.pack("<I", 13)]),
@@ -318,7 +342,8 @@ MALFORMED: dict[str, tuple[Callable[[], bytes], type[GGUFError], str]] = {
     "tensor offset gap": (lambda: build(tensors=[("a", (4,), GGML_F32), ("b", (4,), GGML_F32)]).replace(
         struct.pack("<IQ", GGML_F32, 32), struct.pack("<IQ", GGML_F32, 64)), MalformedError,
         "starts at data offset 64, expected 32"),
-    "token length flipped": (_token_len_flipped, LimitError, "element 8 of metadata array 'tokenizer.ggml.tokens'"),
+    "token length flipped": (_token_len_flipped, LimitError,
+                             "element 8 of metadata array 'tokenizer.ggml.tokens'"),
     "tokens not strings": (lambda: build(_replace_kv("tokenizer.ggml.tokens",
                                                      kv("tokenizer.ggml.tokens", ARRAY, (I32, [1, 2])))),
                            MalformedError, "array of int32, not of strings"),
@@ -403,17 +428,21 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=300, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=timedelta(seconds=1), database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(blob=mutated())
-def test_mutated_headers_only_raise_gguf_errors(tmp_path_factory: pytest.TempPathFactory, blob: bytes) -> None:
+def test_mutated_headers_only_raise_gguf_errors(tmp_path_factory: pytest.TempPathFactory,
+                                                blob: bytes) -> None:
     path = tmp_path_factory.getbasetemp() / "fuzz.gguf"
     path.write_bytes(blob)
     for reader in (read_gguf_info, read_token_texts):
+        message = ""
         try:
             result = reader(path)
-        except GGUFError as exc:
-            assert str(exc)
-        else:
+        except GGUFError as exc:  # anything else fails the test
+            message = str(exc)
+            assert message
+        if not message:
             assert isinstance(result, GGUFInfo | list)
 
 
@@ -427,10 +456,12 @@ def test_demo_models_described(demo_models: tuple[Path, Path]) -> None:
     assert (s.architecture, s.quantization, s.n_layer, s.n_head, s.n_head_kv, s.head_dim_k) == (
         "llama", "Q4_1", 30, 9, 3, 64)
     assert (s.vocab_type, s.n_vocab, s.bos_id, s.eos_id, s.add_bos) == ("gpt2", 49152, 1, 2, False)
-    assert s.has_chat_template and s.context_length == 8192 and s.sliding_window == 0
+    assert s.has_chat_template
+    assert s.context_length == 8192
+    assert s.sliding_window == 0
     g = read_gguf_info(gemma)
-    assert (g.architecture, g.quantization, g.n_layer, g.n_head_kv, g.head_dim_k) == ("gemma3", "Q4_K_M", 18, 1,
-                                                                                       256)
+    assert (g.architecture, g.quantization, g.n_layer, g.n_head_kv) == ("gemma3", "Q4_K_M", 18, 1)
+    assert g.head_dim_k == 256
     assert (g.vocab_type, g.n_vocab, g.bos_id, g.eos_id, g.add_bos) == ("llama", 262144, 2, 1, True)
     assert g.sliding_window == 512
     assert g.swa_layers == ((True,) * 5 + (False,)) * 3
@@ -469,10 +500,10 @@ def test_demo_model_truncated_in_header_and_in_tensor_data(demo_models: tuple[Pa
     with source.open("rb") as f:
         head = f.read(5_000_000)
     cut_header = write(tmp_path / "cut-header.gguf", head[:1_000_000])
-    with pytest.raises(TruncatedError, match=r"truncated or corrupt: .*'tokenizer.ggml.merges' claims 48,900 elements"):
+    with pytest.raises(TruncatedError, match=r"truncated or corrupt: .*'tokenizer.ggml.merges' claims"):
         read_gguf_info(cut_header)
     cut_data = write(tmp_path / "cut-data.gguf", head)
-    with pytest.raises(TruncatedError, match=r"truncated at byte 5,000,000 of 98,362,\d+ \(in its tensor data\)"):
+    with pytest.raises(TruncatedError, match=r"truncated at byte 5,000,000 of 98,362,\d+ \(in its tensor"):
         read_gguf_info(cut_data)
     whole = tmp_path / "whole.gguf"
     shutil.copyfile(source, whole)

@@ -263,9 +263,10 @@ def test_sigkill_mid_stream_keeps_all_but_the_last_second(tmp_path: Path) -> Non
             last_seen = int(line.split()[1])
         seen_at = time.monotonic()
         time.sleep(random.uniform(0.0, 0.2))  # anywhere in the cycle, a commit in flight included
-        proc.send_signal(signal.SIGKILL)  # Popen's __exit__ waits for it
+        proc.kill()  # SIGKILL on POSIX, TerminateProcess on Windows: no cleanup runs; __exit__ waits
     elapsed = time.monotonic() - seen_at
-    assert proc.returncode == -signal.SIGKILL
+    if os.name == "posix":
+        assert proc.returncode == -signal.SIGKILL
 
     with HistoryStore(path) as store:
         assert store.integrity_ok()

@@ -130,6 +130,8 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
         assert fragment in warning
     assert len(_bad_copies(tmp_path)) == 1
     loaded.validate()
+    # The repaired settings were written back: the valid values survive the next start.
+    assert load_settings(path) == (loaded, None)
 
 
 def test_nan_and_infinity(tmp_path: Path) -> None:

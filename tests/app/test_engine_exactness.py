@@ -1,0 +1,238 @@
+"""Greedy speculative decoding returns exactly what plain greedy decoding returns, token for token.
+
+On the tiny fixtures this is checked for every drafter (model drafter with identical or perturbed weights,
+n-gram drafters with keys of 2 and 3, n-gram stacked on a model drafter), fixed depths 1, 3 and 8 and the
+adaptive depth, over several prompts. On the demo models (real text, a code-editing prompt), the agreement
+is reported; "exact" there means "the target's argmax at the verify pass": a verify pass computes its logits
+in a batch and plain decoding one token at a time, and those differ in the last bits (SmolLM2 Q4_1: not at
+all on this CPU; Gemma-3 Q4_K_M: up to ~1.7 logits). So where the two answers diverge, the test shows the
+divergence is a near-tie: the gap between the two candidate tokens in the single-token logits is within the
+measured batched-vs-single difference at that very position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.adaptive import DepthController
+from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.llama import Context, ContextParams, Model, init_backend
+from app.engine.session import EngineSession
+from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.events import Finished, PassStats, Token
+
+PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=80)
+
+PROMPTS = {
+    "prose": "Hello there, the quick brown fox jumps over the lazy dog.",
+    "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "repetitive": "one two three, one two three, one two three, one two",
+}
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    reason: str
+    totals: RunTotals
+
+
+def run(decoder: SpeculativeDecoder, prompt: list[int], settings: SamplingSettings = GREEDY) -> Run:
+    decoder.reset_cache()
+    totals, stop = RunTotals(), StopReason()
+    out: list[int] = []
+    for event in decoder.generate(prompt, settings, totals=totals, stop=stop):
+        if isinstance(event, Token):
+            out += event.token_ids
+    return Run(out, stop.reason, totals)
+
+
+class Tiny:
+    def __init__(self, target: Path, same: Path, perturbed: Path) -> None:
+        init_backend(None)
+        self.target = Model(target, n_gpu_layers=0)
+        self.ctx = Context(self.target, PARAMS)
+        self.drafters = {}
+        for name, path in (("same", same), ("perturbed", perturbed)):
+            model = Model(path, n_gpu_layers=0)
+            self.drafters[name] = (model, Context(model, PARAMS))
+        plain = SpeculativeDecoder(self.target, self.ctx)
+        self.prompts = {name: self.target.tokenize(text, add_special=True) for name, text in PROMPTS.items()}
+        self.reference = {name: run(plain, prompt) for name, prompt in self.prompts.items()}
+
+    def decoder(self, kind: str, k: int | None) -> SpeculativeDecoder:
+        ngram = {"ngram2": 2, "ngram3": 3, "stacked": 2}.get(kind)
+        model = {"same": "same", "perturbed": "perturbed", "stacked": "perturbed"}.get(kind)
+        drafter = ModelDrafter(*self.drafters[model]) if model else None
+        controller = DepthController(k_max=8, fixed=k)
+        dec = SpeculativeDecoder(self.target, self.ctx, ngram=NGramDrafter(ngram) if ngram else None,
+                                 drafter=drafter, controller=controller)
+        if k is None:
+            dec.calibrate()  # the adaptive policy starts from measured costs, as in a session
+        return dec
+
+    def close(self) -> None:
+        self.ctx.close()
+        for model, ctx in self.drafters.values():
+            ctx.close()
+            model.close()
+        self.target.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target: Path, tiny_drafter_same: Path, tiny_drafter_perturbed: Path) -> Iterator[Tiny]:
+    t = Tiny(tiny_target, tiny_drafter_same, tiny_drafter_perturbed)
+    yield t
+    t.close()
+
+
+def test_reference_answers_are_long_and_varied(tiny: Tiny) -> None:
+    for name, ref in tiny.reference.items():
+        assert ref.reason == "max_tokens", name
+        assert len(ref.tokens) == GREEDY.max_tokens
+        assert len(set(ref.tokens)) > 10, name
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, None], ids=["k1", "k3", "k8", "adaptive"])
+@pytest.mark.parametrize("kind", ["perturbed", "same", "ngram2", "ngram3", "stacked"])
+def test_greedy_speculation_is_exact_on_fixtures(tiny: Tiny, kind: str, k: int | None) -> None:
+    decoder = tiny.decoder(kind, k)
+    drafted = accepted = rejected_passes = 0
+    for name, prompt in tiny.prompts.items():
+        ref = tiny.reference[name]
+        got = run(decoder, prompt)
+        assert got.tokens == ref.tokens, f"{kind} k={k} diverged on {name!r}"
+        assert got.reason == ref.reason
+        drafted += got.totals.drafted
+        accepted += got.totals.accepted
+        rejected_passes += sum(1 for a, d in zip(got.totals.pos_accepted, got.totals.pos_drafted, strict=True)
+                               if a < d)
+    # The comparison means something only if drafts were verified, accepted and (for a noisy drafter) rejected.
+    assert drafted > 0
+    assert accepted > 0
+    if kind == "same":
+        assert accepted / drafted > 0.95  # identical weights: every draft the target sees is its own argmax
+    if kind in ("perturbed", "stacked"):
+        assert rejected_passes > 0
+        assert accepted < drafted
+
+
+def test_session_speculative_equals_session_plain(tiny_target: Path, tiny_drafter_perturbed: Path) -> None:
+    """Through EngineSession, as `specdeck bench` compares: chat template, both drafters, adaptive depth,
+    and a repetition penalty (the target applies it to its own rows at every verify position)."""
+    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path=str(tiny_drafter_perturbed), ngram=2,
+                                                             adaptive=True, k_max=6), n_ctx=512, n_threads=1)
+    session = EngineSession(settings)
+    try:
+        for messages, sampling in [
+            ([{"role": "user", "content": "Write a list: apples, pears, apples, pears, apples"}], GREEDY),
+            ([{"role": "user", "content": "Say something."}],
+             SamplingSettings(temperature=0.0, max_tokens=60, repeat_penalty=1.3, repeat_last_n=32)),
+        ]:
+            answers = []
+            for decoder in (session.plain_decoder, session.decoder):
+                decoder.reset_cache()
+                events = list(session.generate(1, messages, sampling, decoder=decoder))
+                finished = events[-1]
+                assert isinstance(finished, Finished)
+                tokens = [t for e in events if isinstance(e, Token) for t in e.token_ids]
+                answers.append((tokens, finished.text, finished.reason))
+                if decoder is session.decoder:
+                    assert finished.stats.drafted > 0
+            assert answers[0] == answers[1]
+    finally:
+        session.close()
+
+
+# --- demo models ----------------------------------------------------------------------------------
+
+CODE_EDIT = '''Rename the function `compute_total` to `sum_prices` everywhere in this code and return the whole file:
+
+```python
+def compute_total(items):
+    total = 0
+    for item in items:
+        total += item.price * item.quantity
+    return total
+
+def report(items):
+    print("Total:", compute_total(items))
+    return compute_total(items) > 100
+```'''
+
+
+def near_tie_at(model: Model, prefix: list[int], plain_tok: int, spec_tok: int) -> tuple[float, float]:
+    """(gap between the two candidates in single-token logits, max |single - batched| at that position).
+
+    Plain decoding computes this position's logits in a one-token decode, a verify pass in a batch; both are
+    recomputed on fresh contexts with the same prefix.
+    """
+    params = ContextParams(n_ctx=2048, n_batch=512, n_threads=1)
+    single_ctx, batch_ctx = Context(model, params), Context(model, params)
+    try:
+        single_ctx.prefill(prefix[:-1])
+        single = np.array(single_ctx.decode([prefix[-1]])[-1], dtype=np.float64)
+        batch_ctx.prefill(prefix[:-2])
+        batched = np.array(batch_ctx.decode(prefix[-2:], all_logits=True)[-1], dtype=np.float64)
+    finally:
+        single_ctx.close()
+        batch_ctx.close()
+    assert int(np.argmax(single)) == plain_tok
+    return float(single[plain_tok] - single[spec_tok]), float(np.abs(single - batched).max())
+
+
+@pytest.mark.demo
+# SmolLM2 with the adaptive depth (the passes it picks depend on timing; batched and single-token logits are
+# bit-identical for it here, so any divergence would be a bug). Gemma with a fixed k = 8, so the run is
+# reproducible: it diverges at token 98 of 100, where the top two logits are 0.14 apart and batched and
+# single-token logits differ by up to 1.3.
+@pytest.mark.parametrize(("which", "k"), [("smollm2", None), ("gemma", 8)], ids=["smollm2-adaptive", "gemma-k8"])
+def test_demo_model_ngram_greedy_agreement(demo_models: tuple[Path, Path], which: str, k: int | None,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = demo_models[0] if which == "smollm2" else demo_models[1]
+    draft = DraftSettings(ngram=3, adaptive=k is None, k=k or 4, k_max=8)
+    settings = LoadSettings(str(path), draft, n_ctx=1024, n_threads=1)
+    session = EngineSession(settings)
+    try:
+        messages = [{"role": "user", "content": CODE_EDIT}]
+        prompt, _ = session.prompt_tokens(messages)
+        sampling = SamplingSettings(temperature=0.0, max_tokens=100)
+        answers: list[list[int]] = []
+        stats = None
+        for decoder in (session.plain_decoder, session.decoder):
+            decoder.reset_cache()
+            events = list(session.generate(0, messages, sampling, prompt=prompt, decoder=decoder))
+            answers.append([t for e in events if isinstance(e, Token) for t in e.token_ids])
+            finished = events[-1]
+            assert isinstance(finished, Finished)
+            stats = finished.stats
+            if decoder is session.decoder:
+                assert any(isinstance(e, PassStats) and e.drafted for e in events)
+        plain, spec = answers
+        assert stats is not None
+        assert stats.drafted > 0
+        assert stats.acceptance > 0.5  # the answer copies the code: the n-gram drafter is mostly right
+        n = min(len(plain), len(spec))
+        agree = next((i for i in range(n) if plain[i] != spec[i]), n)
+        note = ""
+        if agree == n:
+            assert len(plain) == len(spec)
+        else:
+            gap, noise = near_tie_at(session.target, prompt + plain[:agree], plain[agree], spec[agree])
+            note = f"; diverged at {agree}: top-2 gap {gap:.4f} logits, batched-vs-single difference {noise:.4f}"
+        with capsys.disabled():
+            print(f"\n{path.name}: {agree} of {len(plain)} greedy tokens agree "
+                  f"(acceptance {stats.acceptance:.2f}, {stats.tokens_per_pass:.2f} tokens/pass){note}")
+        if agree < n:
+            # The plain token wins by less than the two ways of computing the same logits disagree: which one
+            # is "the argmax" is decided by rounding, not by the model.
+            assert 0.0 <= gap <= noise + 1e-3, f"divergence at {agree}: gap {gap:.4f}, noise {noise:.4f}"
+    finally:
+        session.close()

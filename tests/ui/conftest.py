@@ -1,0 +1,59 @@
+"""Fixtures for the window tests: a MainWindow on an isolated SPECDECK_HOME, and a helper to load models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from ui.main_window import MainWindow
+from ui.notifier import Notifier
+
+LOAD_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def make_window(qtbot: QtBot, specdeck_home: Path) -> Iterator[object]:
+    """`make(start_engine=True) -> MainWindow`, its library scanned; closed (engine shut down) afterwards."""
+    windows: list[MainWindow] = []
+
+    def make(*, start_engine: bool = True, folders: tuple[Path, ...] = ()) -> MainWindow:
+        notifier = Notifier(modal=False)
+        window = MainWindow(notifier=notifier, start_engine=start_engine)
+        qtbot.addWidget(window)
+        windows.append(window)
+        qtbot.waitUntil(lambda: not window.picker.scanning, timeout=30_000)
+        for folder in folders:
+            with qtbot.waitSignal(window.picker.library_changed, timeout=30_000):
+                window.picker.add_folder(str(folder))
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+        window.notifier.uninstall_hooks()
+
+
+def choose_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | None = None,
+                ngram: int = 0) -> None:
+    picker = window.picker
+    with qtbot.waitSignal(picker.drafters_ranked, timeout=30_000):
+        assert picker.select_target(target) or picker.target_path() == str(target)
+        if picker.target_path() == str(target) and picker._report_for == str(target):
+            picker.drafters_ranked.emit()  # already ranked for this target
+    if drafter is not None:
+        assert picker.select_drafter(drafter)
+    picker.ngram_check.setChecked(ngram > 0)
+    if ngram:
+        picker.ngram_spin.setValue(ngram)
+    picker.threads_spin.setValue(1)  # llama.cpp threads spin; this machine has two shared cores
+    picker.ctx_spin.setValue(1024)
+
+
+def load_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | None = None,
+              ngram: int = 0) -> None:
+    choose_pair(qtbot, window, target, drafter, ngram)
+    with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        assert window.picker.request_load(), window.picker.status_label.text()

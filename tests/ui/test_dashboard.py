@@ -1,0 +1,188 @@
+"""DashboardPanel: plot items receive the metrics, the strip reads right, the timer runs only while
+generating, and an update costs little next to a decode pass."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+from pytestqt.qtbot import QtBot
+
+from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
+from app.metrics import CeilingInfo, GpuMemory, MemoryProbe
+from ui.dashboard import REPAINT_MS, DashboardPanel
+
+
+def _qt_drops_none_refs() -> bool:
+    """PySide6 6.12.0 on Python < 3.12 releases a reference to None on every void Qt call (6.11.3 does not);
+    None is not immortal there, so a few thousand calls abort the interpreter ("deallocating None")."""
+    from PySide6.QtCore import QTimer
+
+    timer = QTimer()
+    before = sys.getrefcount(None)
+    for _ in range(10):
+        timer.stop()
+    return sys.getrefcount(None) < before
+
+
+def make_loaded(n_ctx: int = 4096, backend: str = "cuda") -> Loaded:
+    target = ModelSummary("/nowhere/t.gguf", "t", "llama", 10**9, 2 * 10**9, 4096, 16, 32000)
+    drafter = ModelSummary("/nowhere/d.gguf", "d", "llama", 10**8, 2 * 10**8, 4096, 4, 32000)
+    return Loaded(target, drafter, 0, n_ctx, backend, True, 100_000, 100_000 * n_ctx, 1.0)
+
+
+def make_pass(i: int, t0: float = 0.0, request_id: int = 1) -> PassStats:
+    accepted = (True, True, False) if i % 2 else (True, True, True)
+    n_acc = sum(accepted)
+    return PassStats(
+        request_id=request_id, t_start=t0 + 0.01 * i, draft_seconds=0.002, verify_seconds=0.006, k=3,
+        drafted=3, accepted=accepted, emitted=n_acc + 1, from_ngram=0, from_model=n_acc,
+        context_tokens=200 + 3 * i, kv_bytes_used=(200 + 3 * i) * 100_000, verify_width=4,
+    )
+
+
+def make_finished(request_id: int = 1) -> Finished:
+    stats = MessageStats(10, 100, 0.1, 100.0, 300.0, 0.3, 30, 90, 75, 0.83, 3.5, (1.0, 1.0, 0.5), (3,) * 30,
+                         2.5)
+    return Finished(request_id, "eog", stats, "")
+
+
+CEILING = CeilingInfo(contexts=(0, 4096), spec_tps=(200.0, 100.0), efficiency=0.75,
+                      device="Test GPU (1 TB/s)")
+
+
+@pytest.fixture
+def panel(qtbot: QtBot) -> DashboardPanel:
+    probe = MemoryProbe(lambda: (GpuMemory(0, "Test GPU", 24 * 10**9, 6 * 10**9, 3 * 10**9),))
+    p = DashboardPanel(ceiling_provider=lambda _loaded: CEILING, memory_probe=probe)
+    qtbot.addWidget(p)
+    p.resize(1000, 800)
+    p.show()
+    return p
+
+
+def loaded_panel(qtbot: QtBot, panel: DashboardPanel) -> DashboardPanel:
+    panel.on_loaded(make_loaded())
+    qtbot.waitUntil(lambda: panel.metrics.ceiling is CEILING, timeout=5000)
+    return panel
+
+
+def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> None:
+    loaded_panel(qtbot, panel)
+    for i in range(40):
+        panel.on_pass(make_pass(i))
+    assert panel.generating
+    qtbot.waitUntil(lambda: panel.c_tps_smooth.getData()[0] is not None, timeout=2000)
+    qtbot.waitUntil(lambda: len(panel.c_tps_smooth.getData()[0]) == 40, timeout=2000)
+    x, y = panel.c_tps_smooth.getData()
+    assert x[0] == pytest.approx(0.0)
+    assert x[-1] == pytest.approx(0.39)
+    assert y[-1] == pytest.approx(137 / 0.39)  # tokens of passes 0..38 over the 0.39 s they took
+    assert len(panel.c_acc_roll.getData()[1]) == 40
+    assert panel.c_k.getData()[1][-1] == 3
+    # Ceiling lines: spec at the current context, measured = 0.75 × spec, speculative = τ × spec.
+    ctx = 200 + 3 * 39
+    spec = 200.0 - 100.0 * ctx / 4096
+    assert panel.l_spec.value() == pytest.approx(spec)
+    assert panel.l_measured.value() == pytest.approx(0.75 * spec)
+    assert panel.l_spec_tau.value() == pytest.approx(3.5 * spec)
+    assert panel.above_wall.isVisible()
+    assert panel.above_wall.rect().top() == pytest.approx(spec)  # shaded above the one-token wall
+    heights = panel.bars_pos.opts["height"]
+    assert np.asarray(heights) == pytest.approx([1.0, 1.0, 0.5])
+    ck, ct = panel.c_curve.getData()
+    assert ck[0] == 0
+    assert ct[0] == pytest.approx(1.0)
+    kk, tk = panel.c_tau_k.getData()
+    assert kk.tolist() == [3.0]
+    assert tk[0] == pytest.approx(3.5)
+    lab = panel.labels
+    assert lab["tps"].text() == f"{137 / 0.39:.1f} tok/s"
+    assert lab["pct"].text().startswith(f"{100 * 137 / 0.39 / spec:.0f}% of 1-token ceiling")
+    assert lab["alpha"].text() == "α 0.83"  # 80 accepted of 96 positions tested over the last 32 passes
+    assert lab["tau"].text() == "τ 3.50"
+    assert lab["k"].text() == "k 3"
+    assert lab["context"].text() == f"{ctx} of 4,096 tokens"
+    assert lab["device"].text() == "cuda · Test GPU (1 TB/s)"
+    panel.on_finished(make_finished())
+    mem = panel.findChild(type(lab["tps"]), "dashboard_memory")
+    assert mem is not None
+    assert "GPU0 Test GPU: 6.00 GB of 24.0 GB" in mem.text()
+    assert "drafter 0.20 GB" in mem.text()
+    assert f"({ctx} of 4,096 tokens)" in mem.text()
+
+
+def test_timer_runs_only_while_generating(qtbot: QtBot, panel: DashboardPanel) -> None:
+    loaded_panel(qtbot, panel)
+    assert not panel.timer.isActive()
+    panel.on_pass(make_pass(0))
+    assert panel.timer.isActive()
+    before = panel.repaints
+    qtbot.wait(REPAINT_MS * 4)
+    assert panel.repaints > before  # repaints on its own while streaming
+    panel.on_finished(make_finished())
+    assert not panel.timer.isActive()
+    idle = panel.repaints
+    qtbot.wait(REPAINT_MS * 3)
+    assert panel.repaints == idle  # no churn when idle
+    panel.on_pass(make_pass(0, request_id=2))
+    assert panel.timer.isActive()
+    panel.on_unloaded()
+    assert not panel.timer.isActive()
+    assert panel.labels["context"].text() == "no model"
+
+
+def test_stale_ceiling_is_dropped(qtbot: QtBot, panel: DashboardPanel) -> None:
+    panel.on_loaded(make_loaded())
+    explicit = CeilingInfo(contexts=(0, 1), spec_tps=(5.0, 5.0))
+    panel.set_ceiling(explicit)
+    qtbot.wait(100)
+    assert panel.metrics.ceiling is explicit
+
+
+def test_reset_clears_plots(qtbot: QtBot, panel: DashboardPanel) -> None:
+    loaded_panel(qtbot, panel)
+    for i in range(5):
+        panel.on_pass(make_pass(i))
+    panel.reset()
+    assert not panel.timer.isActive()
+    x, _ = panel.c_tps.getData()
+    assert x is None or len(x) == 0
+    assert panel.labels["tps"].text() == "– tok/s"
+
+
+@pytest.mark.skipif(_qt_drops_none_refs(), reason="this PySide6 drops references to None: thousands of "
+                    "repaints would abort the test process (pin PySide6-Essentials != 6.12.0)")
+def test_update_cost_per_pass(qtbot: QtBot, panel: DashboardPanel) -> None:
+    """The issue wants dashboard work under 5 % of decode time. Worst case here: a full 2048-point ring,
+    passes at 200/s, one repaint per timer tick including Qt's own painting of the dirty region."""
+    from PySide6.QtWidgets import QApplication
+
+    loaded_panel(qtbot, panel)
+    for i in range(2048):
+        panel.on_pass(make_pass(i))
+    panel.timer.stop()  # drive frames by hand to time the work, not the event loop
+    panel._paint()
+    QApplication.processEvents()
+    n_pass = 2000
+    t = time.perf_counter()
+    for i in range(n_pass):
+        panel.metrics.on_pass(make_pass(2048 + i))
+    per_pass = (time.perf_counter() - t) / n_pass
+    frames, per_frame_passes = 50, 200 * REPAINT_MS // 1000
+    t = time.perf_counter()
+    for j in range(frames):
+        for i in range(per_frame_passes):
+            panel.on_pass(make_pass(5000 + j * per_frame_passes + i))
+        panel.timer.stop()
+        panel._paint()
+        QApplication.processEvents()  # Qt paints what changed
+    per_frame = (time.perf_counter() - t) / frames
+    share = per_frame * 1000 / REPAINT_MS
+    print(f"\ndashboard cost: {per_pass * 1e6:.1f} µs of metrics per pass; {per_frame * 1e3:.1f} ms per "
+          f"frame (passes + snapshot + setData + paint); at {1000 // REPAINT_MS} Hz that is {share:.0%} of "
+          "one core of the GUI process")
+    assert per_pass < 200e-6
+    assert per_frame < 0.1

@@ -1,0 +1,100 @@
+"""The window end to end on the SmolLM2 demo model with the n-gram drafter: stream, stats, stop,
+regenerate, new chat and the history list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from app.events import Finished
+from tests.ui.conftest import load_pair
+
+pytestmark = [pytest.mark.demo, pytest.mark.slow]
+ANSWER_TIMEOUT_MS = 60_000
+
+
+def _set_sampling(window, **values: object) -> None:  # type: ignore[no-untyped-def]
+    for name, value in values.items():
+        window.sampling_form.edits[name].setText(str(value))
+
+
+def test_chat_streams_stops_regenerates_and_keeps_history(
+    qtbot: QtBot, make_window, demo_models: tuple[Path, Path]  # type: ignore[no-untyped-def]
+) -> None:
+    smollm2, _gemma = demo_models
+    window = make_window()
+    load_pair(qtbot, window, smollm2, ngram=3)
+    chat = window.chat
+    _set_sampling(window, temperature=0, max_tokens=40)
+
+    # Tokens stream into the view before the answer is finished; the stats line follows.
+    tokens: list[str] = []
+    window.bridge.token_received.connect(lambda e: tokens.append(e.text))
+    chat.input.setPlainText("Name three colours.")
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+        chat.send_button.click()
+        assert chat.generating
+        assert chat.messages[-1].role == "user"
+        assert window.store is not None
+        stored = window.store.messages(chat.chat_id)  # written before generation started
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert stored[0].text == "Name three colours."
+    event: Finished = finished.args[0]
+    assert tokens and "".join(tokens) == event.text
+    assert not chat.generating
+    answer = chat.messages[-1]
+    assert answer.role == "assistant" and answer.text == event.text and answer.status == "complete"
+    words = [w for w in answer.text.replace("*", " ").split() if w.isalpha()]
+    assert words and all(w in chat.view.toPlainText() for w in words[:5])  # rendered as Markdown
+    lines = chat.view.stats_lines()
+    assert len(lines) == 1 and "TTFT" in lines[0] and "decode" in lines[0] and "vs plain" in lines[0]
+    saved = window.store.messages(chat.chat_id)[-1]
+    assert saved.status == "complete" and saved.text == event.text and saved.stats is not None
+
+    # Stop ends a long generation early.
+    _set_sampling(window, max_tokens=600)
+    chat.input.setPlainText("Write a long story about a dragon who learns to bake bread.")
+    with qtbot.waitSignal(window.bridge.token_received, timeout=ANSWER_TIMEOUT_MS):
+        assert chat.send()
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as stopped:
+        chat.stop_button.click()
+    assert stopped.args[0].reason == "cancelled"
+    assert chat.messages[-1].status == "cancelled"
+    assert window.store.messages(chat.chat_id)[-1].status == "cancelled"
+    assert "(stopped)" in chat.view.stats_lines()[-1]
+
+    # Regenerate replaces the last answer (same question, one answer).
+    _set_sampling(window, max_tokens=12, temperature=0.8, seed=7)
+    before = len(chat.messages)
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+        assert chat.regenerate()
+    assert len(chat.messages) == before
+    assert chat.messages[-1].status == "complete"
+    assert [m.role for m in window.store.messages(chat.chat_id)] == ["user", "assistant"] * 2
+    assert window.store.messages(chat.chat_id)[-1].text == chat.messages[-1].text
+
+    # Edit-and-resend takes the question back into the box.
+    assert chat.edit_last()
+    assert chat.input.toPlainText().startswith("Write a long story")
+    assert len(window.store.messages(chat.chat_id)) == 2
+    chat.input.setPlainText("Say hi.")
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+        assert chat.send()
+    assert [m.text for m in chat.messages if m.role == "user"] == ["Name three colours.", "Say hi."]
+
+    # New chat, then the history list reopens the first one.
+    first_chat = chat.chat_id
+    chat.new_chat_button.click()
+    assert chat.chat_id is None and chat.messages == [] and chat.view.toPlainText() == ""
+    chat.input.setPlainText("Hello again.")
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+        assert chat.send()
+    assert chat.history_list.count() == 2
+    item = next(chat.history_list.item(i) for i in range(chat.history_list.count())
+                if chat.history_list.item(i).text() == "Name three colours.")
+    chat.history_list.itemClicked.emit(item)
+    assert chat.chat_id == first_chat
+    assert [m.text for m in chat.messages if m.role == "user"] == ["Name three colours.", "Say hi."]
+    assert "Say hi." in chat.view.toPlainText()

@@ -1,0 +1,75 @@
+"""The picker and settings: compatibility badge and refusal, invalid sampling values, the first-run panel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from tests.ui.conftest import choose_pair
+
+
+def test_incompatible_drafter_shows_reason_and_load_refuses(
+    qtbot: QtBot, make_window, tiny_target: Path, tiny_drafter_same: Path,  # type: ignore[no-untyped-def]
+    tiny_drafter_other_vocab: Path,
+) -> None:
+    window = make_window(start_engine=False, folders=(tiny_target.parent,))
+    picker = window.picker
+    choose_pair(qtbot, window, tiny_target, tiny_drafter_other_vocab)
+    badge = picker.compat_badge.text()
+    assert "Incompatible" in badge and "token" in badge, badge
+    assert not picker.load_button.isEnabled()
+    loads: list[object] = []
+    picker.load_requested.connect(loads.append)
+    assert not picker.request_load()
+    assert loads == []
+    assert "cannot speculate" in window.notifier.last_message
+    assert window.bridge.last_load is None
+
+    # The same target with a matching drafter is fine, and the fit estimate is shown before loading.
+    assert picker.select_drafter(tiny_drafter_same)
+    assert picker.compat_badge.text().startswith("✓")
+    assert picker.load_button.isEnabled()
+    assert "needs" in picker.fit_label.text() and "KV" in picker.fit_label.text()
+    settings = picker.load_settings()
+    assert settings.draft.drafter_path == str(tiny_drafter_same) and settings.n_threads == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("temperature", "nan", "Temperature must be a finite number"),
+        ("top_k", "-1", "Top-k must be between 0"),
+        ("top_p", "1.5", "Top-p must be between 0 and 1"),
+        ("max_tokens", "ten", "Max tokens must be a whole number"),
+    ],
+)
+def test_invalid_sampling_is_refused_with_the_reason(
+    qtbot: QtBot, make_window, field: str, value: str, reason: str  # type: ignore[no-untyped-def]
+) -> None:
+    window = make_window(start_engine=False)
+    form = window.sampling_form
+    form.edits[field].setText(value)
+    assert reason in form.error_label.text()
+    assert not form.error_label.isHidden()
+    window.chat.input.setPlainText("hello")
+    assert not window.chat.send()
+    assert reason in window.notifier.last_message
+    assert window.chat.messages == []
+    form.edits[field].setText(str(getattr(type(form.settings), "__name__", "")) and "")  # cleared: refused
+    assert "empty" in form.error_label.text()
+
+
+def test_first_run_panel_when_there_are_no_models(
+    qtbot: QtBot, make_window, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    monkeypatch.setenv("SPECDECK_MODELS_DIR", str(empty))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    window = make_window(start_engine=False)
+    assert window.stack.currentWidget() is window.first_run
+    assert window.first_run.demo_button.isEnabled()

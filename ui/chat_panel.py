@@ -1,0 +1,434 @@
+"""The chat: past chats, the transcript, the input and its actions, and the history store's writes.
+
+The user's message is saved before generation starts; the streaming answer is saved at least once a
+second and when it ends. If saving fails (a full disk), the user is told and the chat goes on in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.errors import AppError, SettingsError, StorageError
+from app.events import EngineCrashed, EngineError, Finished, Token
+from app.history import HistoryStore
+from ui.bridge import EngineBridge
+from ui.chat_view import ChatMessage, ChatView
+from ui.sampling_form import SamplingForm
+
+FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
+TITLE_CHARS = 48
+FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
+
+
+class ChatPanel(QWidget):
+    generation_state_changed = Signal(bool)
+    error_raised = Signal(str)
+    answer_finished = Signal()  # the answer is final in the view and the store
+
+    def __init__(
+        self,
+        bridge: EngineBridge,
+        sampling_form: SamplingForm,
+        store: HistoryStore | None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.sampling_form = sampling_form
+        self.store = store
+        self.chat_id: int | None = None
+        self.messages: list[ChatMessage] = []
+        self.generating = False
+        self._request_id: int | None = None
+        self._awaiting_start = False
+        self._answer: ChatMessage | None = None
+        self._dirty = False
+        self._last_flush = 0.0
+        self._build()
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
+        self._flush_timer.timeout.connect(self._on_flush_timer_timeout)
+        bridge.generation_started.connect(self._on_bridge_generation_started)
+        bridge.token_received.connect(self._on_bridge_token_received)
+        bridge.generation_finished.connect(self._on_bridge_generation_finished)
+        bridge.engine_error.connect(self._on_bridge_engine_error)
+        bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+        self.refresh_history()
+        self._update_buttons()
+
+    def _build(self) -> None:
+        splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        splitter.setObjectName("chat_splitter")
+        self.splitter = splitter
+        left = QWidget(splitter)
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        self.new_chat_button = QPushButton("New chat", left)
+        self.new_chat_button.clicked.connect(self._on_new_chat_button_clicked)
+        self.history_list = QListWidget(left)
+        self.history_list.itemActivated.connect(self._on_history_list_item_activated)
+        self.history_list.itemClicked.connect(self._on_history_list_item_activated)
+        left_layout.addWidget(self.new_chat_button)
+        left_layout.addWidget(self.history_list)
+
+        right = QWidget(splitter)
+        layout = QVBoxLayout(right)
+        layout.setContentsMargins(0, 0, 0, 0)
+        prompt_row = QHBoxLayout()
+        prompt_row.addWidget(QLabel("System prompt", right))
+        self.system_prompt = QLineEdit(right)
+        self.system_prompt.setPlaceholderText("Optional instructions for the model")
+        prompt_row.addWidget(self.system_prompt)
+        layout.addLayout(prompt_row)
+        self.view = ChatView(right)
+        layout.addWidget(self.view, 1)
+        self.input = QPlainTextEdit(right)
+        self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
+        self.input.setMaximumHeight(120)
+        layout.addWidget(self.input)
+        buttons = QHBoxLayout()
+        self.send_button = QPushButton("Send", right)
+        self.stop_button = QPushButton("Stop", right)
+        self.regenerate_button = QPushButton("Regenerate", right)
+        self.edit_button = QPushButton("Edit last", right)
+        self.highlight_check = QCheckBox("Highlight drafted tokens", right)
+        self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the drafter model.")
+        self.send_button.clicked.connect(self._on_send_button_clicked)
+        self.stop_button.clicked.connect(self._on_stop_button_clicked)
+        self.regenerate_button.clicked.connect(self._on_regenerate_button_clicked)
+        self.edit_button.clicked.connect(self._on_edit_button_clicked)
+        self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
+        for w in (self.send_button, self.stop_button, self.regenerate_button, self.edit_button):
+            buttons.addWidget(w)
+        buttons.addStretch(1)
+        buttons.addWidget(self.highlight_check)
+        layout.addLayout(buttons)
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([180, 600])
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(splitter)
+
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            shortcut = QShortcut(QKeySequence(keys), self)
+            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            shortcut.activated.connect(self._on_send_shortcut_activated)
+        stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        stop.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        stop.activated.connect(self._on_stop_shortcut_activated)
+
+    # --- storage (every failure is shown; the chat stays in memory) -----------------------------------
+
+    def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.store is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except StorageError as exc:
+            self.error_raised.emit(str(exc))
+        except KeyError:
+            pass  # the chat was deleted elsewhere; the chat in memory is what counts now
+        return None
+
+    def refresh_history(self) -> None:
+        self.history_list.clear()
+        if self.store is None:
+            return
+        try:
+            chats = self.store.list_chats()
+        except Exception as exc:
+            self.error_raised.emit(f"Could not read the chat history: {exc}")
+            return
+        for chat in chats:
+            item = QListWidgetItem(chat.title or "Untitled chat")
+            item.setData(Qt.ItemDataRole.UserRole, chat.id)
+            item.setToolTip(f"{chat.message_count} messages")
+            self.history_list.addItem(item)
+            if chat.id == self.chat_id:
+                item.setSelected(True)
+
+    def open_chat(self, chat_id: int) -> None:
+        if self.generating or self.store is None:
+            return
+        try:
+            chat = self.store.chat(chat_id)
+            stored = self.store.messages(chat_id)
+        except (KeyError, StorageError) as exc:
+            self.error_raised.emit(str(exc))
+            return
+        self.chat_id = chat_id
+        self.system_prompt.setText(chat.system_prompt)
+        self.messages = [
+            ChatMessage(m.role, m.text, m.status, m.stats, m.id) for m in stored if m.role != "system"
+        ]
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+
+    def new_chat(self) -> None:
+        if self.generating:
+            return
+        self.chat_id = None
+        self.messages = []
+        self.view.show_messages([])
+        self.input.clear()
+        self.history_list.clearSelection()
+        self._update_buttons()
+
+    # --- sending ------------------------------------------------------------------------------------
+
+    def send(self, text: str | None = None) -> bool:
+        """Send the input box's text (or ``text``); False with the reason shown when refused."""
+        if self.generating:
+            return False
+        text = (self.input.toPlainText() if text is None else text).strip()
+        if not text:
+            return False
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError as exc:
+            self.error_raised.emit(str(exc))
+            return False
+        if self.bridge.loaded is None:
+            self.error_raised.emit("Load a model first (Models, on the left).")
+            return False
+        if self.chat_id is None and self.store is not None:
+            title = text.splitlines()[0][:TITLE_CHARS]
+            self.chat_id = self._store_call(self.store.new_chat, title, self.system_prompt.text())
+        elif self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
+        message = ChatMessage("user", text)
+        if self.chat_id is not None and self.store is not None:
+            message.store_id = self._store_call(self.store.add_message, self.chat_id, "user", text)
+        self.messages.append(message)
+        self.view.append_message(message)
+        self.input.clear()
+        self._start_answer(sampling)
+        self.refresh_history()
+        return True
+
+    def _engine_messages(self) -> list[dict[str, str]]:
+        out = []
+        if self.system_prompt.text().strip():
+            out.append({"role": "system", "content": self.system_prompt.text().strip()})
+        out += [{"role": m.role, "content": m.text} for m in self.messages if m.role in ("user", "assistant")]
+        return out
+
+    def _start_answer(self, sampling: Any) -> None:
+        loaded = self.bridge.loaded
+        answer = ChatMessage("assistant", "", "streaming")
+        if self.chat_id is not None and self.store is not None:
+            answer.store_id = self._store_call(
+                self.store.begin_answer, self.chat_id,
+                model=loaded.target.path if loaded else None,
+                drafter=loaded.drafter.path if loaded and loaded.drafter else None,
+                sampling=sampling,
+            )
+        try:
+            self.bridge.generate(self._engine_messages(), sampling)
+        except AppError as exc:
+            self.error_raised.emit(str(exc))
+            if answer.store_id is not None and self.store is not None:
+                self._store_call(self.store.delete_message, answer.store_id)
+            return
+        self._answer = answer
+        self._request_id = None
+        self._awaiting_start = True
+        self.view.begin_answer()
+        self._set_generating(True)
+        self._last_flush = time.monotonic()
+        self._flush_timer.start()
+
+    def stop(self) -> None:
+        if self.generating:
+            self.bridge.cancel()
+
+    def regenerate(self) -> bool:
+        """Answer the last question again, replacing the last answer."""
+        if self.generating or not self.messages or self.bridge.loaded is None:
+            return False
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError as exc:
+            self.error_raised.emit(str(exc))
+            return False
+        if self.messages[-1].role == "assistant":
+            old = self.messages.pop()
+            if old.store_id is not None and self.store is not None:
+                self._store_call(self.store.delete_message, old.store_id)
+        if not self.messages or self.messages[-1].role != "user":
+            return False
+        self.view.show_messages(self.messages)
+        self._start_answer(sampling)
+        return True
+
+    def edit_last(self) -> bool:
+        """Take the last question back into the input box (and drop it and its answer) to edit and resend."""
+        if self.generating:
+            return False
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not users:
+            return False
+        index = users[-1]
+        question = self.messages[index]
+        if question.store_id is not None and self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.truncate_after, self.chat_id, question.store_id, inclusive=True)
+        else:
+            for m in self.messages[index:]:
+                if m.store_id is not None and self.store is not None:
+                    self._store_call(self.store.delete_message, m.store_id)
+        del self.messages[index:]
+        self.view.show_messages(self.messages)
+        self.input.setPlainText(question.text)
+        self.input.setFocus()
+        self._update_buttons()
+        return True
+
+    # --- engine events ------------------------------------------------------------------------------
+
+    @Slot(int)
+    def _on_bridge_generation_started(self, request_id: int) -> None:
+        if self._awaiting_start:
+            self._request_id = request_id
+            self._awaiting_start = False
+
+    def _mine(self, request_id: int | None) -> bool:
+        return self._answer is not None and request_id is not None and request_id == self._request_id
+
+    @Slot(Token)
+    def _on_bridge_token_received(self, event: Token) -> None:
+        if not self._mine(event.request_id) or self._answer is None:
+            return
+        self._answer.text += event.text
+        pieces = event.pieces or ((event.text,) if len(event.sources) <= 1 else ())
+        self._answer.pieces.extend(zip(pieces, event.sources, strict=False))
+        self._dirty = True
+        self.view.update_answer(self._answer)
+
+    @Slot(Finished)
+    def _on_bridge_generation_finished(self, event: Finished) -> None:
+        # request_id -1: the bridge could not even send the request
+        failed_to_send = self._awaiting_start and event.request_id == -1
+        if self._answer is None or not (self._mine(event.request_id) or failed_to_send):
+            return
+        answer = self._answer
+        if event.text or event.reason != "error":
+            answer.text = event.text or answer.text
+        answer.status = FINAL_STATUS.get(event.reason, "complete")
+        answer.stats = event.stats if event.reason != "error" else None
+        self._end_answer(answer)
+
+    @Slot(EngineError)
+    def _on_bridge_engine_error(self, event: EngineError) -> None:
+        if self._answer is not None and (self._mine(event.request_id) or (event.request_id is None
+                                         and self._awaiting_start)):
+            self._answer.status = "error"
+            self._end_answer(self._answer)
+        # The window shows engine errors (one place for every error the engine reports).
+
+    @Slot(EngineCrashed)
+    def _on_bridge_engine_crashed(self, _event: EngineCrashed) -> None:
+        if self._answer is not None:
+            self._answer.status = "interrupted"
+            self._end_answer(self._answer)
+
+    def _end_answer(self, answer: ChatMessage) -> None:
+        self._flush_timer.stop()
+        self._answer = None
+        self._request_id = None
+        self._awaiting_start = False
+        if answer.store_id is not None and self.store is not None:
+            self._store_call(self.store.finish_answer, answer.store_id, answer.text, answer.status,
+                             answer.stats)
+        self.messages.append(answer)
+        self.view.finish_answer(answer)
+        self._set_generating(False)
+        self.refresh_history()
+        self.answer_finished.emit()
+
+    @Slot()
+    def _on_flush_timer_timeout(self) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        answer = self._answer
+        if answer is None or answer.store_id is None or self.store is None or not self._dirty:
+            return
+        self._dirty = False
+        self._last_flush = time.monotonic()
+        self._store_call(self.store.update_answer, answer.store_id, answer.text)
+
+    # --- widgets ------------------------------------------------------------------------------------
+
+    def _set_generating(self, generating: bool) -> None:
+        self.generating = generating
+        self._update_buttons()
+        self.generation_state_changed.emit(generating)
+
+    def _update_buttons(self) -> None:
+        idle = not self.generating
+        self.send_button.setEnabled(idle)
+        self.stop_button.setEnabled(self.generating)
+        self.regenerate_button.setEnabled(idle and bool(self.messages))
+        self.edit_button.setEnabled(idle and any(m.role == "user" for m in self.messages))
+        self.new_chat_button.setEnabled(idle)
+        self.history_list.setEnabled(idle)
+
+    @Slot()
+    def _on_send_button_clicked(self) -> None:
+        self.send()
+
+    @Slot()
+    def _on_send_shortcut_activated(self) -> None:
+        self.send()
+
+    @Slot()
+    def _on_stop_button_clicked(self) -> None:
+        self.stop()
+
+    @Slot()
+    def _on_stop_shortcut_activated(self) -> None:
+        self.stop()
+
+    @Slot()
+    def _on_regenerate_button_clicked(self) -> None:
+        self.regenerate()
+
+    @Slot()
+    def _on_edit_button_clicked(self) -> None:
+        self.edit_last()
+
+    @Slot()
+    def _on_new_chat_button_clicked(self) -> None:
+        self.new_chat()
+
+    @Slot(QListWidgetItem)
+    def _on_history_list_item_activated(self, item: QListWidgetItem) -> None:
+        chat_id = item.data(Qt.ItemDataRole.UserRole)
+        if isinstance(chat_id, int) and chat_id != self.chat_id:
+            self.open_chat(chat_id)
+
+    @Slot(bool)
+    def _on_highlight_check_toggled(self, on: bool) -> None:
+        self.view.highlight_sources = on
+        if not self.generating:
+            self.view.show_messages(self.messages)

@@ -1,0 +1,509 @@
+"""The live dashboard: tok/s against the roofline ceiling, acceptance, tokens per pass, memory.
+
+All numbers come from ``app.metrics.LiveMetrics``; this module only paints them. Plot items are created once
+and fed copies of the ring buffers on a timer that runs only while a generation is streaming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
+from PySide6.QtGui import QBrush, QColor, QPalette, QPen
+from PySide6.QtWidgets import (
+    QGraphicsRectItem,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.events import Finished, Loaded, PassStats
+from app.metrics import (
+    CeilingInfo,
+    LiveMetrics,
+    MemoryProbe,
+    MemoryReading,
+    MetricsSnapshot,
+    ceiling_for_loaded,
+)
+
+REPAINT_MS = 100  # 10 Hz: a frame costs ~20 ms of software rendering (axis text dominates)
+MEMORY_PERIOD_S = 1.0
+IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
+GB = 1e9
+
+# Hues readable on light and dark backgrounds; the neutral colours come from the palette.
+BLUE = QColor(31, 119, 180)
+ORANGE = QColor(255, 127, 14)
+GREEN = QColor(44, 160, 44)
+RED = QColor(214, 39, 40)
+PURPLE = QColor(148, 103, 189)
+
+CeilingProvider = Callable[[Loaded], CeilingInfo | None]
+
+
+def _alpha(c: QColor, a: int) -> QColor:
+    out = QColor(c)
+    out.setAlpha(a)
+    return out
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:.2f} GB" if n < 10 * GB else f"{n / GB:.1f} GB"
+
+
+class _XRange:
+    """A time axis that jumps ahead in steps instead of sliding every frame: a moving range repaints the
+    axis (text rendering dominates a frame's cost), a still one does not."""
+
+    def __init__(self, plots: tuple[pg.PlotItem, ...]) -> None:
+        self.plots = plots
+        self.lo = 0.0
+        self.hi = 0.0
+
+    def fit(self, t0: float, t1: float) -> None:
+        span = max(self.hi - self.lo, 1e-9)
+        if t1 > self.hi or t1 < self.lo or t0 - self.lo > 0.1 * span or t0 < self.lo:
+            self.lo = t0
+            self.hi = t0 + max((t1 - t0) * 1.25, 2.0)
+            for p in self.plots:
+                p.setXRange(self.lo, self.hi, padding=0)
+
+
+class _YRange:
+    """Sets a plot's y range only when the data outgrows it or shrinks well below it (no per-frame churn)."""
+
+    def __init__(self, plot: pg.PlotItem, minimum: float) -> None:
+        self.plot = plot
+        self.minimum = minimum
+        self.top = 0.0
+
+    def fit(self, wanted: float) -> None:
+        wanted = max(wanted, self.minimum)
+        if wanted > self.top or wanted < 0.5 * self.top:
+            self.top = wanted * 1.2
+            self.plot.setYRange(0.0, self.top, padding=0)
+
+
+class DashboardPanel(QWidget):
+    """Live plots of one loaded model's decoding. The main window's bridge calls the ``on_*`` methods on the
+    GUI thread; the panel repaints itself at 10 Hz while tokens stream and sits still otherwise."""
+
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        *,
+        ceiling_provider: CeilingProvider = ceiling_for_loaded,
+        memory_probe: MemoryProbe | None = None,
+        capacity: int = 2048,
+    ) -> None:
+        super().__init__(parent)
+        self.metrics = LiveMetrics(capacity)
+        self._ceiling_provider = ceiling_provider
+        self._memory_probe = memory_probe
+        self._memory: MemoryReading | None = None
+        self._memory_at = 0.0
+        self._last_pass_at = 0.0
+        self._ceiling_future: Future[CeilingInfo | None] | None = None
+        # Polls a ceiling being computed on a worker thread: nothing crosses threads but a Future, and the
+        # poll stops once the answer is in (usually well under a second).
+        self._ceiling_poll = QTimer(self)
+        self._ceiling_poll.setInterval(50)
+        self._ceiling_poll.timeout.connect(self._on_ceiling_poll_timeout)
+        self.repaints = 0
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(REPAINT_MS)
+        self.timer.timeout.connect(self._on_timer_timeout)
+
+        self._build()
+        self._apply_palette()
+        self._paint()
+
+    # --- public API (GUI thread) ------------------------------------------------------------------
+
+    def on_loaded(self, event: Loaded) -> None:
+        self.timer.stop()
+        self.metrics.on_loaded(event)
+        provider = self._ceiling_provider
+        future: Future[CeilingInfo | None] = Future()
+
+        def work() -> None:
+            try:
+                future.set_result(provider(event))
+            except Exception:  # no ceiling is a normal answer; the plots still run
+                future.set_result(None)
+
+        # Probing the hardware can take a moment the first time (the CPU bandwidth probe).
+        threading.Thread(target=work, name="specdeck-ceiling", daemon=True).start()
+        self._ceiling_future = future
+        self._ceiling_poll.start()
+        self._poll_memory(force=True)
+        self._paint()
+
+    def set_ceiling(self, ceiling: CeilingInfo | None) -> None:
+        """Replace the ceiling (e.g. after a calibration run)."""
+        self._drop_ceiling_probe()  # a probe still running must not overwrite this
+        self.metrics.set_ceiling(ceiling)
+        self._paint()
+
+    def on_pass(self, event: PassStats) -> None:
+        self.metrics.on_pass(event)
+        self._last_pass_at = time.monotonic()
+        if not self.timer.isActive():
+            self.timer.start()
+
+    def on_finished(self, event: Finished) -> None:
+        self.metrics.on_finished(event)
+        self.timer.stop()
+        self._poll_memory(force=True)
+        self._paint()
+
+    def on_unloaded(self) -> None:
+        self.timer.stop()
+        self._drop_ceiling_probe()
+        self.metrics.on_unloaded()
+        self._poll_memory(force=True)
+        self._paint()
+
+    def reset(self) -> None:
+        self.timer.stop()
+        self.metrics.reset()
+        self._paint()
+
+    @property
+    def generating(self) -> bool:
+        return self.timer.isActive()
+
+    def snapshot(self) -> MetricsSnapshot:
+        return self.metrics.snapshot()
+
+    # --- slots ------------------------------------------------------------------------------------
+
+    def _drop_ceiling_probe(self) -> None:
+        self._ceiling_future = None
+        self._ceiling_poll.stop()
+
+    @Slot()
+    def _on_ceiling_poll_timeout(self) -> None:
+        future = self._ceiling_future
+        if future is None or not future.done():
+            return
+        self._drop_ceiling_probe()
+        self.metrics.set_ceiling(future.result())
+        self._paint()
+
+    @Slot()
+    def _on_timer_timeout(self) -> None:
+        self._poll_memory()
+        self._paint()
+        if time.monotonic() - self._last_pass_at > IDLE_STOP_S:
+            self.timer.stop()
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self._apply_palette()
+        super().changeEvent(event)
+
+    # --- building ---------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(4, 4, 4, 4)
+        outer.setSpacing(4)
+
+        strip = QHBoxLayout()
+        strip.setSpacing(14)
+        self.labels: dict[str, QLabel] = {}
+        tips = {
+            "tps": "Decode speed over the last second (wall clock)",
+            "pct": "Speed as a share of the spec-sheet ceiling at one token per pass: above 100% is only "
+                   "possible with speculation",
+            "acceptance": "Draft tokens accepted / drafted, last 32 passes",
+            "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
+            "tau": "τ: tokens per verify pass, last 32 passes",
+            "k": "Draft depth the controller chose for the last pass",
+            "context": "Context fill",
+            "device": "llama.cpp backend and the device whose bandwidth sets the ceiling",
+        }
+        for name, tip in tips.items():
+            lab = QLabel("–", self)
+            lab.setObjectName(f"dashboard_{name}")
+            lab.setToolTip(tip)
+            lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            strip.addWidget(lab)
+            self.labels[name] = lab
+        f = self.labels["tps"].font()
+        f.setPointSizeF(f.pointSizeF() * 1.4)
+        f.setBold(True)
+        self.labels["tps"].setFont(f)
+        strip.addStretch(1)
+        outer.addLayout(strip)
+
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.graphics.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        outer.addWidget(self.graphics, 1)
+        g = self.graphics
+
+        def plot(row: int, col: int, title: str, left: str, bottom: str, colspan: int = 1) -> pg.PlotItem:
+            p = g.addPlot(row=row, col=col, colspan=colspan, title=title)
+            p.setLabel("left", left)
+            p.setLabel("bottom", bottom)
+            p.disableAutoRange()
+            p.setMouseEnabled(x=False, y=False)
+            p.hideButtons()
+            p.setMenuEnabled(False)
+            p.showGrid(x=True, y=True, alpha=0.15)
+            return p
+
+        # tok/s over time with the ceilings.
+        self.p_tps = plot(0, 0, "Decode speed", "tok/s", "seconds", colspan=2)
+        # A plain C++ rect, not pg.LinearRegionItem: its Python boundingRect crashed PySide6 6.12 with
+        # "deallocating None" after a few thousand repaints.
+        self.above_wall = QGraphicsRectItem(QRectF(0, 0, 0, 0))
+        self.above_wall.setPen(QPen(Qt.PenStyle.NoPen))
+        self.above_wall.setZValue(-10)
+        self.above_wall.setVisible(False)
+        self.p_tps.addItem(self.above_wall)
+        self._wall_rect = QRectF()
+        self.c_tps = self.p_tps.plot(pen=pg.mkPen(_alpha(BLUE, 110), width=1), connect="finite",
+                                     name="per pass")
+        self.c_tps_smooth = self.p_tps.plot(pen=pg.mkPen(BLUE, width=2.5), connect="finite",
+                                            name="1 s average")
+        solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
+        self.l_spec = self._hline(self.p_tps, RED, solid, "ceiling, 1 token/pass (spec): {value:.0f}")
+        self.l_measured = self._hline(self.p_tps, ORANGE, dash,
+                                      "ceiling, 1 token/pass (measured): {value:.0f}")
+        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}")
+        self.y_tps = _YRange(self.p_tps, 10.0)
+
+        # Acceptance over time and per draft position.
+        self.p_acc = plot(1, 0, "Acceptance", "accepted / drafted", "seconds")
+        self.p_acc.setYRange(0, 1.05, padding=0)
+        # A faint line, not symbols: a 2048-point scatter costs ~10 ms a frame.
+        self.c_acc = self.p_acc.plot(pen=pg.mkPen(_alpha(PURPLE, 70), width=1), connect="finite")
+        self.c_acc_roll = self.p_acc.plot(pen=pg.mkPen(PURPLE, width=2), connect="finite")
+        self.p_pos = plot(1, 1, "Acceptance per draft position", "accepted / drafted", "position")
+        self.p_pos.setYRange(0, 1.05, padding=0)
+        self.p_pos.setXRange(0.5, 8.5, padding=0)
+        self.bars_pos = pg.BarGraphItem(x=np.zeros(0), height=np.zeros(0), width=0.7, brush=PURPLE)
+        self.p_pos.addItem(self.bars_pos)
+        self._pos_n = 8
+        self._pos_heights = np.zeros(0)
+
+        # Tokens per pass against Leviathan, and k over time.
+        self.p_tau = plot(2, 0, "Tokens per pass τ vs draft depth", "τ", "k")
+        self.c_curve = self.p_tau.plot(pen=pg.mkPen(GREEN, width=2), name="Leviathan E[τ] at measured α")
+        self.c_tau_k = self.p_tau.plot(pen=None, symbol="o", symbolSize=9, symbolPen=None,
+                                       symbolBrush=BLUE, name="measured mean τ")
+        self._tau_kmax = 0
+        self._curve_tau = np.zeros(0)
+        self._tau_k_k = np.zeros(0)
+        self._tau_k_mean = np.zeros(0)
+        self.p_k = plot(2, 1, "Draft depth k chosen", "k", "seconds")
+        self.c_k = self.p_k.plot(pen=pg.mkPen(ORANGE, width=1.5))
+        self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(_alpha(BLUE, 160), width=1.5))
+        self.y_k = _YRange(self.p_k, 4.0)
+        self.x_time = _XRange((self.p_tps, self.p_acc, self.p_k))
+
+        # Memory: horizontal bars in GB.
+        self.p_mem = plot(3, 0, "Memory", "", "GB", colspan=2)
+        self.bars_mem_bg = pg.BarGraphItem(x0=np.zeros(0), y=np.zeros(0), width=np.zeros(0), height=0.6)
+        self.bars_mem = pg.BarGraphItem(x0=np.zeros(0), y=np.zeros(0), width=np.zeros(0), height=0.6)
+        self.p_mem.addItem(self.bars_mem_bg)
+        self.p_mem.addItem(self.bars_mem)
+        self.mem_label = QLabel("", self)
+        self.mem_label.setObjectName("dashboard_memory")
+        self.mem_label.setWordWrap(True)
+        outer.addWidget(self.mem_label)
+        g.ci.layout.setRowStretchFactor(0, 3)
+        for r in (1, 2):
+            g.ci.layout.setRowStretchFactor(r, 2)
+        g.ci.layout.setRowStretchFactor(3, 1)
+
+    def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str) -> pg.InfiniteLine:
+        line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(color, width=1.5, style=style),
+                               label=fmt, labelOpts={"position": 0.02, "color": color,
+                                                     "anchors": [(0, 1), (0, 1)]})
+        line.setVisible(False)
+        p.addItem(line)
+        return line
+
+    def _apply_palette(self) -> None:
+        pal = self.palette()
+        bg = pal.color(QPalette.ColorRole.Base)
+        fg = pal.color(QPalette.ColorRole.WindowText)
+        self._fg = fg
+        self._mem_bg = _alpha(fg, 40)
+        self.graphics.setBackground(bg)
+        for p in (self.p_tps, self.p_acc, self.p_pos, self.p_tau, self.p_k, self.p_mem):
+            for name in ("left", "bottom"):
+                ax = p.getAxis(name)
+                ax.setPen(pg.mkPen(fg))
+                ax.setTextPen(pg.mkPen(fg))
+            p.titleLabel.setAttr("color", fg)
+            p.titleLabel.setText(p.titleLabel.text)
+        # Tint above the one-token wall: speeds there are only possible by speculating.
+        self.above_wall.setBrush(QBrush(_alpha(GREEN, 35)))
+
+    # --- painting ---------------------------------------------------------------------------------
+
+    def _poll_memory(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._memory_at < MEMORY_PERIOD_S:
+            return
+        self._memory_at = now
+        if self._memory_probe is None:
+            self._memory_probe = MemoryProbe()
+        with contextlib.suppress(Exception):  # psutil/NVML hiccup: keep the last reading
+            self._memory = self._memory_probe.read()
+        self._paint_memory()
+
+    def _paint(self) -> None:
+        s = self.metrics.snapshot()
+        self.repaints += 1
+        self._paint_strip(s)
+        t = s.t
+        # Copies already: the snapshot owns its arrays, so pyqtgraph may keep views of them.
+        self.c_tps.setData(t, s.tps)
+        self.c_tps_smooth.setData(t, s.tps_smooth)
+        self.c_acc.setData(t, s.acceptance)
+        self.c_acc_roll.setData(t, s.acceptance_roll)
+        self.c_k.setData(t, s.k)
+        self.c_tau_roll.setData(t, s.tau_roll)
+        if len(t):
+            self.x_time.fit(float(t[0]), float(t[-1]))
+        else:
+            self.x_time.fit(0.0, 0.0)
+
+        spec, measured, spec_tau = s.spec_ceiling, s.measured_ceiling, s.speculative_ceiling
+        for line, value in ((self.l_spec, spec), (self.l_measured, measured), (self.l_spec_tau, spec_tau)):
+            if value is None or not np.isfinite(value):
+                line.setVisible(False)
+            else:
+                # Moving the line re-renders its label: skip changes too small to see.
+                if abs(line.value() - value) > 0.005 * max(abs(value), 1e-9) or not line.isVisible():
+                    line.setValue(value)
+                line.setVisible(True)
+        top = max([v for v in (spec, measured, spec_tau) if v is not None] + [0.0])
+        if len(t):
+            top = max(top, float(np.nanmax(s.tps_smooth)) if np.isfinite(s.tps_smooth).any() else 0.0)
+        self.y_tps.fit(top)
+        if spec is not None and np.isfinite(spec):
+            x = self.x_time
+            rect = QRectF(x.lo, spec, x.hi - x.lo, max(self.y_tps.top, spec) * 2 - spec)
+            if rect != self._wall_rect:
+                self._wall_rect = rect
+                self.above_wall.setRect(rect)
+            self.above_wall.setVisible(True)
+        else:
+            self.above_wall.setVisible(False)
+
+        n = len(s.position_acceptance)
+        if not np.array_equal(s.position_acceptance, self._pos_heights):
+            self._pos_heights = s.position_acceptance
+            self.bars_pos.setOpts(x=np.arange(1, n + 1, dtype=float), height=s.position_acceptance, width=0.7)
+        if max(n, 8) != self._pos_n:
+            self._pos_n = max(n, 8)
+            self.p_pos.setXRange(0.5, self._pos_n + 0.5, padding=0)
+
+        if not np.array_equal(s.curve_tau, self._curve_tau):
+            self._curve_tau = s.curve_tau
+            self.c_curve.setData(s.curve_k, s.curve_tau)
+        if not (np.array_equal(s.tau_by_k_mean, self._tau_k_mean)
+                and np.array_equal(s.tau_by_k_k, self._tau_k_k)):
+            self._tau_k_k, self._tau_k_mean = s.tau_by_k_k, s.tau_by_k_mean
+            self.c_tau_k.setData(s.tau_by_k_k, s.tau_by_k_mean)
+        kmax = int(s.curve_k[-1]) if len(s.curve_k) else 8
+        if kmax != self._tau_kmax:
+            self._tau_kmax = kmax
+            self.p_tau.setXRange(-0.5, kmax + 0.5, padding=0)
+            self.p_tau.setYRange(0, kmax + 1.5, padding=0)
+        self.y_k.fit(float(np.nanmax(s.k)) + 1 if len(s.k) else 0.0)
+
+    def _paint_strip(self, s: MetricsSnapshot) -> None:
+        c = s.current
+        lab = self.labels
+        lab["tps"].setText(f"{c.tps:.1f} tok/s" if c.tps is not None else "– tok/s")
+        if c.pct_of_ceiling is not None:
+            above = c.pct_of_ceiling > 100.0
+            lab["pct"].setText(f"{c.pct_of_ceiling:.0f}% of 1-token ceiling" + (" ▲" if above else ""))
+            lab["pct"].setStyleSheet(f"color: {GREEN.name()}; font-weight: bold" if above else "")
+        else:
+            lab["pct"].setText("ceiling unknown" if self.metrics.loaded else "–")
+            lab["pct"].setStyleSheet("")
+        lab["acceptance"].setText(f"accept {c.acceptance:.0%}" if c.acceptance is not None else "accept –")
+        lab["alpha"].setText(f"α {c.alpha:.2f}" if c.alpha is not None else "α –")
+        lab["tau"].setText(f"τ {c.tau:.2f}" if c.tau is not None else "τ –")
+        lab["k"].setText(f"k {c.k}" if c.k is not None else "k –")
+        lab["context"].setText(c.context_text if c.n_ctx else "no model")
+        lab["device"].setText(" · ".join(x for x in (c.backend, c.device) if x) or "–")
+
+    def _paint_memory(self) -> None:
+        m = self._memory
+        ld = self.metrics.loaded
+        cur = self.metrics.current()
+        rows: list[tuple[str, list[tuple[float, QColor]], float]] = []  # label, segments, background length
+        text: list[str] = []
+        if m is not None:
+            for g in m.gpus:
+                segs = [(float(g.used), _alpha(BLUE, 200))]
+                rows.append((f"GPU{g.index} VRAM", segs, float(g.total)))
+                ours = f", {_gb(g.ours)} ours" if g.ours else ""
+                text.append(f"GPU{g.index} {g.name}: {_gb(g.used)} of {_gb(g.total)}{ours}")
+            if not m.gpus or (ld is not None and ld.backend == "cpu"):
+                rows.append(("RAM", [(float(m.ram_used), _alpha(BLUE, 200))], float(m.ram_total)))
+                text.append(f"RAM: {_gb(m.ram_used)} of {_gb(m.ram_total)} (this app {_gb(m.process_rss)})")
+        if ld is not None:
+            target_w = float(ld.target.size_bytes)
+            drafter_w = float(ld.drafter.size_bytes) if ld.drafter else 0.0
+            kv_used = float(cur.kv_bytes_used)
+            kv_free = max(float(ld.kv_bytes_total) - kv_used, 0.0)
+            segs = [(target_w, _alpha(ORANGE, 220)), (drafter_w, _alpha(PURPLE, 220)),
+                    (kv_used, _alpha(GREEN, 230)), (kv_free, _alpha(GREEN, 90))]
+            rows.append(("Model", segs, 0.0))
+            drafter = f", drafter {_gb(drafter_w)}" if ld.drafter else ""
+            text.append(f"Weights: target {_gb(target_w)}{drafter}; KV cache {_gb(kv_used)} used of "
+                        f"{_gb(ld.kv_bytes_total)} allocated ({cur.context_text})")
+        x0: list[float] = []
+        ys: list[float] = []
+        widths: list[float] = []
+        brushes: list[QColor] = []
+        bx0: list[float] = []
+        bys: list[float] = []
+        bw: list[float] = []
+        ticks: list[tuple[float, str]] = []
+        xmax = 1.0
+        for i, (label, segs, bg) in enumerate(rows):
+            y = float(len(rows) - 1 - i)
+            ticks.append((y, label))
+            pos = 0.0
+            for length, color in segs:
+                if length <= 0:
+                    continue
+                x0.append(pos / GB)
+                ys.append(y)
+                widths.append(length / GB)
+                brushes.append(color)
+                pos += length
+            if bg > 0:
+                bx0.append(0.0)
+                bys.append(y)
+                bw.append(bg / GB)
+            xmax = max(xmax, pos / GB, bg / GB)
+        self.bars_mem.setOpts(x0=np.array(x0), y=np.array(ys), width=np.array(widths), height=0.6,
+                              brushes=brushes, pens=[pg.mkPen(None)] * len(brushes))
+        self.bars_mem_bg.setOpts(x0=np.array(bx0), y=np.array(bys), width=np.array(bw), height=0.6,
+                                 brush=self._mem_bg, pen=pg.mkPen(None))
+        self.p_mem.getAxis("left").setTicks([ticks])
+        self.p_mem.setXRange(0, xmax * 1.05, padding=0)
+        self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
+        self.mem_label.setText(" · ".join(text) if text else "")

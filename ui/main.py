@@ -1,0 +1,30 @@
+"""The window's entry point: ``specdeck`` without a subcommand calls ``run_app``."""
+
+from __future__ import annotations
+
+import sys
+
+from PySide6.QtWidgets import QApplication
+
+from app.paths import APP_NAME
+
+
+def run_app(argv: list[str] | None = None) -> int:
+    from ui.main_window import MainWindow
+    from ui.notifier import Notifier
+
+    existing = QApplication.instance()
+    qt_app = existing if isinstance(existing, QApplication) else QApplication(
+        list(sys.argv if argv is None else argv))
+    qt_app.setApplicationName(APP_NAME)
+    qt_app.setOrganizationName(APP_NAME)
+    qt_app.setApplicationDisplayName(APP_NAME)
+    notifier = Notifier()
+    notifier.install_hooks()
+    window = MainWindow(notifier=notifier)
+    window.show()
+    try:
+        return int(qt_app.exec())
+    finally:
+        window.close()  # saves settings and closes the engine client, once
+        notifier.uninstall_hooks()

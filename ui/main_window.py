@@ -1,0 +1,422 @@
+"""The main window: chat in the centre, models and settings on the left, the dashboard on the right.
+
+Window layout lives in QSettings (``window.ini`` in the config folder); user settings in
+``app.settings`` (``settings.json``). Engine crashes show a banner; the chat and settings stay.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+import app
+from app.config import LoadSettings
+from app.errors import AppError, SettingsError, StorageError
+from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
+from app.history import HistoryStore
+from app.library import LibraryEntry
+from app.paths import config_dir
+from app.settings import load_settings, save_settings
+from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
+from ui.chat_panel import ChatPanel
+from ui.notifier import Notifier
+from ui.picker import ModelPicker
+from ui.sampling_form import SamplingForm
+from ui.tasks import TaskRunner
+
+try:
+    from ui.dashboard import DashboardPanel
+except ImportError:  # the dashboard is optional: the window works without it
+    DashboardPanel = None  # type: ignore[assignment,misc]
+
+WINDOW_STATE_FILE = "window.ini"
+
+
+def build_info() -> str:
+    """llama.cpp's build and backend description, read lazily (the GUI process never loads a model)."""
+    try:
+        from app import hardware
+
+        for name in ("build_info", "backend_info", "llama_build_info"):
+            fn = getattr(hardware, name, None)
+            if callable(fn):
+                return str(fn())
+    except ImportError:
+        pass
+    try:
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info()
+        text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+        return f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}\n{text.strip()}"
+    except Exception as exc:
+        return f"llama.cpp build information is not available ({exc})."
+
+
+class CrashBanner(QFrame):
+    """What happened to the engine, its last log lines, and a Restart button."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setObjectName("crash_banner")
+        layout = QVBoxLayout(self)
+        row = QHBoxLayout()
+        self.headline = QLabel(self)
+        self.headline.setWordWrap(True)
+        self.headline.setTextFormat(Qt.TextFormat.PlainText)
+        row.addWidget(self.headline, 1)
+        self.details_button = QPushButton("Details", self)
+        self.details_button.setCheckable(True)
+        self.restart_button = QPushButton("Restart engine", self)
+        self.dismiss_button = QPushButton("Dismiss", self)
+        for b in (self.details_button, self.restart_button, self.dismiss_button):
+            row.addWidget(b)
+        layout.addLayout(row)
+        self.details = QPlainTextEdit(self)
+        self.details.setReadOnly(True)
+        self.details.setMaximumHeight(160)
+        self.details.setVisible(False)
+        layout.addWidget(self.details)
+        self.details_button.toggled.connect(self.details.setVisible)
+        self.dismiss_button.clicked.connect(self.hide)
+        self.hide()
+
+    def show_crash(self, event: EngineCrashed, crashes_on_load: int, restarting: bool) -> None:
+        how = (f"killed by {event.signal_name}" if event.signal_name
+               else f"exit status {event.exit_code}" if event.exit_code is not None else "unknown exit")
+        text = f"The engine stopped ({how}, while {event.during}). {event.message}"
+        if crashes_on_load >= MAX_LOAD_CRASHES:
+            text += (f" It crashed {crashes_on_load} times in a row while loading, so it is not restarted "
+                     "automatically: check the model file and the load settings, then press Restart.")
+        elif restarting:
+            text += " Restarting it and reloading the models…"
+        self.headline.setText(text)
+        self.details.setPlainText("\n".join(event.last_log_lines) or "(the engine logged nothing)")
+        self.show()
+
+
+class FirstRunPanel(QWidget):
+    """Shown while the library holds no models: offers the demo models and a folder of one's own."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.addStretch(1)
+        title = QLabel("<h2>Welcome to SpecDeck</h2>", self)
+        text = QLabel(
+            "No GGUF models were found on this computer. Install two small demo models (about 250 MB: "
+            "SmolLM2 135M and Gemma 3 270M) to try it, or add a folder that holds your own models.", self)
+        text.setWordWrap(True)
+        self.demo_button = QPushButton("Install demo models", self)
+        self.folder_button = QPushButton("Add folder…", self)
+        for w in (title, text, self.demo_button, self.folder_button):
+            layout.addWidget(w, 0, Qt.AlignmentFlag.AlignHCenter)
+        layout.addStretch(2)
+
+
+class MainWindow(QMainWindow):
+    def __init__(
+        self,
+        bridge: EngineBridge | None = None,
+        notifier: Notifier | None = None,
+        *,
+        start_engine: bool = True,
+    ) -> None:
+        super().__init__()
+        self.setWindowTitle("SpecDeck")
+        self.notifier = notifier if notifier is not None else Notifier(self)
+        self.settings, warning = load_settings()
+        self.bridge = bridge if bridge is not None else EngineBridge(parent=self)
+        self.tasks = TaskRunner(self)
+        self.store = self._open_store()
+        self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
+        self._closed = False
+        self._build()
+        self.notifier.attach(self)
+        if warning:
+            self.notifier.warning(warning)
+        if self.store is not None and self.store.warning:
+            self.notifier.warning(self.store.warning)
+        self._connect()
+        self._restore_window_state()
+        if start_engine:
+            self.bridge.start()
+        self.picker.rescan()
+
+    def _open_store(self) -> HistoryStore | None:
+        try:
+            return HistoryStore()
+        except StorageError as exc:
+            self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed.")
+            return None
+
+    # --- layout -------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.picker = ModelPicker(self.tasks, self)
+        self.picker.apply_settings(self.settings)
+        self.sampling_form = SamplingForm(self.settings.sampling, self)
+        side = QWidget(self)
+        side_layout = QVBoxLayout(side)
+        side_layout.setContentsMargins(0, 0, 0, 0)
+        side_layout.addWidget(self.picker)
+        sampling_box = QGroupBox("Sampling", side)
+        box_layout = QVBoxLayout(sampling_box)
+        box_layout.addWidget(self.sampling_form)
+        side_layout.addWidget(sampling_box)
+        side_layout.addStretch(1)
+        scroll = QScrollArea(self)
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(side)
+        self.models_dock = QDockWidget("Models and settings", self)
+        self.models_dock.setObjectName("models_dock")
+        self.models_dock.setWidget(scroll)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.models_dock)
+
+        self.dashboard: QWidget
+        if DashboardPanel is not None:
+            self.dashboard = DashboardPanel(self)
+        else:
+            self.dashboard = QLabel("The dashboard is not available in this build.", self)
+            self.dashboard.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.dashboard_dock = QDockWidget("Dashboard", self)
+        self.dashboard_dock.setObjectName("dashboard_dock")
+        self.dashboard_dock.setWidget(self.dashboard)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard_dock)
+
+        central = QWidget(self)
+        layout = QVBoxLayout(central)
+        self.banner = CrashBanner(central)
+        layout.addWidget(self.banner)
+        self.chat = ChatPanel(self.bridge, self.sampling_form, self.store, central)
+        self.chat.system_prompt.setText(self.settings.system_prompt)
+        self.first_run = FirstRunPanel(central)
+        self.stack = QStackedWidget(central)
+        self.stack.addWidget(self.chat)
+        self.stack.addWidget(self.first_run)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+        file_menu = self.menuBar().addMenu("&File")
+        quit_action = QAction("&Quit", self)
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        file_menu.addAction(quit_action)
+        view_menu = self.menuBar().addMenu("&View")
+        view_menu.addAction(self.models_dock.toggleViewAction())
+        view_menu.addAction(self.dashboard_dock.toggleViewAction())
+        help_menu = self.menuBar().addMenu("&Help")
+        about = QAction("&About SpecDeck", self)
+        about.triggered.connect(self._on_about_action_triggered)
+        help_menu.addAction(about)
+        self.statusBar()
+
+    def _connect(self) -> None:
+        b = self.bridge
+        b.model_loaded.connect(self._on_bridge_model_loaded)
+        b.load_progress.connect(self._on_bridge_load_progress)
+        b.load_cancelled.connect(self._on_bridge_load_cancelled)
+        b.model_unloaded.connect(self._on_bridge_model_unloaded)
+        b.stats_updated.connect(self._on_bridge_stats_updated)
+        b.generation_finished.connect(self._on_bridge_generation_finished)
+        b.engine_error.connect(self._on_bridge_engine_error)
+        b.engine_crashed.connect(self._on_bridge_engine_crashed)
+        b.engine_restarting.connect(self._on_bridge_engine_restarting)
+        self.picker.load_requested.connect(self._on_picker_load_requested)
+        self.picker.cancel_load_requested.connect(self._on_picker_cancel_load_requested)
+        self.picker.library_changed.connect(self._on_picker_library_changed)
+        self.picker.drafters_ranked.connect(self._on_picker_drafters_ranked)
+        self.picker.folders_changed.connect(self._on_picker_folders_changed)
+        self.picker.error_raised.connect(self.notifier.error)
+        self.chat.error_raised.connect(self.notifier.error)
+        self.banner.restart_button.clicked.connect(self._on_banner_restart_clicked)
+        self.first_run.demo_button.clicked.connect(self._on_first_run_demo_clicked)
+        self.first_run.folder_button.clicked.connect(self.picker._on_add_folder_button_clicked)
+
+    def _dashboard_call(self, name: str, *args: object) -> None:
+        method = getattr(self.dashboard, name, None)
+        if callable(method):
+            method(*args)
+
+    # --- window state -------------------------------------------------------------------------------
+
+    def _qsettings(self) -> QSettings:
+        return QSettings(str(config_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)
+
+    def _restore_window_state(self) -> None:
+        qs = self._qsettings()
+        geometry = qs.value("geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 850)
+        state = qs.value("state")
+        if state is not None:
+            self.restoreState(state)
+        splitter = qs.value("chat_splitter")
+        if splitter is not None:
+            self.chat.splitter.restoreState(splitter)
+
+    def _save_window_state(self) -> None:
+        qs = self._qsettings()
+        qs.setValue("geometry", self.saveGeometry())
+        qs.setValue("state", self.saveState())
+        qs.setValue("chat_splitter", self.chat.splitter.saveState())
+        qs.sync()
+
+    def save_app_settings(self) -> None:
+        settings = self.picker.update_settings(self.settings)
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError:
+            sampling = self.settings.sampling  # keep the last valid values
+        settings = replace(settings, sampling=sampling, system_prompt=self.chat.system_prompt.text())
+        try:
+            save_settings(settings)
+        except (StorageError, SettingsError) as exc:
+            self.notifier.error(f"Settings could not be saved: {exc}")
+            return
+        self.settings = settings
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._closed:
+            self._closed = True
+            self.chat.flush()
+            self.save_app_settings()
+            self._save_window_state()
+            self.bridge.close()
+            self.tasks.wait()
+            if self.store is not None:
+                self.store.close()
+        super().closeEvent(event)
+
+    # --- picker -------------------------------------------------------------------------------------
+
+    @Slot(LoadSettings)
+    def _on_picker_load_requested(self, settings: LoadSettings) -> None:
+        try:
+            self.bridge.load(settings)
+        except AppError as exc:
+            self.notifier.error(exc)
+            return
+        self.banner.hide()
+        self.picker.set_loading(True, "Loading…")
+        self._dashboard_call("reset")
+        self.save_app_settings()
+
+    @Slot()
+    def _on_picker_cancel_load_requested(self) -> None:
+        self.bridge.cancel_load()
+
+    @Slot(list)
+    def _on_picker_library_changed(self, entries: list[LibraryEntry]) -> None:
+        has_models = any(e.is_model for e in entries)
+        self.stack.setCurrentWidget(self.chat if has_models else self.first_run)
+
+    @Slot()
+    def _on_picker_drafters_ranked(self) -> None:
+        if self._reload_pending and self.picker.target_path() == self.settings.target_path:
+            self._reload_pending = False
+            self.picker.request_load()
+
+    @Slot(tuple)
+    def _on_picker_folders_changed(self, _folders: tuple[str, ...]) -> None:
+        self.save_app_settings()
+
+    @Slot()
+    def _on_first_run_demo_clicked(self) -> None:
+        self.first_run.demo_button.setEnabled(False)
+        self.picker.install_demo_models()
+
+    # --- engine -------------------------------------------------------------------------------------
+
+    @Slot(Loaded)
+    def _on_bridge_model_loaded(self, event: Loaded) -> None:
+        self.picker.show_loaded(event)
+        self._dashboard_call("on_loaded", event)
+
+    @Slot(LoadProgress)
+    def _on_bridge_load_progress(self, event: LoadProgress) -> None:
+        self.picker.show_progress(event)
+
+    @Slot()
+    def _on_bridge_load_cancelled(self) -> None:
+        self.picker.set_loading(False, "Loading cancelled.")
+        self._dashboard_call("on_unloaded")
+
+    @Slot()
+    def _on_bridge_model_unloaded(self) -> None:
+        self._dashboard_call("on_unloaded")
+
+    @Slot(PassStats)
+    def _on_bridge_stats_updated(self, event: PassStats) -> None:
+        self._dashboard_call("on_pass", event)
+
+    @Slot(Finished)
+    def _on_bridge_generation_finished(self, event: Finished) -> None:
+        if event.request_id >= 0:
+            self._dashboard_call("on_finished", event)
+
+    @Slot(EngineError)
+    def _on_bridge_engine_error(self, event: EngineError) -> None:
+        if self.picker.loading:
+            self.picker.set_loading(False, event.message)
+        self.notifier.error(event.message)
+
+    @Slot(EngineCrashed)
+    def _on_bridge_engine_crashed(self, event: EngineCrashed) -> None:
+        restarting = (self.bridge.auto_restart and self.bridge.last_load is not None
+                      and self.bridge.crashes_on_load < MAX_LOAD_CRASHES)
+        self.banner.show_crash(event, self.bridge.crashes_on_load, restarting)
+        self.picker.set_loading(False, "The engine stopped.")
+        self._dashboard_call("on_unloaded")
+        self.notifier.info("The engine stopped; see the banner above the chat.")
+
+    @Slot()
+    def _on_bridge_engine_restarting(self) -> None:
+        self.picker.set_loading(True, "Restarting the engine and reloading the models…")
+
+    @Slot()
+    def _on_banner_restart_clicked(self) -> None:
+        self.bridge.restart()
+        if self.bridge.last_load is not None:
+            self.picker.set_loading(True, "Restarting the engine and reloading the models…")
+        self.banner.hide()
+
+    # --- about --------------------------------------------------------------------------------------
+
+    def about_text(self) -> str:
+        loaded = self.bridge.loaded
+        backend = f"Engine backend: {loaded.backend}\n" if loaded is not None else ""
+        return f"SpecDeck {app.__version__}\n\n{backend}{build_info()}"
+
+    @Slot()
+    def _on_about_action_triggered(self) -> None:
+        box = QMessageBox(QMessageBox.Icon.Information, "About SpecDeck", self.about_text(),
+                          QMessageBox.StandardButton.Ok, self)
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.open()
+
+
+def models_folder_hint() -> str:
+    return os.fspath(Path.home())

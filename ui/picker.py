@@ -1,0 +1,548 @@
+"""The model picker: targets and drafters from the library, compatibility, draft and load settings, the
+fit estimate, and Load / Cancel with progress. Disk scans and downloads run on a worker thread."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.compat import CompatResult
+from app.config import KV_TYPES, MAX_CTX, DraftSettings, LoadSettings
+from app.errors import AppError, IncompatibleDrafterError, SettingsError
+from app.events import Loaded, LoadProgress
+from app.gguf_reader import GGUFInfo
+from app.library import DrafterReport, LibraryEntry, discover, drafters_for
+from app.recommend import Recommendation
+from app.settings import AppSettings
+from ui.tasks import TaskRunner
+
+NO_DRAFTER = "(no drafter model)"
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def human_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K"
+
+
+def describe_model(info: GGUFInfo) -> str:
+    """arch, parameters, quantization, file size, trained context: one line."""
+    return (f"{info.architecture}, {human_params(info.n_params)} params, {info.quantization}, "
+            f"{human_size(info.file_size)}, ctx {info.context_length}")
+
+
+def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
+             flash_attn: bool) -> str:
+    """The roofline's fit estimate (weights + KV + compute buffers) against free system memory.
+
+    Without a GPU probe in this build the estimate is for the CPU; llama.cpp puts what it offloads on the
+    GPU, so this overstates system memory use when layers are offloaded."""
+    from app.roofline import Device, ModelShape, fit_estimate
+
+    free: int | None
+    try:
+        import psutil
+
+        free = int(psutil.virtual_memory().available)
+    except Exception:
+        free = None
+    cpu = Device("cpu", "this computer", "cpu", bandwidth=1.0, free_bytes=free)
+    try:
+        estimate = fit_estimate(
+            ModelShape.from_gguf(target), [cpu], n_ctx, type_k=kv_type, n_gpu_layers=n_gpu_layers,
+            drafter=ModelShape.from_gguf(drafter) if drafter is not None else None, flash_attn=flash_attn,
+        )
+    except (ValueError, ZeroDivisionError) as exc:
+        return f"No fit estimate: {exc}"
+    parts = "; ".join(
+        f"weights {human_size(d.weights)}, KV {human_size(d.kv)}, compute {human_size(d.compute)}"
+        for d in estimate.devices
+    )
+    return f"{estimate.message} ({parts})"
+
+
+class ModelPicker(QWidget):
+    load_requested = Signal(LoadSettings)
+    cancel_load_requested = Signal()
+    library_changed = Signal(list)  # list[LibraryEntry], after each scan
+    drafters_ranked = Signal()  # the drafter list and badge are up to date for the chosen target
+    folders_changed = Signal(tuple)  # tuple[str, ...]: the user's extra model folders
+    demo_install_finished = Signal(bool)  # ok?
+    error_raised = Signal(str)
+
+    def __init__(self, tasks: TaskRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._tasks = tasks
+        self.entries: list[LibraryEntry] = []
+        self.folders: tuple[str, ...] = ()
+        self._report: DrafterReport | None = None
+        self._report_for: str | None = None
+        self._wanted_target: str | None = None
+        self._wanted_drafter: str | None = None
+        self._scan_serial = 0
+        self._rank_serial = 0
+        self.scanning = False
+        self.loading = False
+        self._build()
+
+    # --- layout -------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        outer = QVBoxLayout(self)
+
+        models = QGroupBox("Models", self)
+        form = QFormLayout(models)
+        self.target_combo = QComboBox(models)
+        self.target_combo.currentIndexChanged.connect(self._on_target_combo_current_index_changed)
+        self.target_info = QLabel(models)
+        self.target_info.setWordWrap(True)
+        self.drafter_combo = QComboBox(models)
+        self.drafter_combo.currentIndexChanged.connect(self._on_drafter_combo_current_index_changed)
+        self.drafter_info = QLabel(models)
+        self.drafter_info.setWordWrap(True)
+        self.compat_badge = QLabel(models)
+        self.compat_badge.setWordWrap(True)
+        self.compat_badge.setObjectName("compat_badge")
+        form.addRow("Target", self.target_combo)
+        form.addRow("", self.target_info)
+        form.addRow("Drafter", self.drafter_combo)
+        form.addRow("", self.drafter_info)
+        form.addRow("", self.compat_badge)
+        ngram_row = QHBoxLayout()
+        self.ngram_check = QCheckBox("N-gram drafter (prompt lookup), key length", models)
+        self.ngram_check.setToolTip(
+            "Free to run; stacks with a drafter model (n-gram first, model fills the rest).")
+        self.ngram_spin = QSpinBox(models)
+        self.ngram_spin.setRange(1, 16)
+        self.ngram_spin.setValue(3)
+        ngram_row.addWidget(self.ngram_check)
+        ngram_row.addWidget(self.ngram_spin)
+        form.addRow(ngram_row)
+        folder_row = QHBoxLayout()
+        self.add_folder_button = QPushButton("Add folder…", models)
+        self.add_folder_button.clicked.connect(self._on_add_folder_button_clicked)
+        self.demo_button = QPushButton("Install demo models", models)
+        self.demo_button.clicked.connect(self._on_demo_button_clicked)
+        self.rescan_button = QPushButton("Rescan", models)
+        self.rescan_button.clicked.connect(self._on_rescan_button_clicked)
+        for button in (self.add_folder_button, self.demo_button, self.rescan_button):
+            folder_row.addWidget(button)
+        form.addRow(folder_row)
+        outer.addWidget(models)
+
+        draft = QGroupBox("Drafting", self)
+        dform = QFormLayout(draft)
+        self.adaptive_check = QCheckBox("Adaptive draft depth", draft)
+        self.adaptive_check.setChecked(True)
+        self.k_spin = QSpinBox(draft)
+        self.k_spin.setRange(0, 32)
+        self.k_spin.setValue(4)
+        self.k_max_spin = QSpinBox(draft)
+        self.k_max_spin.setRange(0, 32)
+        self.k_max_spin.setValue(8)
+        self.adaptive_check.toggled.connect(self._on_adaptive_check_toggled)
+        dform.addRow(self.adaptive_check)
+        dform.addRow("Fixed depth k", self.k_spin)
+        dform.addRow("Maximum depth", self.k_max_spin)
+        outer.addWidget(draft)
+
+        load = QGroupBox("Loading", self)
+        lform = QFormLayout(load)
+        self.gpu_layers_spin = QSpinBox(load)
+        self.gpu_layers_spin.setRange(-1, 10_000)
+        self.gpu_layers_spin.setSpecialValueText("all")
+        self.gpu_layers_spin.setValue(-1)
+        self.ctx_spin = QSpinBox(load)
+        self.ctx_spin.setRange(256, MAX_CTX)
+        self.ctx_spin.setSingleStep(1024)
+        self.ctx_spin.setValue(4096)
+        self.kv_combo = QComboBox(load)
+        self.kv_combo.addItems(list(KV_TYPES))
+        self.flash_combo = QComboBox(load)
+        self.flash_combo.addItems(["auto", "on", "off"])
+        self.threads_spin = QSpinBox(load)
+        self.threads_spin.setRange(0, 1024)
+        self.threads_spin.setSpecialValueText("auto")
+        self.fit_label = QLabel(load)
+        self.fit_label.setWordWrap(True)
+        self.reload_check = QCheckBox("Load these models when SpecDeck starts", load)
+        lform.addRow("GPU layers", self.gpu_layers_spin)
+        lform.addRow("Context size", self.ctx_spin)
+        lform.addRow("KV cache type", self.kv_combo)
+        lform.addRow("Flash attention", self.flash_combo)
+        lform.addRow("CPU threads", self.threads_spin)
+        lform.addRow(self.fit_label)
+        lform.addRow(self.reload_check)
+        buttons = QHBoxLayout()
+        self.load_button = QPushButton("Load", load)
+        self.load_button.clicked.connect(self._on_load_button_clicked)
+        self.cancel_button = QPushButton("Cancel", load)
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
+        buttons.addWidget(self.load_button)
+        buttons.addWidget(self.cancel_button)
+        lform.addRow(buttons)
+        self.progress = QProgressBar(load)
+        self.progress.setRange(0, 100)
+        self.progress.setVisible(False)
+        self.status_label = QLabel("No model loaded.", load)
+        self.status_label.setWordWrap(True)
+        lform.addRow(self.progress)
+        lform.addRow(self.status_label)
+        outer.addWidget(load)
+        outer.addStretch(1)
+
+        for spin in (self.ctx_spin, self.gpu_layers_spin):
+            spin.valueChanged.connect(self._on_setting_changed)
+        self.kv_combo.currentIndexChanged.connect(self._on_setting_changed)
+        self.flash_combo.currentIndexChanged.connect(self._on_setting_changed)
+        self._on_adaptive_check_toggled(True)
+
+    # --- settings in and out ------------------------------------------------------------------------
+
+    def apply_settings(self, s: AppSettings) -> None:
+        self.folders = s.model_folders
+        self._wanted_target = s.target_path
+        self._wanted_drafter = s.drafter_path
+        self.ngram_check.setChecked(s.ngram > 0)
+        if s.ngram > 0:
+            self.ngram_spin.setValue(s.ngram)
+        self.adaptive_check.setChecked(s.adaptive)
+        self.k_spin.setValue(s.k)
+        self.k_max_spin.setValue(s.k_max)
+        self.gpu_layers_spin.setValue(s.n_gpu_layers)
+        self.ctx_spin.setValue(max(self.ctx_spin.minimum(), s.n_ctx))
+        self.kv_combo.setCurrentText(s.kv_type)
+        self.flash_combo.setCurrentText(s.flash_attn)
+        self.reload_check.setChecked(s.reload_last_pair_on_start)
+
+    def update_settings(self, s: AppSettings) -> AppSettings:
+        from dataclasses import replace
+
+        return replace(
+            s, target_path=self.target_path() or s.target_path, drafter_path=self.drafter_path(),
+            ngram=self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
+            adaptive=self.adaptive_check.isChecked(), k=self.k_spin.value(), k_max=self.k_max_spin.value(),
+            n_gpu_layers=self.gpu_layers_spin.value(), n_ctx=self.ctx_spin.value(),
+            kv_type=self.kv_combo.currentText(), flash_attn=self.flash_combo.currentText(),
+            model_folders=self.folders, reload_last_pair_on_start=self.reload_check.isChecked(),
+        )
+
+    def target_path(self) -> str | None:
+        data = self.target_combo.currentData()
+        return str(data) if data else None
+
+    def drafter_path(self) -> str | None:
+        data = self.drafter_combo.currentData()
+        return str(data) if data else None
+
+    def _entry(self, path: str | None) -> LibraryEntry | None:
+        return next((e for e in self.entries if e.path == path), None) if path else None
+
+    def compat_for(self, drafter: str | None) -> CompatResult | None:
+        """The compatibility decision for a drafter with the chosen target; None when not known yet."""
+        if drafter is None or self._report is None or self._report_for != self.target_path():
+            return None
+        for entry, result in self._report.refused:
+            if entry.path == drafter:
+                return result
+        if any(r.drafter_path == drafter for r in self._report.recommendations):
+            return CompatResult(True, "", "same vocabulary")
+        return None
+
+    def load_settings(self) -> LoadSettings:
+        """What Load would send; raises SettingsError or IncompatibleDrafterError with the reason."""
+        target = self.target_path()
+        if target is None:
+            raise SettingsError("Choose a target model first.")
+        drafter = self.drafter_path()
+        if drafter is not None:
+            result = self.compat_for(drafter)
+            if result is None:
+                raise SettingsError(
+                    "The drafter is still being checked against the target; try again in a moment.")
+            if not result.ok:
+                raise IncompatibleDrafterError(
+                    f"This drafter cannot speculate for this target: {result.reason}.")
+        draft = DraftSettings(
+            drafter_path=drafter,
+            ngram=self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
+            adaptive=self.adaptive_check.isChecked(),
+            k=self.k_spin.value(),
+            k_max=self.k_max_spin.value(),
+        )
+        return LoadSettings(
+            target_path=target, draft=draft, n_ctx=self.ctx_spin.value(),
+            n_gpu_layers=self.gpu_layers_spin.value(),
+            flash_attn=self.flash_combo.currentText(), kv_type=self.kv_combo.currentText(),
+            n_threads=self.threads_spin.value(),
+        ).validate()
+
+    # --- library ------------------------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        self._scan_serial += 1
+        serial = self._scan_serial
+        folders = self.folders
+        self.scanning = True
+        self.status_label.setText("Looking for models…")
+        self._tasks.run(lambda: discover(folders), lambda r: self._on_scan_done(serial, r),
+                        self._on_task_failed)
+
+    def _on_scan_done(self, serial: int, entries: list[LibraryEntry]) -> None:
+        if serial != self._scan_serial:
+            return
+        self.scanning = False
+        wanted = self.target_path() or self._wanted_target
+        self.entries = entries
+        self.target_combo.blockSignals(True)
+        self.target_combo.clear()
+        for entry in entries:
+            if entry.is_model and entry.info is not None:
+                self.target_combo.addItem(f"{entry.label}", entry.path)
+                self.target_combo.setItemData(self.target_combo.count() - 1, describe_model(entry.info), 3)
+        self.target_combo.blockSignals(False)
+        broken = [e for e in entries if not e.usable]
+        models = sum(1 for e in entries if e.is_model)
+        note = f"{models} model{'s' if models != 1 else ''} found"
+        if broken:
+            files = f"{len(broken)} file{'s' if len(broken) != 1 else ''}"
+            note += f"; {files} could not be used: {broken[0].error}"
+        self.status_label.setText(note + ".")
+        index = self.target_combo.findData(wanted) if wanted else -1
+        if index < 0 and self.target_combo.count():
+            index = 0
+        self.target_combo.setCurrentIndex(-1)
+        self.target_combo.setCurrentIndex(index)
+        self.library_changed.emit(entries)
+
+    def has_models(self) -> bool:
+        return any(e.is_model for e in self.entries)
+
+    def add_folder(self, folder: str) -> None:
+        if folder and folder not in self.folders:
+            self.folders = (*self.folders, folder)
+            self.folders_changed.emit(self.folders)
+        self.rescan()
+
+    def select_target(self, path: str | os.PathLike[str]) -> bool:
+        index = self.target_combo.findData(str(path))
+        if index >= 0:
+            self.target_combo.setCurrentIndex(index)
+        return index >= 0
+
+    def select_drafter(self, path: str | os.PathLike[str] | None) -> bool:
+        self._wanted_drafter = str(path) if path else None
+        index = self.drafter_combo.findData(str(path) if path else None)
+        if index >= 0:
+            self.drafter_combo.setCurrentIndex(index)
+        return index >= 0
+
+    @Slot(int)
+    def _on_target_combo_current_index_changed(self, _index: int) -> None:
+        entry = self._entry(self.target_path())
+        self._report = None
+        self._report_for = None
+        self.drafter_combo.blockSignals(True)
+        self.drafter_combo.clear()
+        self.drafter_combo.addItem(NO_DRAFTER, None)
+        self.drafter_combo.blockSignals(False)
+        if entry is None or entry.info is None:
+            self.target_info.setText("")
+            self._refresh()
+            return
+        self.target_info.setText(describe_model(entry.info))
+        self.compat_badge.setText("Checking drafters…")
+        self._rank_serial += 1
+        serial = self._rank_serial
+        info, entries, path = entry.info, list(self.entries), entry.path
+        self._tasks.run(lambda: drafters_for(info, entries), lambda r: self._on_rank_done(serial, path, r),
+                        self._on_task_failed)
+        self._refresh()
+
+    def _on_rank_done(self, serial: int, target: str, report: DrafterReport) -> None:
+        if serial != self._rank_serial or target != self.target_path():
+            return
+        self._report = report
+        self._report_for = target
+        wanted = self.drafter_path() or self._wanted_drafter
+        self.drafter_combo.blockSignals(True)
+        self.drafter_combo.clear()
+        self.drafter_combo.addItem(NO_DRAFTER, None)
+        for rec in report.recommendations:
+            if rec.kind == "model" and rec.drafter_path:
+                self.drafter_combo.addItem(self._rec_label(rec), rec.drafter_path)
+                self.drafter_combo.setItemData(self.drafter_combo.count() - 1, rec.note, 3)
+        for entry, result in report.refused:
+            self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
+            self.drafter_combo.setItemData(self.drafter_combo.count() - 1, result.reason, 3)
+        ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
+        if ngram is not None:
+            self.ngram_check.setToolTip(f"{ngram.note} Stacks with a drafter model.")
+        index = self.drafter_combo.findData(wanted) if wanted else 0
+        self.drafter_combo.setCurrentIndex(max(0, index))
+        self.drafter_combo.blockSignals(False)
+        self._refresh()
+        self.drafters_ranked.emit()
+
+    @staticmethod
+    def _rec_label(rec: Recommendation) -> str:
+        return f"{Path(rec.name).name} — predicted {rec.speedup:.2f}× at k={rec.best_k}"
+
+    @Slot(int)
+    def _on_drafter_combo_current_index_changed(self, _index: int) -> None:
+        self._wanted_drafter = self.drafter_path()
+        self._refresh()
+
+    @Slot()
+    def _on_setting_changed(self, *_args: object) -> None:
+        self._refresh()
+
+    @Slot(bool)
+    def _on_adaptive_check_toggled(self, adaptive: bool) -> None:
+        self.k_spin.setEnabled(not adaptive)
+
+    def _refresh(self) -> None:
+        """Badge, drafter description, fit estimate and the Load button for the current choice."""
+        target = self._entry(self.target_path())
+        drafter_path = self.drafter_path()
+        drafter = self._entry(drafter_path)
+        self.drafter_info.setText(describe_model(drafter.info) if drafter and drafter.info else "")
+        result = self.compat_for(drafter_path)
+        if drafter_path is None:
+            checking = self._report is None and target is not None
+            self.compat_badge.setText("Checking drafters…" if checking else "")
+        elif result is None:
+            self.compat_badge.setText("Checking compatibility…")
+        elif result.ok:
+            self.compat_badge.setText("✓ Compatible with the target.")
+        else:
+            self.compat_badge.setText(f"✗ Incompatible: {result.reason}. Load refuses this pair.")
+        if target is not None and target.info is not None:
+            self.fit_label.setText(fit_text(
+                target.info, drafter.info if drafter else None, self.ctx_spin.value(),
+                self.kv_combo.currentText(),
+                self.gpu_layers_spin.value(), self.flash_combo.currentText() != "off",
+            ))
+        else:
+            self.fit_label.setText("")
+        can_load = target is not None and (drafter_path is None or bool(result and result.ok))
+        self.load_button.setEnabled(can_load and not self.loading)
+
+    # --- loading ------------------------------------------------------------------------------------
+
+    @Slot()
+    def _on_load_button_clicked(self) -> None:
+        self.request_load()
+
+    def request_load(self) -> bool:
+        try:
+            settings = self.load_settings()
+        except AppError as exc:
+            self.status_label.setText(str(exc))
+            self.error_raised.emit(str(exc))
+            return False
+        self.load_requested.emit(settings)
+        return True
+
+    @Slot()
+    def _on_cancel_button_clicked(self) -> None:
+        self.cancel_load_requested.emit()
+
+    def set_loading(self, loading: bool, text: str = "") -> None:
+        self.loading = loading
+        self.cancel_button.setEnabled(loading)
+        self.progress.setVisible(loading)
+        if loading:
+            self.progress.setValue(0)
+        if text:
+            self.status_label.setText(text)
+        self._refresh()
+
+    def show_progress(self, event: LoadProgress) -> None:
+        # Two stages (target, drafter) share the bar.
+        base = 0 if event.stage == "target" else 50
+        span = 50 if self.drafter_path() else (100 if event.stage == "target" else 50)
+        self.progress.setValue(int(base + span * max(0.0, min(1.0, event.fraction))))
+        self.status_label.setText(f"Loading the {event.stage}… {event.fraction * 100:.0f}%")
+
+    def show_loaded(self, event: Loaded) -> None:
+        self.set_loading(False)
+        drafts = []
+        if event.drafter is not None:
+            drafts.append(event.drafter.name or Path(event.drafter.path).name)
+        if event.ngram:
+            drafts.append(f"n-gram ({event.ngram})")
+        self.status_label.setText(
+            f"Loaded {event.target.name or Path(event.target.path).name}"
+            + (f" with {' + '.join(drafts)}" if drafts else " (no drafter)")
+            + f" on {event.backend}, context {event.n_ctx}, in {event.load_seconds:.1f} s."
+        )
+
+    # --- folders and demo models --------------------------------------------------------------------
+
+    @Slot()
+    def _on_add_folder_button_clicked(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of GGUF models")
+        if folder:
+            self.add_folder(folder)
+
+    @Slot()
+    def _on_rescan_button_clicked(self) -> None:
+        self.rescan()
+
+    @Slot()
+    def _on_demo_button_clicked(self) -> None:
+        self.install_demo_models()
+
+    def install_demo_models(self) -> None:
+        from app.demo_models import install_demo_models
+
+        self.demo_button.setEnabled(False)
+        self.status_label.setText("Installing the demo models (about 250 MB)…")
+        self._tasks.run(install_demo_models, self._on_demo_done, self._on_demo_failed)
+
+    def _on_demo_done(self, paths: Sequence[Path]) -> None:
+        self.demo_button.setEnabled(True)
+        if paths and not self.target_path():
+            self._wanted_target = str(paths[0])
+        self.demo_install_finished.emit(True)
+        self.rescan()
+
+    def _on_demo_failed(self, exc: Exception) -> None:
+        self.demo_button.setEnabled(True)
+        self.status_label.setText(str(exc))
+        self.error_raised.emit(str(exc))
+        self.demo_install_finished.emit(False)
+
+    def _on_task_failed(self, exc: Exception) -> None:
+        self.scanning = False
+        self.status_label.setText(str(exc))
+        self.error_raised.emit(str(exc) if isinstance(exc, AppError) else f"{type(exc).__name__}: {exc}")
