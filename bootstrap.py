@@ -152,7 +152,7 @@ def build_llama_wheel() -> Path:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - this runs on whatever python3 the user has
         sys.exit("SpecDeck needs Python 3.10 or newer; run this script with a newer python3.")
     if not venv_python().exists():
         say(f"creating {VENV}")

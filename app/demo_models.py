@@ -90,7 +90,7 @@ def _fetch_wheel_http(part: Part, into: Path) -> Path:
     try:
         with urllib.request.urlopen(f"{index}/{part.package}/{part.version}/json", timeout=60) as resp:
             release = json.load(resp)
-        url = next(u["url"] for u in release["urls"] if u["filename"].endswith(".whl"))
+        url = str(next(u["url"] for u in release["urls"] if u["filename"].endswith(".whl")))
         target = into / url.rsplit("/", 1)[-1]
         with urllib.request.urlopen(url, timeout=600) as resp, target.open("wb") as out:
             while block := resp.read(CHUNK):

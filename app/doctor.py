@@ -59,8 +59,9 @@ CHECK_PROMPT = "The capital of France is"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, help="the target model (GGUF) to work out the ceiling for")
-    parser.add_argument("--drafter", type=Path, help="a drafter model (GGUF) to check and include")
+    parser.add_argument("--model", type=Path, metavar="PATH",
+                        help="the target model (GGUF) to work out the ceiling for")
+    parser.add_argument("--drafter", type=Path, metavar="PATH", help="a drafter model (GGUF) to check and include")
     parser.add_argument("--ctx", type=int, default=None, metavar="N",
                         help=f"context length (default: {DEFAULT_CTX}, or the model's if smaller)")
     parser.add_argument("--kv-type", choices=KV_TYPES, default="f16", metavar="T",
@@ -138,7 +139,10 @@ def read_model(path: Path, role: str) -> GGUFInfo:
         raise ModelFileError(f"the {role} model {path} does not exist.")
     if path.is_dir():
         raise ModelFileError(f"the {role} model {path} is a folder, not a GGUF file.")
-    info = read_gguf_info(path)
+    try:
+        info = read_gguf_info(path)
+    except (ValueError, OverflowError, UnicodeError, MemoryError) as exc:  # the reader's own errors are typed
+        raise ModelFileError(f"{path.name} could not be read as a GGUF model ({exc}).") from exc
     if info.kind != "model":
         raise ModelFileError(f"{path.name} is a {info.kind} file, not a model: choose the model's own GGUF.")
     if info.missing_shards:
@@ -225,6 +229,8 @@ def build_report(args: argparse.Namespace,
         raise AppError(f"--ctx must be at least 16, not {args.ctx}.")
     if args.draft_k < 0 or args.draft_k > 32:
         raise AppError(f"--draft-k must be between 0 and 32, not {args.draft_k}.")
+    if args.gpu_bandwidth is not None and not args.gpu_bandwidth > 0:
+        raise AppError(f"--gpu-bandwidth must be a positive number of GB/s, not {args.gpu_bandwidth}.")
     target_path: Path | None = args.model
     if target_path is None and args.decode_check:
         from app.demo_models import installed_demo_models

@@ -171,5 +171,8 @@ class Unloaded:
     pass
 
 
-Event = Log | LoadProgress | Loaded | PromptProcessed | Token | PassStats | Finished | EngineError | EngineCrashed | Unloaded
+Event = (
+    Log | LoadProgress | Loaded | PromptProcessed | Token | PassStats | Finished
+    | EngineError | EngineCrashed | Unloaded
+)
 Request = Load | Generate | Cancel | Unload | Shutdown

@@ -32,7 +32,7 @@ from app.roofline import Device
 
 GB = 1e9
 PROBE_CACHE_FILE = "hardware_probe.json"
-PROBE_SCHEMA = 1
+PROBE_SCHEMA = 2
 SAFE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON"
 SIGILL_MESSAGE = (
     "this llama.cpp build uses CPU instructions this machine cannot run; rebuild with "
@@ -347,18 +347,22 @@ def measure_peak_flops(budget_s: float = 0.15) -> float:
     return _best_matmul(budget_s, (256, 512, 1024))
 
 
+SLICE_BYTES = 16 << 20
+
+
 def measure_cpu_rates(threads: int, nbytes: int = 128 << 20, budget_s: float = 0.35) -> dict[str, float]:
     """The CPU probe proper; run it where BLAS is single-threaded (SINGLE_THREAD_ENV, a child process).
 
-    Bandwidth: a buffer larger than the caches is read by matrix-vector products, by one thread and by
-    `threads` threads each on its own part (llama.cpp streams its weights from all cores; one core reaches
-    about half the bandwidth of two on the test VM). Each run is short and the best is kept: other
-    programs only ever slow a run down.
+    Bandwidth: matrix-vector products read 16 MB slices of a buffer larger than the caches, in turn, so
+    each slice read has been evicted since its last read; by one thread, and by `threads` threads at
+    once (llama.cpp streams its weights from all cores). A slice takes well under a scheduler tick, so
+    among a few hundred runs some finish untouched by other programs, which only ever slow a run down:
+    the best is kept.
 
     Peak FLOP/s: one core's best float32 matrix product, times the cores. This is an honest upper bound
     for decoding: cores never scale better than linearly, and llama.cpp's quantized kernels unpack the
     weights before they multiply, so they run below a float32 GEMM (from cache, 100-200 GFLOP/s on two
-    cores of the test VM against 2 × 120 for this product). Decoding is a matrix-vector product per
+    cores of the test VM against 2 × 125 for this product). Decoding is a matrix-vector product per
     token and reaches less still. A cores × clock × SIMD × FMA figure would be higher again, but clocks
     cannot be read reliably (VMs, boost), and multi-threaded BLAS measures far too low when another
     program holds a core for a scheduler tick.
@@ -367,21 +371,26 @@ def measure_cpu_rates(threads: int, nbytes: int = 128 << 20, budget_s: float = 0
 
     threads = max(1, threads)
     buf = _filled(nbytes)
-    whole = (buf.reshape(-1, 1024), np.ones(1024, np.float32))
-    parts = [(p.reshape(-1, 1024), np.ones(1024, np.float32)) for p in np.array_split(buf, threads)]
+    cols = 1024
+    rows = max(1, min(SLICE_BYTES, buf.nbytes // (2 * threads)) // (4 * cols))
+    mats = buf[: buf.size // (rows * cols) * rows * cols].reshape(-1, rows, cols)  # slices, in memory order
+    vec = np.ones(cols, np.float32)
+    n = len(mats)
+    slice_bytes = float(mats[0].nbytes)
     single = multi = 0.0
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda mv: mv[0] @ mv[1], parts))
         end = time.perf_counter() + budget_s * 0.7
         i = 0
-        while time.perf_counter() < end or i < 3:
+        while time.perf_counter() < end or i < 3 * n:
             t = time.perf_counter()
-            whole[0] @ whole[1]
-            single = max(single, buf.nbytes / (time.perf_counter() - t))
-            if threads > 1:
+            mats[i % n] @ vec
+            single = max(single, slice_bytes / (time.perf_counter() - t))
+            if threads > 1 and n >= 2 * threads:
+                # Thread j reads slice (i + j * n / threads) mod n: all far apart, all cold.
+                picks = [mats[(i + j * n // threads) % n] for j in range(threads)]
                 t = time.perf_counter()
-                list(pool.map(lambda mv: mv[0] @ mv[1], parts))
-                multi = max(multi, buf.nbytes / (time.perf_counter() - t))
+                list(pool.map(lambda m: m @ vec, picks))
+                multi = max(multi, threads * slice_bytes / (time.perf_counter() - t))
             i += 1
     peak_one = _best_matmul(budget_s * 0.3, (256, 512))
     return {"bandwidth_single": single, "bandwidth_threads": multi, "peak_flops_core": peak_one,
@@ -420,43 +429,63 @@ def machine_fingerprint(model: str, physical: int, logical: int, ram_total: int)
                      platform.node(), np.__version__])
 
 
+def _busy() -> bool:
+    """Whether other programs were using much of the CPU just now (a probe then reads low)."""
+    try:
+        return float(psutil.cpu_percent(interval=0.05)) > 25.0
+    except (OSError, psutil.Error):
+        return False
+
+
 def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
               bandwidth_override: float | None = None) -> CPUInfo:
-    """The CPU, its RAM, and its measured bandwidth and peak (cached per machine; `refresh` re-measures)."""
+    """The CPU, its RAM, and its measured bandwidth and peak, cached per machine.
+
+    A probe taken while the machine was busy is kept but taken again on the next call, and the cache
+    holds the best of all probes: load only ever lowers a measurement, and the ceiling must be an upper
+    bound. `refresh` starts over (after a hardware change)."""
     model = cpu_model_name()
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     physical = psutil.cpu_count(logical=False) or logical
     vm = psutil.virtual_memory()
     key = machine_fingerprint(model, physical, logical, int(vm.total))
     path = cache_path or cache_dir() / PROBE_CACHE_FILE
-    measured: dict[str, Any] | None = None
+    previous: dict[str, Any] | None = None
     if not refresh:
         try:
             data = json.loads(path.read_text())
             if data.get("schema") == PROBE_SCHEMA and data.get("machine") == key \
                     and float(data["bandwidth"]) > 0 and float(data["peak_flops"]) > 0:
-                measured = data
+                previous = data
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            measured = None  # missing or damaged cache: measure again
-    cached = measured is not None
+            previous = None  # missing or damaged cache: measure again
+    measured = previous
     seconds = 0.0
-    if measured is None:
+    if previous is None or not previous.get("quiet", False):
+        busy = _busy()
         t = time.perf_counter()
         # Keep the buffer well within free memory on small machines.
-        nbytes = int(min(128 << 20, max(16 << 20, vm.available // 8)))
+        nbytes = int(min(128 << 20, max(32 << 20, vm.available // 8)))
         bandwidth, peak = measure_cpu(int(physical), nbytes)
         seconds = time.perf_counter() - t
-        measured = {"schema": PROBE_SCHEMA, "machine": key, "bandwidth": bandwidth, "peak_flops": peak,
-                    "probe_seconds": seconds, "measured_at": time.time()}
+        busy = busy or _busy()
+        runs = int(previous.get("runs", 1)) + 1 if previous else 1
+        measured = {
+            "schema": PROBE_SCHEMA, "machine": key,
+            "bandwidth": max(bandwidth, float(previous["bandwidth"])) if previous else bandwidth,
+            "peak_flops": max(peak, float(previous["peak_flops"])) if previous else peak,
+            "quiet": not busy, "runs": runs, "probe_seconds": seconds, "measured_at": time.time(),
+        }
         with contextlib.suppress(StorageError):  # a read-only cache only costs re-measuring next time
             atomic_write_json(path, measured)
+    assert measured is not None
     return CPUInfo(
         model=model, physical_cores=int(physical), logical_cores=int(logical),
         ram_total=int(vm.total), ram_available=int(vm.available),
         bandwidth=float(bandwidth_override or measured["bandwidth"]),
         peak_flops=float(measured["peak_flops"]),
         bandwidth_source="override" if bandwidth_override else "measured",
-        probe_seconds=seconds, cached=cached,
+        probe_seconds=seconds, cached=seconds == 0.0,
     )
 
 
@@ -645,16 +674,9 @@ def probe_backend() -> BackendInfo:
     )
 
 
-def specdeck_command(*args: str) -> list[str]:
-    """This program run again with a subcommand: `python -m app ...`, or the frozen executable itself."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, *args]
-    return [sys.executable, "-m", "app", *args]
-
-
 def doctor_command(*args: str) -> list[str]:
-    """`specdeck doctor ...` as a child process. Not through `-m app`: doctor must work even when another
-    subcommand's module is broken."""
+    """`specdeck doctor ...` as a child process: the frozen executable itself, or `python -m app.doctor`
+    (not `-m app`, so doctor works even when another subcommand's module is broken)."""
     if getattr(sys, "frozen", False):
         return [sys.executable, "doctor", *args]
     return [sys.executable, "-m", "app.doctor", *args]

@@ -126,11 +126,18 @@ class DepthController:
     history: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.ngram = PositionAcceptance(self.k_max, prior=0.6)
+        # N-gram acceptance is tracked per match length: a long exact match is a copy in progress.
+        self.ngram_buckets = [PositionAcceptance(self.k_max, prior=p) for p in (0.3, 0.5, 0.7, 0.85)]
+        self.ngram = self.ngram_buckets[0]
         self.model = PositionAcceptance(self.k_max, prior=0.6)
 
-    def choose(self, ngram_available: int, has_model: bool) -> int:
+    @staticmethod
+    def bucket(match_len: int) -> int:
+        return 0 if match_len < 3 else 1 if match_len < 6 else 2 if match_len < 16 else 3
+
+    def choose(self, ngram_available: int, has_model: bool, match_len: int = 0) -> int:
         """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists."""
+        self.ngram = self.ngram_buckets[self.bucket(match_len)]
         if self.fixed is not None:
             k = min(self.fixed, self.k_max) if has_model else min(self.fixed, ngram_available)
             self.history.append(k)
@@ -160,9 +167,10 @@ class DepthController:
         self.history.append(best_k)
         return best_k
 
-    def observe(self, sources: Sequence[str], accepted: Sequence[bool]) -> None:
+    def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0) -> None:
         from app.events import FROM_NGRAM
 
+        self.ngram = self.ngram_buckets[self.bucket(match_len)]
         ng = [ok for s, ok in zip(sources, accepted, strict=False) if s == FROM_NGRAM]
         md = [ok for s, ok in zip(sources, accepted, strict=False) if s != FROM_NGRAM]
         if ng:

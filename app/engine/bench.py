@@ -199,7 +199,7 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         rows.append(row)
         print(f"{index:>2} {len(spec.tokens):>6} {spec.decode_tps:>8.1f} "
               f"{(base.decode_tps if base else 0):>8.1f} {row.get('speedup', 0):>7.2f} "
-              f"{row['acceptance']:>6.2f} {row['tokens_per_pass']:>5.2f} {str(row.get('identical', '-')):>5}",
+              f"{row['acceptance']:>6.2f} {row['tokens_per_pass']:>5.2f} {row.get('identical', '-')!s:>5}",
               file=out)
     total: dict[str, Any] = _aggregate(spec_runs)
     if base_runs:
@@ -219,7 +219,9 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         "seed": sampling.seed,
         "max_tokens": sampling.max_tokens,
         "backend": loaded.backend,
-        "verify_cost_ms": {str(w): round(t * 1000, 3) for w, t in sorted(session.decoder.controller.cost.widths.items())},
+        "verify_cost_ms": {
+            str(w): round(t * 1000, 3) for w, t in sorted(session.decoder.controller.cost.widths.items())
+        },
         "prompts": rows,
         "total": total,
         "ceiling": ceiling_for(session),
@@ -236,7 +238,8 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
                          "ratio": round(eng / raw, 3) if raw else 0.0}
         print(f"plain decode through the engine: {eng:.1f} tok/s; bare llama_decode loop: {raw:.1f} tok/s; "
               f"ratio {eng / raw if raw else 0:.3f}", file=out)
-    summary = f"total: {total['tok_s']:.1f} tok/s, acceptance {total['acceptance']:.2f}, τ {total['tokens_per_pass']:.2f}"
+    summary = (f"total: {total['tok_s']:.1f} tok/s, acceptance {total['acceptance']:.2f}, "
+               f"τ {total['tokens_per_pass']:.2f}")
     if base_runs:
         summary += f", baseline {total['baseline']['tok_s']:.1f} tok/s, speedup {total['speedup']:.2f}x, " \
                    f"identical {total['identical']}"

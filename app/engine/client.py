@@ -128,12 +128,14 @@ class EngineClient:
 
     def load(self, settings: LoadSettings) -> None:
         settings.validate()
+        self.start()  # before the state is set: starting a worker resets it to "idle"
         self.state = "load"
         self._send(Load(settings))
 
     def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> int:
         sampling.validate()
         request_id = next(self._ids)
+        self.start()
         self.state = "generate"
         self._send(Generate(request_id, tuple(messages), sampling))
         return request_id

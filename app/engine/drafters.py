@@ -28,6 +28,7 @@ class Draft:
     sources: list[str] = field(default_factory=list)
     model_seconds: float = 0.0
     model_steps: int = 0
+    match_len: int = 0  # n-gram drafts: how many tokens before the draft matched the source
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -41,37 +42,52 @@ class Draft:
 
 
 class NGramDrafter:
-    """An incremental map from each n-token key to where its latest continuation starts."""
+    """Maps from the last m tokens (m = n down to 1) to where their latest continuation starts.
 
-    def __init__(self, n: int = 3) -> None:
+    The longest key that matches wins; the draft also reports how far the match reaches back
+    (``match_len``), since a long exact match means a copy in progress, where drafts are reliable.
+    """
+
+    MATCH_CAP = 64
+
+    def __init__(self, n: int = 3, min_n: int = 1) -> None:
         self.n = n
-        self._map: dict[tuple[int, ...], int] = {}
+        self.min_n = max(1, min(min_n, n))
+        self._maps: dict[int, dict[tuple[int, ...], int]] = {m: {} for m in range(self.min_n, n + 1)}
         self._tokens: list[int] = []
 
     def reset(self) -> None:
-        self._map.clear()
+        for table in self._maps.values():
+            table.clear()
         self._tokens = []
 
     def observe(self, tokens: Sequence[int]) -> None:
-        """Bring the map up to date with ``tokens`` (the whole sequence so far; a rewrite resets it)."""
+        """Bring the maps up to date with ``tokens`` (the whole sequence so far; a rewrite resets them)."""
         known = self._tokens
         if len(tokens) < len(known) or list(tokens[: len(known)]) != known:
             self.reset()
             known = self._tokens
-        n = self.n
-        for i in range(max(len(known), n), len(tokens)):
-            self._map[tuple(tokens[i - n : i])] = i
-        self._tokens = list(tokens)
+        seq = list(tokens)
+        for m, table in self._maps.items():
+            for i in range(max(len(known), m), len(seq)):
+                table[tuple(seq[i - m : i])] = i
+        self._tokens = seq
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         self.observe(tokens)
-        if k <= 0 or len(tokens) < self.n:
+        seq = self._tokens
+        if k <= 0:
             return Draft()
-        start = self._map.get(tuple(tokens[-self.n :]))
-        if start is None:
-            return Draft()
-        cont = self._tokens[start : start + k]
-        return Draft(tokens=list(cont), q=[None] * len(cont), sources=[FROM_NGRAM] * len(cont))
+        for m in range(min(self.n, len(seq)), self.min_n - 1, -1):
+            start = self._maps[m].get(tuple(seq[-m:]))
+            if start is None or start >= len(seq):
+                continue
+            cont = seq[start : start + k]
+            reach = m
+            while reach < self.MATCH_CAP and start - reach - 1 >= 0 and seq[start - reach - 1] == seq[-reach - 1]:
+                reach += 1
+            return Draft(tokens=list(cont), q=[None] * len(cont), sources=[FROM_NGRAM] * len(cont), match_len=reach)
+        return Draft()
 
 
 class ModelDrafter:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
 import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +37,7 @@ _LOG_DEBUG, _LOG_CONT = 1, 5
 _last_level = [0]
 
 
-@lc.llama_log_callback  # type: ignore[misc]
+@lc.llama_log_callback  # type: ignore[untyped-decorator]
 def _on_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Debug output (per-tensor graph details) drowns the lines that explain a failure.
     if level != _LOG_CONT:

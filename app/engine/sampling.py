@@ -44,7 +44,9 @@ def point_mass(token: int) -> Dist:
     return Dist(np.array([token], dtype=np.int64), np.array([1.0]))
 
 
-def apply_penalty(row: npt.NDArray[np.float32], recent: npt.NDArray[np.int64], penalty: float) -> npt.NDArray[np.float32]:
+def apply_penalty(
+    row: npt.NDArray[np.float32], recent: npt.NDArray[np.int64], penalty: float
+) -> npt.NDArray[np.float32]:
     """llama.cpp's repetition penalty on a copy: positive logits divided, negative multiplied."""
     out = np.array(row, dtype=np.float32, copy=True)
     ids = np.unique(recent)

@@ -6,6 +6,7 @@ against the target as llama.cpp does, and measures what a target pass of each wi
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from app.engine.chat import builtin_template, clean_messages, render_chat
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, backend_name, init_backend, kv_bytes_per_token
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
-from app.errors import EngineLoadError, IncompatibleDrafterError, ModelFileError, PromptTooLongError
+from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, ModelFileError, PromptTooLongError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
 from app.gguf_reader import GGUFError, GGUFInfo, fingerprint_texts, read_gguf_info
 
@@ -66,6 +67,51 @@ def vocab_info(model: Model) -> tuple[VocabInfo, list[str]]:
         fingerprint=fingerprint_texts(texts),
     )
     return info, texts
+
+
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters around a content's index
+
+
+def split_contents(text: str, messages: Sequence[dict[str, str]],
+                   render: Callable[[list[dict[str, str]]], str]) -> list[tuple[str, bool]]:
+    """``text`` (the rendered chat) cut into template text (False) and message contents (True).
+
+    The chat is rendered again with a placeholder in place of each content, which says exactly where each
+    content sits. Searching for the contents instead would find a content such as "<|im_end|>" inside the
+    template's own text first, and then parse the user's copy as a control token. Only when the placeholder
+    rendering does not reproduce ``text`` (a template that inspects or rewrites contents) are the contents
+    searched for, in order.
+    """
+    contents = [m.get("content", "") for m in messages]
+    if not any(_MARK_OPEN in c or _MARK_CLOSE in c for c in contents):
+        marked = [{**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} for i, m in enumerate(messages)]
+        try:
+            skeleton: str | None = render(marked)
+        except AppError:
+            skeleton = None
+        if skeleton:
+            parts = re.split(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}", skeleton)
+            for strip in (False, True):
+                out: list[tuple[str, bool]] = []
+                for j, part in enumerate(parts):
+                    if j % 2:
+                        content = contents[int(part)]
+                        out.append((content.strip() if strip else content, True))
+                    elif part:
+                        out.append((part, False))
+                if "".join(piece for piece, _ in out) == text:
+                    return out
+    out = []
+    cursor = 0
+    for content in contents:
+        for candidate in (content, content.strip()):
+            at = text.find(candidate, cursor) if candidate else -1
+            if at >= 0:
+                out += [(text[cursor:at], False), (candidate, True)]
+                cursor = at + len(candidate)
+                break
+    out.append((text[cursor:], False))
+    return out
 
 
 def check_drafter(target: Model, drafter: Model) -> CompatResult:
@@ -176,29 +222,23 @@ class EngineSession:
         model = self.target
         bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
         eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
-        messages = clean_messages(messages)[0]
+        messages, clean_notes = clean_messages(messages)  # the renderer sees clean text: keep its notes
         template = model.chat_template()
         note = None
         if not template:
             template = builtin_template(model.meta("general.architecture") or "")
-            note = "The model file has no chat template; its architecture's known format was used." if template else None
+            if template:
+                note = "The model file has no chat template; its architecture's known format was used."
         rendered = render_chat(template, messages, bos_text, eos_text)
         text = rendered.text
         tokens: list[int] = []
         if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
             tokens.append(model.bos)
-        cursor = 0
-        for message in messages:
-            content = message.get("content", "")
-            for candidate in (content, content.strip()):
-                at = text.find(candidate, cursor) if candidate else -1
-                if at >= 0:
-                    tokens += model.tokenize(text[cursor:at], parse_special=True)
-                    tokens += model.tokenize(candidate, parse_special=False)
-                    cursor = at + len(candidate)
-                    break
-        tokens += model.tokenize(text[cursor:], parse_special=True)
-        return tokens, " ".join(w for w in (note, rendered.warning) if w) or None
+        for piece, is_content in split_contents(
+            text, messages, lambda msgs: render_chat(template, msgs, bos_text, eos_text).text
+        ):
+            tokens += model.tokenize(piece, parse_special=not is_content)
+        return tokens, " ".join(w for w in (note, rendered.warning, *clean_notes) if w) or None
 
     # --- generation -----------------------------------------------------------------------------
 

@@ -208,7 +208,7 @@ class SpeculativeDecoder:
             t_pass = time.perf_counter()
             # --- draft ---
             ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
-            k = controller.choose(len(ng_draft), self.drafter is not None)
+            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len)
             k = max(0, min(k, self.k_cap, room - 1, remaining - 1))
             draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
             if self.drafter is not None and len(draft) < k:
@@ -227,8 +227,11 @@ class SpeculativeDecoder:
             # --- bookkeeping ---
             if len(draft) == 0 and ng_draft.tokens:
                 # The n-gram draft was not used: still learn whether its first token was right.
-                controller.ngram.update([ng_draft.tokens[0] == emitted[0]] if greedy else [])
-            controller.observe(draft.sources, accepted)
+                if greedy:
+                    controller.ngram_buckets[controller.bucket(ng_draft.match_len)].update(
+                        [ng_draft.tokens[0] == emitted[0]]
+                    )
+            controller.observe(draft.sources, accepted, ng_draft.match_len)
             controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
             if draft.model_steps:
                 controller.cost.observe_draft(draft.model_steps, draft.model_seconds)

@@ -85,12 +85,12 @@ class Worker:
 
         self.unload()
 
-        last = {"stage": "", "fraction": -1.0}
+        last_stage, last_fraction = [""], [-1.0]
 
         def progress(stage: str, fraction: float) -> bool:
             # llama.cpp reports per tensor; a few dozen updates are plenty for a progress bar.
-            if stage != last["stage"] or fraction - float(last["fraction"]) >= 0.02 or fraction >= 1.0:
-                last.update(stage=stage, fraction=fraction)
+            if stage != last_stage[0] or fraction - last_fraction[0] >= 0.02 or fraction >= 1.0:
+                last_stage[0], last_fraction[0] = stage, fraction
                 self.send(LoadProgress(stage, fraction))
             return True
 
@@ -131,6 +131,9 @@ class Worker:
 def run_worker(conn: Connection, log_path: str) -> None:
     """Entry point of the worker process (spawned by ``EngineClient``)."""
     _redirect_stderr(log_path)
+    # On an abort GGML otherwise attaches gdb and logs a backtrace of ~100 lines, which pushes the abort
+    # message itself out of the tail that EngineCrashed reports (and takes seconds).
+    os.environ["GGML_NO_BACKTRACE"] = "1"
     from app.engine.llama import init_backend
 
     worker = Worker(conn)

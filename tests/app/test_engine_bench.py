@@ -1,0 +1,108 @@
+"""`specdeck bench` end to end, as a user runs it: a subprocess, a prompts file, a JSON report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROMPTS = [
+    {"messages": [{"role": "user", "content": "Repeat: alpha beta gamma, alpha beta gamma, alpha beta"}]},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]},
+]
+
+
+def number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@pytest.fixture(scope="module")
+def report(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[type-arg]
+    folder = tmp_path_factory.mktemp("bench")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS) + "\n")
+    out = folder / "out.json"
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--ngram", "2",
+           "--prompts", str(prompts), "--baseline", "--max-tokens", "40", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "speedup" in proc.stdout  # the human-readable summary
+    assert "identical True" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_report_header(report: dict, tiny_target: Path) -> None:  # type: ignore[type-arg]
+    assert report["version"] == 1
+    assert report["target"] == str(tiny_target)
+    assert report["drafter"] is None
+    assert report["ngram"] == 2
+    assert report["adaptive"] is True
+    assert report["temperature"] == 0.0
+    assert report["max_tokens"] == 40
+    assert isinstance(report["backend"], str)
+    assert report["verify_cost_ms"]
+    assert all(number(v) and v > 0 for v in report["verify_cost_ms"].values())
+
+
+def test_report_per_prompt(report: dict) -> None:  # type: ignore[type-arg]
+    rows = report["prompts"]
+    assert [r["index"] for r in rows] == list(range(len(PROMPTS)))
+    for row in rows:
+        assert isinstance(row["tokens"], int)
+        assert 0 < row["tokens"] <= 40
+        assert number(row["tok_s"])
+        assert row["tok_s"] > 0
+        base = row["baseline"]
+        assert number(base["tok_s"])
+        assert base["tok_s"] > 0
+        assert base["tokens"] == row["tokens"]
+        assert base["drafted"] == 0
+        assert number(row["speedup"])
+        assert row["speedup"] > 0
+        assert 0.0 <= row["acceptance"] <= 1.0
+        assert row["tokens_per_pass"] >= 1.0
+        assert row["passes"] >= 1
+        assert row["accepted"] <= row["drafted"]
+        assert isinstance(row["per_position_acceptance"], list)
+        assert all(0.0 <= a <= 1.0 for a in row["per_position_acceptance"])
+        assert isinstance(row["k_history"], list)
+        assert len(row["k_history"]) == row["passes"]
+        assert all(isinstance(k, int) and 0 <= k <= report["k_max"] for k in row["k_history"])
+        assert number(row["overhead_ms_median"])
+        assert row["overhead_ms_median"] >= 0
+        assert row["identical"] is True  # greedy: speculation changes the speed, never the text
+        assert row["agree_prefix"] == row["tokens"]
+        assert row["stop_reason"] in ("max_tokens", "eog")
+    # The repetitive prompt gave the n-gram drafter something to draft.
+    assert rows[0]["drafted"] > 0
+    assert rows[0]["per_position_acceptance"]
+
+
+def test_report_totals(report: dict) -> None:  # type: ignore[type-arg]
+    total = report["total"]
+    assert total["tokens"] == sum(r["tokens"] for r in report["prompts"])
+    assert number(total["tok_s"])
+    assert total["tok_s"] > 0
+    assert number(total["speedup"])
+    assert total["speedup"] > 0
+    assert total["baseline"]["tok_s"] > 0
+    assert total["identical"] is True
+    assert 0.0 <= total["acceptance"] <= 1.0
+    assert total["tokens_per_pass"] >= 1.0
+    assert number(total["overhead_ms_median"])
+    assert "ceiling" in report
+
+
+def test_bad_prompts_file_is_a_clear_error(tiny_target: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user"}]}\n')
+    proc = subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--prompts",
+                           str(bad), "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "bad.jsonl:1" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,175 @@
+"""The engine worker process, driven through EngineClient as the GUI drives it: cancellation within a pass,
+and a worker that dies (SIGKILL, SIGABRT, a GGML abort inside llama.cpp) reported as EngineCrashed while the
+client itself carries on and a restarted worker loads and answers again."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.client import EngineClient
+from app.events import EngineCrashed, Event, Finished, Loaded, LoadProgress, PassStats, Token
+from tests.gguf_fixtures import write_tiny_model
+
+TIMEOUT = 120.0
+
+
+@pytest.fixture(autouse=True)
+def no_core_dumps() -> Iterator[None]:
+    """Workers killed by SIGABRT must not leave core files behind (the limit is inherited by children)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[EngineClient]:
+    c = EngineClient(log_dir=tmp_path / "logs", watchdog_seconds=TIMEOUT)
+    yield c
+    c.close()
+
+
+def load_settings(path: Path, n_ctx: int = 512, **draft: object) -> LoadSettings:
+    return LoadSettings(str(path), DraftSettings(**draft), n_ctx=n_ctx, n_threads=1)  # type: ignore[arg-type]
+
+
+def until(client: EngineClient, done: Callable[[Event], bool], timeout: float = TIMEOUT) -> list[Event]:
+    """Events up to and including the first one ``done`` accepts (or an EngineCrashed)."""
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = client.poll(0.1)
+        if event is None:
+            continue
+        events.append(event)
+        if done(event) or isinstance(event, EngineCrashed):
+            return events
+    raise AssertionError(f"no matching event within {timeout:.0f} s; got {[type(e).__name__ for e in events]}")
+
+
+def load(client: EngineClient, settings: LoadSettings) -> Loaded:
+    client.load(settings)
+    event = until(client, lambda e: isinstance(e, Loaded))[-1]
+    assert isinstance(event, Loaded), event
+    return event
+
+
+def short_answer_works(client: EngineClient, path: Path) -> None:
+    load(client, load_settings(path, ngram=2))
+    client.generate([{"role": "user", "content": "hello"}], SamplingSettings(temperature=0.0, max_tokens=8))
+    finished = until(client, lambda e: isinstance(e, Finished))[-1]
+    assert isinstance(finished, Finished), finished
+    assert finished.reason in ("max_tokens", "eog")
+    assert finished.stats.completion_tokens > 0
+
+
+LONG = SamplingSettings(temperature=0.0, max_tokens=4000)
+CHAT = [{"role": "user", "content": "Count: one two three, one two three, one two"}]
+
+
+def test_cancel_takes_effect_within_a_pass(client: EngineClient, tiny_target: Path) -> None:
+    load(client, load_settings(tiny_target, n_ctx=4096, ngram=2))
+    request = client.generate(CHAT, LONG)
+    seen = until(client, lambda e: isinstance(e, PassStats) and e.context_tokens > 100)
+    assert not isinstance(seen[-1], EngineCrashed)
+    # perf_counter is the system's monotonic clock, so it compares with PassStats.t_start from the worker.
+    t_cancel = time.perf_counter()
+    client.cancel(request)
+    events = until(client, lambda e: isinstance(e, Finished))
+    finished = events[-1]
+    assert isinstance(finished, Finished), finished
+    assert finished.request_id == request
+    assert finished.reason == "cancelled"
+    assert finished.stats.completion_tokens < LONG.max_tokens
+    # The worker looks for a cancel before every pass: at most the pass already under way when the
+    # request left (plus one that started while it was in the pipe) may begin after it.
+    late = [e for e in events if isinstance(e, PassStats) and e.t_start > t_cancel]
+    assert len(late) <= 2, len(late)
+    # The worker is ready for the next request.
+    client.generate([{"role": "user", "content": "again"}], SamplingSettings(temperature=0.0, max_tokens=5))
+    again = until(client, lambda e: isinstance(e, Finished))[-1]
+    assert isinstance(again, Finished)
+    assert again.reason in ("max_tokens", "eog")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
+def test_worker_killed_during_generation(client: EngineClient, tiny_target: Path, sig: signal.Signals) -> None:
+    load(client, load_settings(tiny_target, n_ctx=4096, ngram=2))
+    client.generate(CHAT, LONG)
+    until(client, lambda e: isinstance(e, Token))
+    pid = client.pid
+    assert pid is not None
+    os.kill(pid, sig)
+    crashed = until(client, lambda e: False)[-1]
+    assert isinstance(crashed, EngineCrashed), crashed
+    assert crashed.signal_name == sig.name
+    assert crashed.exit_code == -sig
+    assert crashed.during == "generate"
+    assert sig.name in crashed.message
+    assert "restart" in crashed.message
+    assert not client.alive
+    client.restart()
+    short_answer_works(client, tiny_target)
+
+
+@pytest.mark.demo
+def test_worker_aborted_during_load(client: EngineClient, demo_models: tuple[Path, Path],
+                                    tiny_target: Path) -> None:
+    """SIGABRT at the first progress report of a real model's load (the weights are still being read)."""
+    client.load(load_settings(demo_models[0]))
+    first = until(client, lambda e: isinstance(e, LoadProgress))[-1]
+    assert isinstance(first, LoadProgress), first
+    pid = client.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGABRT)
+    crashed = until(client, lambda e: False)[-1]
+    assert isinstance(crashed, EngineCrashed), crashed
+    assert crashed.signal_name == "SIGABRT"
+    assert crashed.during == "load"
+    assert client.crashes_on_load == 1
+    client.restart()
+    short_answer_works(client, tiny_target)
+    assert client.crashes_on_load == 0
+
+
+def write_f64_model(path: Path) -> Path:
+    """The tiny model with its token embeddings stored as F64: llama.cpp loads it, then GGML_ABORTs in get_rows
+    at the first decode (RESEARCH.md). The writer stores whatever dtype it is given."""
+    import gguf
+
+    original = gguf.GGUFWriter.add_tensor
+
+    def add_tensor(self: gguf.GGUFWriter, name: str, tensor: np.ndarray, *args: object, **kwargs: object) -> None:
+        if name == "token_embd.weight":
+            tensor = tensor.astype(np.float64)
+        original(self, name, tensor, *args, **kwargs)  # type: ignore[arg-type]
+
+    gguf.GGUFWriter.add_tensor = add_tensor  # type: ignore[method-assign]
+    try:
+        return write_tiny_model(path, name="tiny-f64")
+    finally:
+        gguf.GGUFWriter.add_tensor = original  # type: ignore[method-assign]
+
+
+def test_model_that_aborts_llama_cpp(client: EngineClient, tmp_path: Path, tiny_target: Path) -> None:
+    bad = write_f64_model(tmp_path / "tiny-f64.gguf")
+    client.load(load_settings(bad))
+    # Loading measures a few target passes, so the first decode, and the abort, already happen while loading.
+    crashed = until(client, lambda e: isinstance(e, Loaded | Finished))[-1]
+    assert isinstance(crashed, EngineCrashed), crashed
+    assert crashed.signal_name == "SIGABRT"
+    assert crashed.during == "load"
+    tail = "\n".join(crashed.last_log_lines)
+    assert "fatal error" in tail or "GGML_ASSERT" in tail or "GGML_ABORT" in tail, tail
+    # The client (the GUI's side) is untouched: a restarted worker loads a good model and answers.
+    client.restart()
+    short_answer_works(client, tiny_target)
