@@ -71,14 +71,19 @@ def merge_tokens(first: Token, second: Token) -> Token:
 
 
 def coalesce(events: list[Any]) -> list[Any]:
-    """Consecutive tokens of the same request merged; everything else kept in order."""
+    """Tokens of one request merged into one, across the PassStats between them (those keep their order);
+    any other event (Finished, errors, ...) closes the run, so nothing moves past it."""
     out: list[Any] = []
+    open_token: int | None = None  # index in out of the Token that later tokens merge into
     for event in events:
-        last = out[-1] if out else None
-        if isinstance(event, Token) and isinstance(last, Token) and last.request_id == event.request_id:
-            out[-1] = merge_tokens(last, event)
-        else:
-            out.append(event)
+        if isinstance(event, Token):
+            if open_token is not None and out[open_token].request_id == event.request_id:
+                out[open_token] = merge_tokens(out[open_token], event)
+                continue
+            open_token = len(out)
+        elif not isinstance(event, PassStats):
+            open_token = None
+        out.append(event)
     return out
 
 

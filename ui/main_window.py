@@ -6,9 +6,7 @@ Window layout lives in QSettings (``window.ini`` in the config folder); user set
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
-from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
@@ -416,7 +414,3 @@ class MainWindow(QMainWindow):
                           QMessageBox.StandardButton.Ok, self)
         box.setTextFormat(Qt.TextFormat.PlainText)
         box.open()
-
-
-def models_folder_hint() -> str:
-    return os.fspath(Path.home())

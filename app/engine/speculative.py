@@ -225,12 +225,11 @@ class SpeculativeDecoder:
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
             # --- bookkeeping ---
-            if len(draft) == 0 and ng_draft.tokens:
+            if len(draft) == 0 and ng_draft.tokens and greedy:
                 # The n-gram draft was not used: still learn whether its first token was right.
-                if greedy:
-                    controller.ngram_buckets[controller.bucket(ng_draft.match_len)].update(
-                        [ng_draft.tokens[0] == emitted[0]]
-                    )
+                controller.ngram_buckets[controller.bucket(ng_draft.match_len)].update(
+                    [ng_draft.tokens[0] == emitted[0]]
+                )
             controller.observe(draft.sources, accepted, ng_draft.match_len)
             controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
             if draft.model_steps:

@@ -32,6 +32,11 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     # Tokens stream into the view before the answer is finished; the stats line follows.
     tokens: list[str] = []
     window.bridge.token_received.connect(lambda e: tokens.append(e.text))
+    dashboard_calls: list[str] = []
+    for name in ("on_pass", "on_finished"):
+        original = getattr(window.dashboard, name)
+        setattr(window.dashboard, name,
+                lambda event, n=name, f=original: (dashboard_calls.append(n), f(event)))
     chat.input.setPlainText("Name three colours.")
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
         chat.send_button.click()
@@ -42,16 +47,27 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
         assert [m.role for m in stored] == ["user", "assistant"]
         assert stored[0].text == "Name three colours."
     event: Finished = finished.args[0]
-    assert tokens and "".join(tokens) == event.text
+    assert tokens
+    assert "".join(tokens) == event.text
     assert not chat.generating
+    assert "on_pass" in dashboard_calls
+    assert dashboard_calls[-1] == "on_finished"
     answer = chat.messages[-1]
-    assert answer.role == "assistant" and answer.text == event.text and answer.status == "complete"
+    assert answer.role == "assistant"
+    assert answer.text == event.text
+    assert answer.status == "complete"
     words = [w for w in answer.text.replace("*", " ").split() if w.isalpha()]
-    assert words and all(w in chat.view.toPlainText() for w in words[:5])  # rendered as Markdown
+    assert words
+    assert all(w in chat.view.toPlainText() for w in words[:5])
     lines = chat.view.stats_lines()
-    assert len(lines) == 1 and "TTFT" in lines[0] and "decode" in lines[0] and "vs plain" in lines[0]
+    assert len(lines) == 1
+    assert "TTFT" in lines[0]
+    assert "decode" in lines[0]
+    assert "vs plain" in lines[0]
     saved = window.store.messages(chat.chat_id)[-1]
-    assert saved.status == "complete" and saved.text == event.text and saved.stats is not None
+    assert saved.status == "complete"
+    assert saved.text == event.text
+    assert saved.stats is not None
 
     # Stop ends a long generation early.
     _set_sampling(window, max_tokens=600)
@@ -87,7 +103,9 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     # New chat, then the history list reopens the first one.
     first_chat = chat.chat_id
     chat.new_chat_button.click()
-    assert chat.chat_id is None and chat.messages == [] and chat.view.toPlainText() == ""
+    assert chat.chat_id is None
+    assert chat.messages == []
+    assert chat.view.toPlainText() == ""
     chat.input.setPlainText("Hello again.")
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
         assert chat.send()
