@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app import __version__
 
@@ -27,7 +27,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "Without a subcommand it opens the window.",
     )
     parser.add_argument("--version", action="version", version=f"SpecDeck {__version__}")
-    parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -36,19 +35,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, open_window: Callable[[], int] | None = None) -> int:
+    """Run a subcommand; without one, ``open_window`` (the GUI layer passes it in: app never imports ui)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["--engine-worker"]:
-        from app.engine.worker import worker_main
-
-        return worker_main(args_list[1:])
     command = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else None)
     args = parser.parse_args(args_list)
     if args.command is None:
-        from ui.main import run_app
-
-        return run_app()
+        if open_window is None:
+            parser.print_help()
+            return 0
+        return open_window()
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     code: int = module.run(args)
     return code

@@ -8,7 +8,7 @@ multiprocessing.freeze_support()
 
 import sys  # noqa: E402
 
-from app.cli import main  # noqa: E402
+from ui.launch import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

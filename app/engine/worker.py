@@ -140,9 +140,3 @@ def run_worker(conn: Connection, log_path: str) -> None:
     init_backend(worker.log)
     worker.send(Log("engine worker ready"))
     worker.serve()
-
-
-def worker_main(argv: list[str]) -> int:
-    """`specdeck --engine-worker` is reserved for frozen builds; the client uses multiprocessing."""
-    print("The engine worker is started by SpecDeck itself.", file=sys.stderr)
-    return 2
