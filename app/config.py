@@ -66,7 +66,7 @@ class DraftSettings:
     ngram: int = 0  # key length of the n-gram drafter; 0 = off
     adaptive: bool = True
     k: int = 4  # fixed depth when not adaptive
-    k_max: int = 8
+    k_max: int = 16
     p_min: float = 0.1  # a model drafter stops when its own top probability falls below this
 
     def validate(self) -> DraftSettings:

@@ -30,6 +30,11 @@ class PositionAcceptance:
         self.rates = [self.prior] * self.k_max
         self.seen = [0] * self.k_max
 
+    def update_at(self, position: int, ok: bool) -> None:
+        if position < self.k_max:
+            self.rates[position] = DECAY * self.rates[position] + (1 - DECAY) * (1.0 if ok else 0.0)
+            self.seen[position] += 1
+
     def update(self, accepted: Sequence[bool]) -> None:
         """``accepted`` holds one flag per drafted position up to and including the first rejection."""
         for i, ok in enumerate(accepted[: self.k_max]):
@@ -72,13 +77,12 @@ class CostModel:
             self._draft.append(seconds / steps)
 
     def _fit(self) -> dict[int, float]:
-        """Median per width, made non-decreasing in width and never above width × one-token cost."""
-        table: dict[int, float] = {}
-        floor = 0.0
-        for width in sorted(self._samples):
-            t = max(statistics.median(self._samples[width]), floor)
-            table[width] = t
-            floor = t
+        """Median per width, never above width × the one-token cost.
+
+        Not forced to rise with width: quantized CPU kernels work in row groups (llama.cpp's repacked
+        Q4_K handles 4 at a time), so a pass of 8 tokens can cost less than one of 7.
+        """
+        table = {width: statistics.median(samples) for width, samples in self._samples.items()}
         one = table.get(1)
         if one is not None:
             table = {w: min(t, w * one) for w, t in table.items()}
@@ -135,8 +139,12 @@ class DepthController:
     def bucket(match_len: int) -> int:
         return 0 if match_len < 3 else 1 if match_len < 6 else 2 if match_len < 16 else 3
 
-    def choose(self, ngram_available: int, has_model: bool, match_len: int = 0) -> int:
-        """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists."""
+    def choose(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True) -> int:
+        """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists.
+
+        ``probe`` allows an occasional shallow draft at k = 0, to notice when drafts start to hit again;
+        not needed where every proposal is scored anyway (greedy n-gram drafting).
+        """
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         if self.fixed is not None:
             k = min(self.fixed, self.k_max) if has_model else min(self.fixed, ngram_available)
@@ -159,7 +167,7 @@ class DepthController:
                 best_k, best = k, rate
         if best_k == 0:
             self._idle += 1
-            if self._idle >= PROBE_EVERY:  # a cheap probe keeps the estimates honest
+            if probe and self._idle >= PROBE_EVERY:  # a cheap probe keeps the estimates honest
                 self._idle = 0
                 best_k = min(2, limit)
         else:
@@ -167,13 +175,14 @@ class DepthController:
         self.history.append(best_k)
         return best_k
 
-    def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0) -> None:
+    def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,
+                *, ngram_scored_elsewhere: bool = False) -> None:
         from app.events import FROM_NGRAM
 
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         ng = [ok for s, ok in zip(sources, accepted, strict=False) if s == FROM_NGRAM]
         md = [ok for s, ok in zip(sources, accepted, strict=False) if s != FROM_NGRAM]
-        if ng:
+        if ng and not ngram_scored_elsewhere:
             self.ngram.update(ng)
         if md and (not ng or all(ng)):
             self.model.update(md)

@@ -271,7 +271,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     depth = parser.add_mutually_exclusive_group()
     depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
     depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
-    parser.add_argument("--k-max", type=int, default=8, help="largest depth the adaptive policy may choose")
+    parser.add_argument("--k-max", type=int, default=16, help="largest depth the adaptive policy may choose")
     parser.add_argument("--prompts", required=True, type=Path, help='JSONL, one {"messages": [...]} per line')
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)

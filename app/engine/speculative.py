@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from app.config import SamplingSettings
 from app.engine import sampling
-from app.engine.adaptive import DepthController
+from app.engine.adaptive import DepthController, PositionAcceptance
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, Detokenizer, Model
 from app.errors import PromptTooLongError
@@ -77,6 +77,25 @@ class RunTotals:
 
 
 @dataclass
+class _Shadow:
+    """An n-gram proposal, compared token by token with what the target emits from there on."""
+
+    rates: PositionAcceptance
+    tokens: list[int]
+    scored: int = 0
+
+    def score(self, emitted: Sequence[int]) -> bool:
+        """Score the next emitted tokens; True once the outcome is known (first miss or proposal's end)."""
+        for tok in emitted:
+            ok = self.tokens[self.scored] == tok
+            self.rates.update_at(self.scored, ok)
+            self.scored += 1
+            if not ok or self.scored == len(self.tokens):
+                return True
+        return False
+
+
+@dataclass
 class StopReason:
     reason: str = ""
 
@@ -118,7 +137,8 @@ class SpeculativeDecoder:
         """Time target passes of several widths once, so the first choices of k are already informed."""
         ctx = self.ctx
         ctx.clear()
-        probe = [self.target.bos if self.target.bos >= 0 else 0] * 16
+        widths = list(widths)
+        probe = [self.target.bos if self.target.bos >= 0 else 0] * max([*widths, 8])
         ctx.decode(probe[:8])
         for _ in range(repeats):
             for w in widths:
@@ -193,6 +213,7 @@ class SpeculativeDecoder:
             self.ngram.observe(tokens)
 
         produced = 0
+        shadow: _Shadow | None = None
         while True:
             if cancelled is not None and cancelled():
                 stop.reason = "cancelled"
@@ -208,7 +229,8 @@ class SpeculativeDecoder:
             t_pass = time.perf_counter()
             # --- draft ---
             ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
-            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len)
+            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len,
+                                  probe=self.drafter is not None or not greedy)
             k = max(0, min(k, self.k_cap, room - 1, remaining - 1))
             draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
             if self.drafter is not None and len(draft) < k:
@@ -225,12 +247,16 @@ class SpeculativeDecoder:
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
             # --- bookkeeping ---
-            if len(draft) == 0 and ng_draft.tokens and greedy:
-                # The n-gram draft was not used: still learn whether its first token was right.
-                controller.ngram_buckets[controller.bucket(ng_draft.match_len)].update(
-                    [ng_draft.tokens[0] == emitted[0]]
-                )
-            controller.observe(draft.sources, accepted, ng_draft.match_len)
+            if greedy:
+                # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
+                # is scored against what the target emits: acceptance at every depth stays measured,
+                # also while the policy drafts little or nothing.
+                if shadow is None and ng_draft.tokens:
+                    shadow = _Shadow(controller.ngram_buckets[controller.bucket(ng_draft.match_len)],
+                                     ng_draft.tokens)
+                if shadow is not None and shadow.score(emitted):
+                    shadow = None
+            controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy)
             controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
             if draft.model_steps:
                 controller.cost.observe_draft(draft.model_steps, draft.model_seconds)
