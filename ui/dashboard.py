@@ -282,7 +282,8 @@ class DashboardPanel(QWidget):
         self.l_spec = self._hline(self.p_tps, RED, solid, "ceiling, 1 token/pass (spec): {value:.0f}")
         self.l_measured = self._hline(self.p_tps, ORANGE, dash,
                                       "ceiling, 1 token/pass (measured): {value:.0f}")
-        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}")
+        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}",
+                                      at=0.55)
         self.y_tps = _YRange(self.p_tps, 10.0)
 
         # Acceptance over time and per draft position.
@@ -329,9 +330,11 @@ class DashboardPanel(QWidget):
             g.ci.layout.setRowStretchFactor(r, 2)
         g.ci.layout.setRowStretchFactor(3, 1)
 
-    def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str) -> pg.InfiniteLine:
+    def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
+               at: float = 0.02) -> pg.InfiniteLine:
+        # Labels sit at different points along the plot, so lines at similar heights stay readable.
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(color, width=1.5, style=style),
-                               label=fmt, labelOpts={"position": 0.02, "color": color,
+                               label=fmt, labelOpts={"position": at, "color": color,
                                                      "anchors": [(0, 1), (0, 1)]})
         line.setVisible(False)
         p.addItem(line)

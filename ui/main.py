@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.paths import APP_NAME
 
 
 def run_app(argv: list[str] | None = None) -> int:
+    from ui.autopilot import start_if_requested
     from ui.main_window import MainWindow
     from ui.notifier import Notifier
 
@@ -23,6 +26,10 @@ def run_app(argv: list[str] | None = None) -> int:
     notifier.install_hooks()
     window = MainWindow(notifier=notifier)
     window.show()
+    start_if_requested(window)  # the window owns it
+    quit_after = os.environ.get("SPECDECK_QUIT_AFTER_MS")
+    if quit_after and quit_after.isdigit():  # smoke tests: show the window, then close it cleanly
+        QTimer.singleShot(int(quit_after), window.close)
     try:
         return int(qt_app.exec())
     finally:

@@ -267,7 +267,8 @@ class MainWindow(QMainWindow):
         if geometry is not None:
             self.restoreGeometry(geometry)
         else:
-            self.resize(1400, 850)
+            self.resize(1600, 940)
+            self.resizeDocks([self.models_dock, self.dashboard_dock], [330, 640], Qt.Orientation.Horizontal)
         state = qs.value("state")
         if state is not None:
             self.restoreState(state)

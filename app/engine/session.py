@@ -267,7 +267,7 @@ class EngineSession:
             if hasattr(event, "text"):
                 pieces.append(event.text)
             yield event
-        yield Finished(request_id, stop.reason or "cancelled", totals.summary(decoder.plain_tps), "".join(pieces))
+        yield Finished(request_id, stop.reason or "cancelled", totals.summary(decoder.plain_rate()), "".join(pieces))
 
     def close(self) -> None:
         self.ctx.close()

@@ -122,6 +122,11 @@ class SpeculativeDecoder:
         self.kv_bytes_per_token = 0
         self._ctx_tokens: list[int] = []
 
+    def plain_rate(self) -> float | None:
+        """Tokens per second of plain decoding here, from the recent one-token passes (or calibration)."""
+        one = self.controller.cost.widths.get(1)
+        return 1.0 / one if one else self.plain_tps
+
     def reset_cache(self) -> None:
         """Forget every cached token (target and drafters), as before a fresh, comparable run."""
         self.ctx.clear()

@@ -112,7 +112,12 @@ class Worker:
         def is_cancelled() -> bool:
             nonlocal cancelled
             while not cancelled and self.conn.poll():
-                incoming = self.conn.recv()
+                try:
+                    incoming = self.conn.recv()
+                except (EOFError, OSError):  # the app is gone: stop now, then exit
+                    self.pending.append(Shutdown())
+                    cancelled = True
+                    break
                 if isinstance(incoming, Cancel) and incoming.request_id == request.request_id:
                     cancelled = True
                 elif isinstance(incoming, Cancel):
@@ -125,7 +130,11 @@ class Worker:
 
         for event in self.session.generate(request.request_id, request.messages, request.sampling,
                                            cancelled=is_cancelled):
-            self.send(event)
+            try:
+                self.send(event)
+            except (BrokenPipeError, OSError):
+                self.pending.append(Shutdown())
+                cancelled = True
 
 
 def run_worker(conn: Connection, log_path: str) -> None:

@@ -1,0 +1,125 @@
+"""Drive the real window from a script: load a model, send prompts, save a screenshot, quit.
+
+Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
+
+    {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
+     "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
+     "report": PATH | null, "quit": true}
+
+Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
+go to stdout (``autopilot: ...``) so a parent process can follow the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Slot
+
+from app.config import DraftSettings, LoadSettings
+from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
+from ui.main_window import MainWindow
+
+ENV = "SPECDECK_AUTOPILOT"
+
+
+def say(line: str) -> None:
+    print(f"autopilot: {line}", flush=True)
+
+
+class Autopilot(QObject):
+    def __init__(self, window: MainWindow, spec: dict[str, Any]) -> None:
+        super().__init__(window)
+        self.window = window
+        self.spec = spec
+        self.prompts: list[str] = list(spec.get("prompts", []))
+        self.results: list[dict[str, Any]] = []
+        self.chars = 0
+        bridge = window.bridge
+        bridge.model_loaded.connect(self._on_bridge_model_loaded)
+        bridge.token_received.connect(self._on_bridge_token_received)
+        bridge.generation_finished.connect(self._on_bridge_generation_finished)
+        bridge.engine_error.connect(self._on_bridge_engine_error)
+        bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+        QTimer.singleShot(0, self._load)
+
+    def _load(self) -> None:
+        spec = self.spec
+        form = self.window.sampling_form
+        if "max_tokens" in spec:
+            form.set_settings(replace(form.settings(), max_tokens=int(spec["max_tokens"])))
+        settings = LoadSettings(
+            target_path=str(spec["target"]),
+            draft=DraftSettings(drafter_path=spec.get("drafter"), ngram=int(spec.get("ngram", 3))),
+            n_ctx=int(spec.get("n_ctx", 4096)),
+            n_threads=int(spec.get("threads", 0)),
+        )
+        say(f"loading {settings.target_path}")
+        self.window.bridge.load(settings)
+
+    @Slot(Loaded)
+    def _on_bridge_model_loaded(self, event: Loaded) -> None:
+        say(f"loaded {event.target.name}")
+        self._next()
+
+    def _next(self) -> None:
+        if not self.prompts:
+            self._finish()
+            return
+        self.chars = 0
+        prompt = self.prompts.pop(0)
+        say(f"sending {len(prompt)} chars")
+        self.window.chat.send(prompt)
+
+    @Slot(Token)
+    def _on_bridge_token_received(self, event: Token) -> None:
+        self.chars += len(event.text)
+        say(f"streamed {self.chars} chars at {time.time():.3f}")
+
+    @Slot(Finished)
+    def _on_bridge_generation_finished(self, event: Finished) -> None:
+        s = event.stats
+        self.results.append({"reason": event.reason, "tokens": s.completion_tokens, "decode_tps": s.decode_tps,
+                             "acceptance": s.acceptance, "tokens_per_pass": s.tokens_per_pass})
+        say(f"finished {event.reason}: {s.completion_tokens} tokens, {s.decode_tps:.1f} tok/s")
+        QTimer.singleShot(300, self._next)  # let the last paint land before the next prompt or the screenshot
+
+    @Slot(EngineError)
+    def _on_bridge_engine_error(self, event: EngineError) -> None:
+        say(f"error: {event.message}")
+
+    @Slot(EngineCrashed)
+    def _on_bridge_engine_crashed(self, event: EngineCrashed) -> None:
+        say(f"engine crashed: {event.message}")
+
+    def _finish(self) -> None:
+        shot = self.spec.get("screenshot")
+        if shot:
+            self.window.grab().save(str(shot))
+            say(f"screenshot {shot}")
+        report = self.spec.get("report")
+        if report:
+            with open(report, "w", encoding="utf-8") as fh:
+                json.dump(self.results, fh, indent=2)
+        if self.spec.get("quit", True):
+            say("quitting")
+            self.window.close()
+
+
+def start_if_requested(window: MainWindow) -> Autopilot | None:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    try:
+        spec = json.loads(raw)
+        if not isinstance(spec, dict) or "target" not in spec:
+            raise ValueError("it needs an object with a target")
+    except ValueError as exc:
+        print(f"{ENV} is not usable: {exc}", file=sys.stderr)
+        return None
+    return Autopilot(window, spec)
