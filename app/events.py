@@ -82,6 +82,7 @@ class Loaded:
     kv_bytes_per_token: int  # target + drafter
     kv_bytes_total: int  # allocated for n_ctx
     load_seconds: float
+    plain_tps: float = 0.0  # one-token passes per second measured at load: the delivered 1-token ceiling
 
 
 @dataclass(frozen=True)

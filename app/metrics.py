@@ -417,7 +417,10 @@ class LiveMetrics:
         return self.ceiling.spec_at(self._context) if self.ceiling is not None else None
 
     def measured_ceiling(self) -> float | None:
-        """The calibrated ceiling, else the live rate of plain (width-1) verify passes."""
+        """The plain decode rate the engine measured at load, else a calibrated ceiling, else the live rate
+        of plain (width-1) verify passes."""
+        if self.loaded is not None and self.loaded.plain_tps > 0:
+            return self.loaded.plain_tps
         if self.ceiling is not None:
             m = self.ceiling.measured_at(self._context)
             if m is not None:

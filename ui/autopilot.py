@@ -4,7 +4,7 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
 
     {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
      "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
-     "report": PATH | null, "quit": true}
+     "report": PATH | null, "quit": true, "hide_dashboard": false}
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -17,11 +17,11 @@ import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Slot
 
-from app.config import DraftSettings, LoadSettings
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
 
@@ -40,27 +40,49 @@ class Autopilot(QObject):
         self.prompts: list[str] = list(spec.get("prompts", []))
         self.results: list[dict[str, Any]] = []
         self.chars = 0
+        self._cpu0, self._wall0 = 0.0, 0.0
         bridge = window.bridge
         bridge.model_loaded.connect(self._on_bridge_model_loaded)
         bridge.token_received.connect(self._on_bridge_token_received)
         bridge.generation_finished.connect(self._on_bridge_generation_finished)
         bridge.engine_error.connect(self._on_bridge_engine_error)
         bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+        if spec.get("hide_dashboard"):
+            window.dashboard_dock.hide()
         QTimer.singleShot(0, self._load)
 
     def _load(self) -> None:
+        """Pick the model in the picker and press Load, as a user would (once the library scan is in)."""
+        picker = self.window.picker
+        if not picker.entries:
+            picker.library_changed.connect(self._on_picker_library_changed)
+            return
         spec = self.spec
         form = self.window.sampling_form
         if "max_tokens" in spec:
             form.set_settings(replace(form.settings(), max_tokens=int(spec["max_tokens"])))
-        settings = LoadSettings(
-            target_path=str(spec["target"]),
-            draft=DraftSettings(drafter_path=spec.get("drafter"), ngram=int(spec.get("ngram", 3))),
-            n_ctx=int(spec.get("n_ctx", 4096)),
-            n_threads=int(spec.get("threads", 0)),
-        )
-        say(f"loading {settings.target_path}")
-        self.window.bridge.load(settings)
+        target = str(spec["target"])
+        if not picker.select_target(target):
+            say(f"{target} is not in the library; adding its folder")
+            picker.add_folder(str(Path(target).parent))
+            return
+        if spec.get("drafter"):
+            picker.select_drafter(str(spec["drafter"]))
+        ngram = int(spec.get("ngram", 3))
+        picker.ngram_check.setChecked(ngram > 0)
+        if ngram > 0:
+            picker.ngram_spin.setValue(ngram)
+        picker.threads_spin.setValue(int(spec.get("threads", 0)))
+        picker.ctx_spin.setValue(int(spec.get("n_ctx", 4096)))
+        say(f"loading {target}")
+        if not picker.request_load():
+            say(f"load refused: {picker.status_label.text()}")
+            self.window.close()
+
+    @Slot(list)
+    def _on_picker_library_changed(self, _entries: list[object]) -> None:
+        self.window.picker.library_changed.disconnect(self._on_picker_library_changed)
+        QTimer.singleShot(0, self._load)
 
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
@@ -72,6 +94,7 @@ class Autopilot(QObject):
             self._finish()
             return
         self.chars = 0
+        self._cpu0, self._wall0 = time.process_time(), time.monotonic()
         prompt = self.prompts.pop(0)
         say(f"sending {len(prompt)} chars")
         self.window.chat.send(prompt)
@@ -84,9 +107,13 @@ class Autopilot(QObject):
     @Slot(Finished)
     def _on_bridge_generation_finished(self, event: Finished) -> None:
         s = event.stats
+        # CPU the window's own process used while answering: what the GUI takes from the engine.
+        gui_cpu = (time.process_time() - self._cpu0) / max(time.monotonic() - self._wall0, 1e-9)
         self.results.append({"reason": event.reason, "tokens": s.completion_tokens, "decode_tps": s.decode_tps,
-                             "acceptance": s.acceptance, "tokens_per_pass": s.tokens_per_pass})
-        say(f"finished {event.reason}: {s.completion_tokens} tokens, {s.decode_tps:.1f} tok/s")
+                             "acceptance": s.acceptance, "tokens_per_pass": s.tokens_per_pass,
+                             "gui_cpu_share": gui_cpu})
+        say(f"finished {event.reason}: {s.completion_tokens} tokens, {s.decode_tps:.1f} tok/s, "
+            f"window process CPU {100 * gui_cpu:.0f} % of a core")
         QTimer.singleShot(300, self._next)  # let the last paint land before the next prompt or the screenshot
 
     @Slot(EngineError)

@@ -88,8 +88,9 @@ class _YRange:
 
     def fit(self, wanted: float) -> None:
         wanted = max(wanted, self.minimum)
-        if wanted > self.top or wanted < 0.5 * self.top:
-            self.top = wanted * 1.2
+        # Keep 10 % headroom: a line near the top would have its label cut off.
+        if wanted * 1.1 > self.top or wanted < 0.5 * self.top:
+            self.top = wanted * 1.25
             self.plot.setYRange(0.0, self.top, padding=0)
 
 

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 import app
-from app.config import LoadSettings
+from app.config import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
 from app.history import HistoryStore
@@ -186,6 +186,7 @@ class MainWindow(QMainWindow):
         scroll = QScrollArea(self)
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
+        scroll.setMinimumWidth(330)  # the picker's labels and combos need this much to be readable
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
         self.models_dock.setWidget(scroll)
@@ -313,6 +314,8 @@ class MainWindow(QMainWindow):
 
     @Slot(LoadSettings)
     def _on_picker_load_requested(self, settings: LoadSettings) -> None:
+        if settings.n_threads == 0:  # auto: leave the window a core of its own
+            settings = replace(settings, n_threads=threads_beside_window())
         try:
             self.bridge.load(settings)
         except AppError as exc:

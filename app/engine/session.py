@@ -210,6 +210,7 @@ class EngineSession:
             kv_bytes_per_token=per_token,
             kv_bytes_total=per_token * self.ctx.n_ctx,
             load_seconds=self.load_seconds,
+            plain_tps=self.decoder.plain_tps or 0.0,
         )
 
     # --- prompts --------------------------------------------------------------------------------

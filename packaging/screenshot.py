@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Start SpecDeck in a real X window (Xvfb) on a demo model, send a prompt, save a screenshot.
+
+    .venv/bin/python packaging/screenshot.py [--out resources/screenshot.png] [--model gemma|smollm2]
+
+Needs Xvfb (Debian: apt-get install xvfb). Uses a scratch SPECDECK_HOME, so your settings and chats are
+untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.demo_models import install_demo_models  # noqa: E402
+
+PROMPT = json.loads((ROOT / "resources/prompts/edit.jsonl").read_text().splitlines()[0])["messages"][0]["content"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "resources" / "screenshot.png")
+    parser.add_argument("--model", choices=("gemma", "smollm2"), default="gemma")
+    parser.add_argument("--max-tokens", type=int, default=320)
+    args = parser.parse_args()
+    xvfb = shutil.which("Xvfb")
+    if xvfb is None:
+        print("Xvfb is not installed (Debian: apt-get install xvfb).", file=sys.stderr)
+        return 1
+    smollm2, gemma = install_demo_models()
+    target = gemma if args.model == "gemma" else smollm2
+    display = ":93"
+    server = subprocess.Popen([xvfb, display, "-screen", "0", "1600x940x24", "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        with tempfile.TemporaryDirectory(prefix="specdeck-shot-") as home:
+            shot = Path(home) / "shot.png"
+            env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, SPECDECK_MODELS_DIR=str(target.parent),
+                       QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
+            env["SPECDECK_AUTOPILOT"] = json.dumps({
+                "target": str(target), "ngram": 3, "prompts": [PROMPT], "max_tokens": args.max_tokens,
+                "screenshot": str(shot),
+            })
+            done = subprocess.run([sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+            print("\n".join(line for line in done.stdout.splitlines() if "streamed" not in line))
+            if not shot.exists():
+                print(done.stderr[-3000:], file=sys.stderr)
+                return 1
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, args.out)
+            print(f"saved {args.out}")
+    finally:
+        server.terminate()
+        server.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
