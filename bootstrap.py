@@ -185,7 +185,7 @@ def test() -> int:
         sys.exit("No .venv yet: run `python3 bootstrap.py` first.")
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     steps = [
-        [str(venv_python()), "-m", "ruff", "check", "app", "ui", "tests", "packaging", "bootstrap.py"],
+        [str(venv_python()), "-m", "ruff", "check", "app", "ui", "tests", "packaging", "benchmarks", "bootstrap.py"],
         [str(venv_python()), "-m", "mypy", "app", "ui"],
         [str(venv_python()), "-m", "pytest", *sys.argv[2:]],
     ]

@@ -40,7 +40,7 @@ def main() -> int:
     smollm2, gemma = install_demo_models()
     target = gemma if args.model == "gemma" else smollm2
     display = ":93"
-    server = subprocess.Popen([xvfb, display, "-screen", "0", "1600x940x24", "-nolisten", "tcp"],
+    server = subprocess.Popen([xvfb, display, "-screen", "0", "1800x1000x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)

@@ -186,7 +186,7 @@ class MainWindow(QMainWindow):
         scroll = QScrollArea(self)
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
-        scroll.setMinimumWidth(330)  # the picker's labels and combos need this much to be readable
+        scroll.setMinimumWidth(400)  # the picker's labels and combos need this much to be readable
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
         self.models_dock.setWidget(scroll)
@@ -268,8 +268,8 @@ class MainWindow(QMainWindow):
         if geometry is not None:
             self.restoreGeometry(geometry)
         else:
-            self.resize(1600, 940)
-            self.resizeDocks([self.models_dock, self.dashboard_dock], [330, 640], Qt.Orientation.Horizontal)
+            self.resize(1800, 1000)
+            self.resizeDocks([self.models_dock, self.dashboard_dock], [400, 700], Qt.Orientation.Horizontal)
         state = qs.value("state")
         if state is not None:
             self.restoreState(state)

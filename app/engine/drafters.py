@@ -42,18 +42,21 @@ class Draft:
 
 
 class NGramDrafter:
-    """Maps from the last m tokens (m = n down to 1) to where their latest continuation starts.
+    """Maps from the last m tokens (m = n down to 1) to where their continuations start.
 
-    The longest key that matches wins; the draft also reports how far the match reaches back
-    (``match_len``), since a long exact match means a copy in progress, where drafts are reliable.
+    The longest key that matches wins; among its recent occurrences, the one whose match reaches furthest
+    back is followed (in a copy, that is the spot being copied, not the latest place a common phrase
+    appeared). The draft reports that reach (``match_len``): a long exact match means a copy in progress,
+    where drafts are reliable.
     """
 
     MATCH_CAP = 64
+    OCCURRENCES = 8  # recent occurrences kept per key
 
     def __init__(self, n: int = 3, min_n: int = 1) -> None:
         self.n = n
         self.min_n = max(1, min(min_n, n))
-        self._maps: dict[int, dict[tuple[int, ...], int]] = {m: {} for m in range(self.min_n, n + 1)}
+        self._maps: dict[int, dict[tuple[int, ...], list[int]]] = {m: {} for m in range(self.min_n, n + 1)}
         self._tokens: list[int] = []
 
     def reset(self) -> None:
@@ -70,8 +73,18 @@ class NGramDrafter:
         seq = list(tokens)
         for m, table in self._maps.items():
             for i in range(max(len(known), m), len(seq)):
-                table[tuple(seq[i - m : i])] = i
+                spots = table.setdefault(tuple(seq[i - m : i]), [])
+                spots.append(i)
+                if len(spots) > self.OCCURRENCES:
+                    del spots[0]
         self._tokens = seq
+
+    def _reach(self, start: int, m: int) -> int:
+        """How many tokens before ``start`` equal the ones before the current end (at least the key)."""
+        seq, reach = self._tokens, m
+        while reach < self.MATCH_CAP and start - reach - 1 >= 0 and seq[start - reach - 1] == seq[-reach - 1]:
+            reach += 1
+        return reach
 
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         self.observe(tokens)
@@ -79,13 +92,11 @@ class NGramDrafter:
         if k <= 0:
             return Draft()
         for m in range(min(self.n, len(seq)), self.min_n - 1, -1):
-            start = self._maps[m].get(tuple(seq[-m:]))
-            if start is None or start >= len(seq):
+            spots = self._maps[m].get(tuple(seq[-m:]))
+            if not spots:
                 continue
+            reach, start = max((self._reach(i, m), i) for i in spots)
             cont = seq[start : start + k]
-            reach = m
-            while reach < self.MATCH_CAP and start - reach - 1 >= 0 and seq[start - reach - 1] == seq[-reach - 1]:
-                reach += 1
             return Draft(tokens=list(cont), q=[None] * len(cont), sources=[FROM_NGRAM] * len(cont), match_len=reach)
         return Draft()
 

@@ -23,7 +23,7 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True)
 class Dist:
-    ids: IntArray  # sorted by probability, highest first
+    ids: IntArray  # in no particular order
     probs: FloatArray
 
     def prob(self, token: int) -> float:
@@ -37,7 +37,7 @@ class Dist:
 
     @property
     def top(self) -> int:
-        return int(self.ids[0])
+        return int(self.ids[int(np.argmax(self.probs))])
 
 
 def point_mass(token: int) -> Dist:
@@ -78,22 +78,39 @@ def distribution(
     if 0 < settings.top_k < ids.size:
         keep = np.argpartition(logits, -settings.top_k)[-settings.top_k :]
         ids, logits = ids[keep], logits[keep]
-    order = np.argsort(-logits, kind="stable")
-    ids, logits = ids[order], logits[order]
-    probs = np.exp(logits - logits[0])
+    probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     if settings.top_p < 1.0:
-        # Smallest prefix whose mass reaches top_p (at least one token).
-        n = int(np.searchsorted(np.cumsum(probs), settings.top_p, side="left")) + 1
-        ids, probs = ids[:n], probs[:n]
-        probs = probs / probs.sum()
+        ids, probs = _nucleus(ids, probs, settings.top_p)
     return Dist(ids, probs)
+
+
+def _nucleus(ids: IntArray, probs: FloatArray, top_p: float) -> tuple[IntArray, FloatArray]:
+    """Smallest set of most likely tokens whose mass reaches ``top_p`` (at least one), renormalised.
+
+    Sorts only as many candidates as it needs (a growing top slice), not the whole vocabulary.
+    """
+    n = probs.size
+    m = min(64, n)
+    while True:
+        top = np.argpartition(probs, n - m)[n - m :] if m < n else np.arange(n)
+        top = top[np.argsort(-probs[top], kind="stable")]
+        cum = np.cumsum(probs[top])
+        if cum[-1] >= top_p or m == n:
+            cut = min(int(np.searchsorted(cum, top_p, side="left")) + 1, m)
+            keep = top[:cut]
+            kept = probs[keep]
+            return ids[keep], kept / kept.sum()
+        m = min(m * 4, n)
 
 
 def residual(p: Dist, q: Dist) -> Dist:
     """norm(max(0, p − q)): where to sample from after a draft token was rejected."""
-    q_map = dict(zip(q.ids.tolist(), q.probs.tolist(), strict=True))
-    diff = np.array([max(0.0, pp - q_map.get(t, 0.0)) for t, pp in zip(p.ids.tolist(), p.probs.tolist(), strict=True)])
+    order = np.argsort(q.ids)
+    q_ids, q_probs = q.ids[order], q.probs[order]
+    at = np.minimum(np.searchsorted(q_ids, p.ids), q_ids.size - 1)
+    q_at_p = np.where(q_ids[at] == p.ids, q_probs[at], 0.0)
+    diff = np.maximum(p.probs - q_at_p, 0.0)
     total = diff.sum()
     if total <= 0.0:  # p == q: any rejection is impossible, but keep a valid answer
         return p

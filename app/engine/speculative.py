@@ -218,7 +218,7 @@ class SpeculativeDecoder:
             self.ngram.observe(tokens)
 
         produced = 0
-        shadow: _Shadow | None = None
+        shadows: list[_Shadow] = []  # n-gram proposals still being scored against the output
         while True:
             if cancelled is not None and cancelled():
                 stop.reason = "cancelled"
@@ -256,11 +256,13 @@ class SpeculativeDecoder:
                 # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
                 # is scored against what the target emits: acceptance at every depth stays measured,
                 # also while the policy drafts little or nothing.
-                if shadow is None and ng_draft.tokens:
-                    shadow = _Shadow(controller.ngram_buckets[controller.bucket(ng_draft.match_len)],
-                                     ng_draft.tokens)
-                if shadow is not None and shadow.score(emitted):
-                    shadow = None
+                # One proposal per match-length bucket at a time: consecutive proposals in a copy overlap,
+                # and scoring them all would count the same tokens many times over.
+                if ng_draft.tokens:
+                    bucket = controller.ngram_buckets[controller.bucket(ng_draft.match_len)]
+                    if all(sh.rates is not bucket for sh in shadows):
+                        shadows.append(_Shadow(bucket, ng_draft.tokens))
+                shadows = [sh for sh in shadows if not sh.score(emitted)]
             controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy)
             controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
             if draft.model_steps:

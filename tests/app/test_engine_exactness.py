@@ -189,12 +189,13 @@ def near_tie_at(model: Model, prefix: list[int], plain_tok: int, spec_tok: int) 
 
 
 @pytest.mark.demo
-# SmolLM2 with the adaptive depth (the passes it picks depend on timing; batched and single-token logits are
-# bit-identical for it here, so any divergence would be a bug). Gemma with a fixed k = 8, so the pass
+# SmolLM2 with a fixed k = 7 (its cost-aware adaptive depth may rightly decide not to draft at all on this
+# CPU, where a wide pass is expensive; batched and single-token logits are bit-identical for it here up to
+# width 8, so any divergence would be a bug). Gemma with a fixed k = 8, so the pass
 # structure is reproducible for a given drafter: with the key-3 n-gram drafter of the first engine version it
 # diverged at token 98 of 100, where the top two logits were 0.14 apart while batched and single-token
 # logits differed by up to 1.3 at that position.
-@pytest.mark.parametrize(("which", "k"), [("smollm2", None), ("gemma", 8)], ids=["smollm2-adaptive", "gemma-k8"])
+@pytest.mark.parametrize(("which", "k"), [("smollm2", 7), ("gemma", 8)], ids=["smollm2-k7", "gemma-k8"])
 def test_demo_model_ngram_greedy_agreement(demo_models: tuple[Path, Path], which: str, k: int | None,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     path = demo_models[0] if which == "smollm2" else demo_models[1]
