@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DECAY = 0.85  # weight of the old estimate per observation: recent text matters most
-PROBE_EVERY = 12  # passes at k = 0 between probes, so a return of good drafts is noticed
+PROBE_EVERY = 12  # fewest passes at k = 0 between probes, so a return of good drafts is noticed
+PROBE_BUDGET = 0.03  # most of the decoding time that probes may take (an expensive drafter probes rarely)
+PROBE_K = 2
 
 
 @dataclass
@@ -167,13 +169,19 @@ class DepthController:
                 best_k, best = k, rate
         if best_k == 0:
             self._idle += 1
-            if probe and self._idle >= PROBE_EVERY:  # a cheap probe keeps the estimates honest
+            if probe and self._idle >= self._probe_interval(ngram_available):
                 self._idle = 0
-                best_k = min(2, limit)
+                best_k = min(PROBE_K, limit)
         else:
             self._idle = 0
         self.history.append(best_k)
         return best_k
+
+    def _probe_interval(self, ngram_available: int) -> int:
+        """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
+        extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1)
+        extra += max(0, PROBE_K - ngram_available) * self.cost.draft_step
+        return max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1)
 
     def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,
                 *, ngram_scored_elsewhere: bool = False) -> None:
