@@ -739,8 +739,11 @@ def shard_siblings(path: str | Path, count: int) -> list[Path] | None:
 
 def _open(path: Path) -> tuple[BinaryIO, int]:
     name = path.name
+    # O_NONBLOCK: opening a FIFO (named pipe) for reading otherwise blocks until a writer appears, forever.
+    # It is refused below as not a regular file; on regular files the flag changes nothing.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        f = path.open("rb")
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise UnreadableError(f"{name} does not exist (or is a broken link).", str(path)) from None
     except IsADirectoryError:
@@ -748,14 +751,17 @@ def _open(path: Path) -> tuple[BinaryIO, int]:
     except OSError as exc:
         raise UnreadableError(f"{name} cannot be read: {exc.strerror or exc}.", str(path)) from None
     try:
-        st = os.fstat(f.fileno())
+        st = os.fstat(fd)
     except OSError as exc:
-        f.close()
+        os.close(fd)
         raise UnreadableError(f"{name} cannot be read: {exc.strerror or exc}.", str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        raise UnreadableError(f"{path} is a folder, not a GGUF file.", str(path))
     if not stat.S_ISREG(st.st_mode):
-        f.close()
+        os.close(fd)
         raise UnreadableError(f"{name} is not a regular file.", str(path))
-    return f, st.st_size
+    return os.fdopen(fd, "rb"), st.st_size
 
 
 def _read_header(path: Path, collect_tokens: bool) -> tuple[_Header, int]:

@@ -30,6 +30,7 @@ import app
 from app.config import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
+from app.hardware import BackendInfo, probe_backend_isolated
 from app.history import HistoryStore
 from app.library import LibraryEntry
 from app.paths import config_dir
@@ -49,25 +50,19 @@ except ImportError:  # the dashboard is optional: the window works without it
 WINDOW_STATE_FILE = "window.ini"
 
 
-def build_info() -> str:
-    """llama.cpp's build and backend description, read lazily (the GUI process never loads a model)."""
-    try:
-        from app import hardware
-
-        for name in ("build_info", "backend_info", "llama_build_info"):
-            fn = getattr(hardware, name, None)
-            if callable(fn):
-                return str(fn())
-    except ImportError:
-        pass
-    try:
-        import llama_cpp
-
-        info = llama_cpp.llama_print_system_info()
-        text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
-        return f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}\n{text.strip()}"
-    except Exception as exc:
-        return f"llama.cpp build information is not available ({exc})."
+def describe_build(info: BackendInfo) -> str:
+    """The About box's lines on the llama.cpp build: version, commit, backend, CPU features."""
+    if not info.available:
+        return f"llama.cpp build information is not available: {info.error}"
+    offload = "GPU offload" if info.gpu_offload else "no GPU offload"
+    lines = [
+        f"llama.cpp {info.llama_cpp} (ggml {info.ggml_version}, commit {info.ggml_commit})",
+        f"llama-cpp-python {info.llama_cpp_python}",
+        f"Backend: {info.backend} ({offload})",
+        f"CPU features: {' '.join(info.cpu_features) or 'none reported'}",
+    ]
+    lines += [f"Device: {d.name} {d.description}".rstrip() for d in info.devices]
+    return "\n".join(lines)
 
 
 class CrashBanner(QFrame):
@@ -157,6 +152,9 @@ class MainWindow(QMainWindow):
             self.notifier.warning(self.store.warning)
         self._connect()
         self._restore_window_state()
+        self._build_info: BackendInfo | None = None
+        self._about_box: QMessageBox | None = None
+        self._probing_build = False
         if start_engine:
             self.bridge.start()
         self.picker.rescan()
@@ -408,13 +406,30 @@ class MainWindow(QMainWindow):
     # --- about --------------------------------------------------------------------------------------
 
     def about_text(self) -> str:
-        loaded = self.bridge.loaded
-        backend = f"Engine backend: {loaded.backend}\n" if loaded is not None else ""
-        return f"SpecDeck {app.__version__}\n\n{backend}{build_info()}"
+        build = describe_build(self._build_info) if self._build_info else "Reading the llama.cpp build…"
+        return f"SpecDeck {app.__version__}\n\n{build}"
+
+    def _on_build_info_ready(self, info: BackendInfo) -> None:
+        self._build_info = info
+        if self._about_box is not None:
+            self._about_box.setText(self.about_text())
+
+    def _on_build_info_failed(self, exc: Exception) -> None:
+        self._on_build_info_ready(BackendInfo(available=False, error=str(exc)))
 
     @Slot()
     def _on_about_action_triggered(self) -> None:
+        if self._build_info is None and not self._probing_build:
+            self._probing_build = True
+            # In a child process and off the GUI thread: this process never loads llama.cpp.
+            self.tasks.run(probe_backend_isolated, self._on_build_info_ready, self._on_build_info_failed)
         box = QMessageBox(QMessageBox.Icon.Information, "About SpecDeck", self.about_text(),
                           QMessageBox.StandardButton.Ok, self)
         box.setTextFormat(Qt.TextFormat.PlainText)
+        box.finished.connect(self._on_about_box_finished)
+        self._about_box = box
         box.open()
+
+    @Slot(int)
+    def _on_about_box_finished(self, _result: int) -> None:
+        self._about_box = None
