@@ -16,6 +16,13 @@ KV_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16")
 MAX_CTX = 1 << 20
 
 
+def _show(value: float) -> str:
+    """A number as a user reads it: whole numbers in full (1048576, not 1.04858e+06), others short."""
+    if isinstance(value, int) or (math.isfinite(value) and value.is_integer() and abs(value) < 1e15):
+        return str(int(value))
+    return f"{value:g}"
+
+
 def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SettingsError(f"{name} must be a number, not {value!r}.")
@@ -24,7 +31,7 @@ def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = F
     if integer and not float(value).is_integer():
         raise SettingsError(f"{name} must be a whole number, not {value}.")
     if not lo <= value <= hi:
-        raise SettingsError(f"{name} must be between {lo:g} and {hi:g}; {value:g} is out of range.")
+        raise SettingsError(f"{name} must be between {_show(lo)} and {_show(hi)}; {_show(value)} is out of range.")
 
 
 @dataclass(frozen=True)
