@@ -11,6 +11,7 @@ from typing import Any
 
 from app.gguf_reader import GGUFError, GGUFInfo, ensure_complete, read_gguf_info
 from app.library import DrafterReport, LibraryEntry, discover, drafters_for
+from app.pair_stats import load_measured
 from app.recommend import Recommendation
 
 
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"specdeck models: {exc}", file=sys.stderr)
             return 1
     entries = discover(extra_folders=args.folder)
-    report = drafters_for(target, entries) if target is not None else None
+    report = drafters_for(target, entries, load_measured()) if target is not None else None
 
     if args.json:
         doc: dict[str, Any] = {"models": [_entry_json(e) for e in entries]}

@@ -33,6 +33,8 @@ from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgres
 from app.hardware import BackendInfo, probe_backend_isolated
 from app.history import HistoryStore
 from app.library import LibraryEntry
+from app.pair_stats import drafter_key
+from app.pair_stats import record as record_acceptance
 from app.paths import config_dir
 from app.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
@@ -376,6 +378,12 @@ class MainWindow(QMainWindow):
     def _on_bridge_generation_finished(self, event: Finished) -> None:
         if event.request_id >= 0:
             self._dashboard_call("on_finished", event)
+        loaded = self.bridge.loaded
+        drafter = drafter_key(loaded.drafter.path if loaded and loaded.drafter else None,
+                              loaded.ngram if loaded else 0)
+        if loaded is not None and drafter is not None:
+            # The next ranking of drafters for this target uses what was measured, not a default.
+            record_acceptance(loaded.target.path, drafter, event.stats)
 
     @Slot(EngineError)
     def _on_bridge_engine_error(self, event: EngineError) -> None:

@@ -29,6 +29,7 @@ from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress
 from app.gguf_reader import GGUFInfo
 from app.library import DrafterReport, LibraryEntry, discover, drafters_for
+from app.pair_stats import load_measured
 from app.recommend import Recommendation
 from app.settings import AppSettings
 from ui.tasks import TaskRunner
@@ -383,7 +384,8 @@ class ModelPicker(QWidget):
         self._rank_serial += 1
         serial = self._rank_serial
         info, entries, path = entry.info, list(self.entries), entry.path
-        self._tasks.run(lambda: drafters_for(info, entries), lambda r: self._on_rank_done(serial, path, r),
+        self._tasks.run(lambda: drafters_for(info, entries, load_measured()),
+                        lambda r: self._on_rank_done(serial, path, r),
                         self._on_task_failed)
         self._refresh()
 

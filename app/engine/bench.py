@@ -19,7 +19,9 @@ from typing import Any
 
 from app.config import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError, SettingsError
-from app.events import Finished, PassStats, Token
+from app.events import Finished, MessageStats, PassStats, Token
+from app.pair_stats import drafter_key
+from app.pair_stats import record as record_acceptance
 
 JSON_VERSION = 1
 
@@ -38,6 +40,7 @@ class RunResult:
     k_history: tuple[int, ...] = ()
     overheads: list[float] = field(default_factory=list)
     reason: str = ""
+    stats: MessageStats | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -101,6 +104,7 @@ def run_once(session: Any, prompt: Sequence[int], sampling: SamplingSettings, pl
             result.overheads.append(event.overhead_seconds)
         elif isinstance(event, Finished):
             s = event.stats
+            result.stats = s
             result.decode_seconds = s.decode_seconds
             result.passes = s.passes
             result.drafted = s.drafted
@@ -187,6 +191,8 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         base = run_once(session, prompt, sampling, plain=True) if args.baseline else None
         spec = run_once(session, prompt, sampling, plain=False)
         spec_runs.append(spec)
+        if spec.stats is not None and (key := drafter_key(draft.drafter_path, draft.ngram)) is not None:
+            record_acceptance(str(args.target), key, spec.stats)
         row: dict[str, Any] = {"index": index, "prompt_tokens": len(prompt), **spec.as_json()}
         if base is not None:
             base_runs.append(base)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from app.pair_stats import load_measured
+from app.recommend import NGRAM_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +33,24 @@ def report(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = folder / "out.json"
     cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--ngram", "2",
            "--prompts", str(prompts), "--baseline", "--max-tokens", "40", "--threads", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # A scratch SPECDECK_HOME: bench records the measured acceptance there, not in the user's data folder.
+    env = dict(os.environ, SPECDECK_HOME=str(folder / "home"))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "speedup" in proc.stdout  # the human-readable summary
     assert "identical True" in proc.stdout
     return json.loads(out.read_text())
+
+
+def test_bench_keeps_the_measured_acceptance_for_the_ranking(
+    report: dict, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory  # type: ignore[type-arg]
+) -> None:
+    homes = sorted(tmp_path_factory.getbasetemp().glob("bench*/home"))
+    assert homes
+    measured = load_measured(homes[-1] / "data" / "acceptance.json")
+    alpha = measured[(str(tiny_target), NGRAM_KEY)]
+    first = [p["per_position_acceptance"][0] for p in report["prompts"] if p["per_position_acceptance"]]
+    assert min(first) - 1e-9 <= alpha <= max(first) + 1e-9  # a drafted-weighted mean of the runs' α
 
 
 def test_report_header(report: dict, tiny_target: Path) -> None:  # type: ignore[type-arg]
