@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.pair_stats import load_measured
+from app.pair_stats import MIN_DRAFTED, load_measured
 from app.recommend import NGRAM_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,14 +42,19 @@ def report(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
-def test_bench_keeps_the_measured_acceptance_for_the_ranking(
-    report: dict, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory  # type: ignore[type-arg]
-) -> None:
-    homes = sorted(tmp_path_factory.getbasetemp().glob("bench*/home"))
-    assert homes
-    measured = load_measured(homes[-1] / "data" / "acceptance.json")
-    alpha = measured[(str(tiny_target), NGRAM_KEY)]
-    first = [p["per_position_acceptance"][0] for p in report["prompts"] if p["per_position_acceptance"]]
+def test_bench_keeps_the_measured_acceptance_for_the_ranking(tiny_target: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    out = tmp_path / "out.json"
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--ngram", "2", "--k", "4",
+           "--prompts", str(prompts), "--max-tokens", "60", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = [p for p in json.loads(out.read_text())["prompts"] if p["drafted"] >= MIN_DRAFTED]
+    assert kept  # a fixed depth drafts whenever the n-gram map has a continuation
+    alpha = load_measured(tmp_path / "home" / "data" / "acceptance.json")[(str(tiny_target), NGRAM_KEY)]
+    first = [p["per_position_acceptance"][0] for p in kept]
     assert min(first) - 1e-9 <= alpha <= max(first) + 1e-9  # a drafted-weighted mean of the runs' α
 
 
