@@ -288,7 +288,7 @@ class DashboardPanel(QWidget):
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
         self.l_spec = self._hline(self.p_tps, RED, solid, "ceiling, 1 token/pass (spec): {value:.0f}")
         self.l_measured = self._hline(self.p_tps, ORANGE, dash,
-                                      "ceiling, 1 token/pass (measured): {value:.0f}", at=0.3)
+                                      "ceiling, 1 token/pass (measured): {value:.0f}", at=0.88)
         self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}",
                                       at=0.55)
         self.y_tps = _YRange(self.p_tps, 10.0)
