@@ -288,10 +288,11 @@ class DashboardPanel(QWidget):
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
         self.l_spec = self._hline(self.p_tps, RED, solid, "ceiling, 1 token/pass (spec): {value:.0f}")
         self.l_measured = self._hline(self.p_tps, ORANGE, dash,
-                                      "ceiling, 1 token/pass (measured): {value:.0f}", at=0.88)
+                                      "ceiling, 1 token/pass (measured): {value:.0f}", at=0.42)
         self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}",
                                       at=0.55)
         self.y_tps = _YRange(self.p_tps, 10.0)
+        self._tps_title = "Decode speed"
 
         # Acceptance over time and per draft position.
         self.p_acc = plot(1, 0, "Acceptance", "accepted / drafted", "seconds")
@@ -399,13 +400,27 @@ class DashboardPanel(QWidget):
             if value is None or not np.isfinite(value):
                 line.setVisible(False)
             else:
-                # Moving the line re-renders its label: skip changes too small to see.
-                if abs(line.value() - value) > 0.005 * max(abs(value), 1e-9) or not line.isVisible():
-                    line.setValue(value)
+                # Shown first: pyqtgraph leaves a hidden line's label text as it was. Moving the line
+                # re-renders its label, so changes too small to see are skipped.
+                was_visible = line.isVisible()
                 line.setVisible(True)
-        top = max([v for v in (spec, measured, spec_tau) if v is not None] + [0.0])
+                if abs(line.value() - value) > 0.005 * max(abs(value), 1e-9) or not was_visible:
+                    line.setValue(value)
+                    line.label.valueChanged()
+        top = max([v for v in (spec, measured) if v is not None] + [0.0])
         if len(t):
             top = max(top, float(np.nanmax(s.tps_smooth)) if np.isfinite(s.tps_smooth).any() else 0.0)
+        # A speculative ceiling far above everything else would flatten the measured curve: then it is
+        # named in the title instead of drawn.
+        off_scale = spec_tau is not None and np.isfinite(spec_tau) and spec_tau > 2.5 * max(top, 1e-9)
+        if spec_tau is not None and not off_scale:
+            top = max(top, spec_tau)
+        if off_scale:
+            self.l_spec_tau.setVisible(False)
+        title = f"Decode speed (speculative ceiling {spec_tau:.0f} tok/s, off scale)" if off_scale else "Decode speed"
+        if title != self._tps_title:
+            self._tps_title = title
+            self.p_tps.setTitle(title)
         self.y_tps.fit(top)
         if spec is not None and np.isfinite(spec):
             x = self.x_time

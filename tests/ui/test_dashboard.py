@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,6 +70,19 @@ def loaded_panel(qtbot: QtBot, panel: DashboardPanel) -> DashboardPanel:
     return panel
 
 
+def test_a_constant_ceiling_line_is_labelled_with_its_value(qtbot: QtBot, panel: DashboardPanel) -> None:
+    """The measured ceiling from the engine is set once, while its line is still hidden; the label must not
+    keep the hidden line's old value."""
+    loaded = replace(make_loaded(), plain_tps=91.0)
+    panel.on_loaded(loaded)
+    qtbot.waitUntil(lambda: panel.metrics.ceiling is CEILING, timeout=5000)
+    for i in range(10):
+        panel.on_pass(make_pass(i))
+    qtbot.waitUntil(lambda: panel.l_measured.isVisible(), timeout=2000)
+    assert panel.l_measured.value() == pytest.approx(91.0)
+    assert panel.l_measured.label.textItem.toPlainText().endswith(": 91")
+
+
 def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> None:
     loaded_panel(qtbot, panel)
     for i in range(40):
@@ -88,6 +102,7 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     assert panel.l_spec.value() == pytest.approx(spec)
     assert panel.l_measured.value() == pytest.approx(0.75 * spec)
     assert panel.l_spec_tau.value() == pytest.approx(3.5 * spec)
+    assert panel.l_spec.label.textItem.toPlainText().endswith(f": {spec:.0f}")
     assert panel.above_wall.isVisible()
     assert panel.above_wall.rect().top() == pytest.approx(spec)  # shaded above the one-token wall
     heights = panel.bars_pos.opts["height"]
