@@ -328,10 +328,15 @@ def write_tiny_model(
     for tensor_name, tensor in weights.items():
         assert tensor.dtype == np.float32, tensor_name
         writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
+def save(writer: Any) -> None:
+    """Write a prepared GGUFWriter's header, metadata and tensors to its file, and close it."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
     finally:
         writer.close()
-    return path

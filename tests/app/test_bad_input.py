@@ -24,6 +24,7 @@ from app.engine.client import EngineClient
 from app.engine.session import EngineSession
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError, SettingsError
 from app.events import EngineCrashed, EngineError, Event, Finished, Loaded, Token
+from tests.gguf_fixtures import save
 
 TIMEOUT = 60.0
 N_CTX = 256  # llama.cpp rounds a context up to a multiple of 256; the tests read session.ctx.n_ctx anyway
@@ -93,12 +94,7 @@ def write_header(path: Path, arch: str, **kv: str | int) -> Path:
         else:
             writer.add_uint16(key, value)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+    save(writer)
     return path
 
 

@@ -57,3 +57,9 @@ def load_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | No
     choose_pair(qtbot, window, target, drafter, ngram)
     with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
         assert window.picker.request_load(), window.picker.status_label.text()
+
+
+def set_sampling(window: MainWindow, **values: object) -> None:
+    """Type sampling values into the form's fields, as a user would."""
+    for name, value in values.items():
+        window.sampling_form.edits[name].setText(str(value))

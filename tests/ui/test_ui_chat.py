@@ -9,15 +9,10 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.events import Finished
-from tests.ui.conftest import load_pair
+from tests.ui.conftest import load_pair, set_sampling
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow]
 ANSWER_TIMEOUT_MS = 60_000
-
-
-def _set_sampling(window, **values: object) -> None:  # type: ignore[no-untyped-def]
-    for name, value in values.items():
-        window.sampling_form.edits[name].setText(str(value))
 
 
 def test_chat_streams_stops_regenerates_and_keeps_history(
@@ -27,7 +22,7 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     window = make_window()
     load_pair(qtbot, window, smollm2, ngram=3)
     chat = window.chat
-    _set_sampling(window, temperature=0, max_tokens=40)
+    set_sampling(window, temperature=0, max_tokens=40)
 
     # Tokens stream into the view before the answer is finished; the stats line follows.
     tokens: list[str] = []
@@ -70,7 +65,7 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     assert saved.stats is not None
 
     # Stop ends a long generation early.
-    _set_sampling(window, max_tokens=600)
+    set_sampling(window, max_tokens=600)
     chat.input.setPlainText("Write a long story about a dragon who learns to bake bread.")
     with qtbot.waitSignal(window.bridge.token_received, timeout=ANSWER_TIMEOUT_MS):
         assert chat.send()
@@ -82,7 +77,7 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     assert "(stopped)" in chat.view.stats_lines()[-1]
 
     # Regenerate replaces the last answer (same question, one answer).
-    _set_sampling(window, max_tokens=12, temperature=0.8, seed=7)
+    set_sampling(window, max_tokens=12, temperature=0.8, seed=7)
     before = len(chat.messages)
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
         assert chat.regenerate()

@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import QTimer
 from pytestqt.qtbot import QtBot
 
-from tests.ui.conftest import LOAD_TIMEOUT_MS, load_pair
+from tests.ui.conftest import LOAD_TIMEOUT_MS, load_pair, set_sampling
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow]
 TIMEOUT_MS = 60_000
@@ -21,11 +21,6 @@ TIMEOUT_MS = 60_000
 # 4-7 ms with tokens painted at ~30 Hz (17 ms before tokens were merged across PassStats). The bound leaves
 # room for a busy shared machine and still catches any blocking engine call on the GUI thread.
 MAX_LATENESS_S = 0.100
-
-
-def _sampling(window, **values: object) -> None:  # type: ignore[no-untyped-def]
-    for name, value in values.items():
-        window.sampling_form.edits[name].setText(str(value))
 
 
 def test_killed_worker_shows_banner_and_restart_recovers(
@@ -36,10 +31,10 @@ def test_killed_worker_shows_banner_and_restart_recovers(
     window.bridge.auto_restart = False  # this test presses Restart itself
     load_pair(qtbot, window, smollm2, ngram=3)
     chat = window.chat
-    _sampling(window, temperature=0, max_tokens=20)
+    set_sampling(window, temperature=0, max_tokens=20)
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=TIMEOUT_MS):
         assert chat.send("Say hello.")
-    _sampling(window, max_tokens=800)
+    set_sampling(window, max_tokens=800)
     with qtbot.waitSignal(window.bridge.token_received, timeout=TIMEOUT_MS):
         assert chat.send("Write a long story about the sea.")
     pid = window.bridge.worker_pid
@@ -63,7 +58,7 @@ def test_killed_worker_shows_banner_and_restart_recovers(
         window.banner.restart_button.click()
     assert window.banner.isHidden()
     assert window.bridge.worker_pid != pid
-    _sampling(window, max_tokens=8)
+    set_sampling(window, max_tokens=8)
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=TIMEOUT_MS) as finished:
         assert chat.send("Say bye.")
     assert finished.args[0].reason in ("eog", "max_tokens")
@@ -77,7 +72,7 @@ def test_event_loop_stays_responsive_while_streaming(
     smollm2, _ = demo_models
     window = make_window()
     load_pair(qtbot, window, smollm2, ngram=3)
-    _sampling(window, temperature=0, max_tokens=200)
+    set_sampling(window, temperature=0, max_tokens=200)
     window.chat.highlight_check.setChecked(False)
     ticks: list[float] = []
     timer = QTimer()
