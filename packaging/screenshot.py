@@ -4,8 +4,8 @@
     .venv/bin/python packaging/screenshot.py [--out resources/screenshot.png] [--model gemma|smollm2]
 
 Needs Xvfb and Qt's X11 libraries (Debian: apt-get install xvfb libxcb-cursor0 libxkbcommon-x11-0
-libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0 libxcb-image0 libegl1 libgl1). Uses a scratch SPECDECK_HOME, so your settings and chats are
-untouched.
+libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0 libxcb-image0 libegl1 libgl1).
+Uses a scratch SPECDECK_HOME, so your settings and chats are untouched.
 """
 
 from __future__ import annotations
