@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.config import LoadSettings, SamplingSettings
+from app.engine.params import LoadSettings, SamplingSettings
 
 # Where an emitted token came from.
 FROM_TARGET = "target"

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.demo_models import install_demo_models  # noqa: E402
+from app.library.demo_install import install_demo_models  # noqa: E402
 
 PROMPT = json.loads((ROOT / "resources/prompts/edit.jsonl").read_text().splitlines()[0])["messages"][0]["content"]
 

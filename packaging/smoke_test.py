@@ -71,7 +71,7 @@ def find_model(bundle_cli: Path, env: dict[str, str]) -> Path:
     if venv_python.exists():
         done = subprocess.run(
             [str(venv_python), "-c",
-             "from app.demo_models import installed_demo_models as f; print('\\n'.join(map(str, f())))"],
+             "from app.library.demo_install import installed_demo_models as f; print('\\n'.join(map(str, f())))"],
             capture_output=True, text=True, cwd=ROOT, timeout=60,
         )
         candidates += done.stdout.split()

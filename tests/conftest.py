@@ -69,7 +69,7 @@ def tiny_model_factory(tmp_path: Path) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def demo_models() -> tuple[Path, Path]:
     """(smollm2_path, gemma_path), installing the demo models first if missing (a no-op when present)."""
-    from app.demo_models import install_demo_models
+    from app.library.demo_install import install_demo_models
 
     paths = install_demo_models()
     smollm2 = next(p for p in paths if "smollm2" in p.name.lower())

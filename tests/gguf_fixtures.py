@@ -118,7 +118,7 @@ def _bytes_vocab(alt: bool) -> _Vocab:
 
 def smollm2_path() -> Path:
     """The installed SmolLM2 demo model; a clear error when it is not installed."""
-    from app.demo_models import installed_demo_models
+    from app.library.demo_install import installed_demo_models
 
     for path in installed_demo_models():
         if path.name == SMOLLM2_FILE:

@@ -19,7 +19,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.config import LoadSettings, SamplingSettings
+from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.client import EngineClient
 from app.events import (
     EngineCrashed,

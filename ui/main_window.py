@@ -1,7 +1,7 @@
 """The main window: chat in the centre, models and settings on the left, the dashboard on the right.
 
 Window layout lives in QSettings (``window.ini`` in the config folder); user settings in
-``app.settings`` (``settings.json``). Engine crashes show a banner; the chat and settings stay.
+``app.storage.settings`` (``settings.json``). Engine crashes show a banner; the chat and settings stay.
 """
 
 from __future__ import annotations
@@ -27,25 +27,25 @@ from PySide6.QtWidgets import (
 )
 
 import app
-from app.config import LoadSettings, threads_beside_window
+from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
-from app.hardware import BackendInfo, probe_backend_isolated
-from app.history import HistoryStore
-from app.library import LibraryEntry
-from app.pair_stats import drafter_key
-from app.pair_stats import record as record_acceptance
+from app.ceiling.hardware import BackendInfo, probe_backend_isolated
+from app.storage.history import HistoryStore
+from app.library.discovery import LibraryEntry
+from app.library.pair_stats import drafter_key
+from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
-from app.settings import load_settings, save_settings
+from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat_panel import ChatPanel
+from ui.chat.panel import ChatPanel
 from ui.notifier import Notifier
-from ui.picker import ModelPicker
-from ui.sampling_form import SamplingForm
+from ui.models.picker import ModelPicker
+from ui.models.sampling_form import SamplingForm
 from ui.tasks import TaskRunner
 
 try:
-    from ui.dashboard import DashboardPanel
+    from ui.dashboard.panel import DashboardPanel
 except ImportError:  # the dashboard is optional: the window works without it
     DashboardPanel = None  # type: ignore[assignment,misc]
 

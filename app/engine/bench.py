@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError, SettingsError
 from app.events import Finished, MessageStats, PassStats, Token
-from app.pair_stats import drafter_key
-from app.pair_stats import record as record_acceptance
+from app.library.pair_stats import drafter_key
+from app.library.pair_stats import record as record_acceptance
 
 JSON_VERSION = 1
 
@@ -260,7 +260,7 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
 def ceiling_for(session: Any) -> dict[str, Any] | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
     try:
-        from app.doctor import ceiling_summary
+        from app.cli.doctor import ceiling_summary
     except ImportError:
         return None
     try:
@@ -268,34 +268,3 @@ def ceiling_for(session: Any) -> dict[str, Any] | None:
         return result
     except AppError:
         return None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
-    parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=0, metavar="N", help="n-gram drafter key length (0 = off)")
-    depth = parser.add_mutually_exclusive_group()
-    depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
-    depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
-    parser.add_argument("--k-max", type=int, default=16, help="largest depth the adaptive policy may choose")
-    parser.add_argument("--prompts", required=True, type=Path, help='JSONL, one {"messages": [...]} per line')
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=40)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--min-p", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--ctx", type=int, default=4096, help="context size")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
-    parser.add_argument("--baseline", action="store_true", help="also run each prompt without speculation")
-    parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
-    parser.add_argument("--json", type=Path, help="write the full report here")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        bench(args)
-    except AppError as exc:
-        print(f"specdeck bench: {exc}", file=sys.stderr)
-        return 1
-    return 0

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from app.config import LoadSettings, SamplingSettings
+from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
     Cancel,
     EngineCrashed,

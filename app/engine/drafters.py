@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.engine import sampling
 from app.engine.llama import Context, Model
 from app.engine.sampling import Dist

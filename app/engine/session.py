@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from app.compat import CompatResult, VocabInfo, check_compatible
-from app.config import LoadSettings, SamplingSettings
+from app.library.compat import CompatResult, VocabInfo, check_compatible
+from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.adaptive import DepthController
-from app.engine.chat import builtin_template, clean_messages, render_chat
+from app.engine.chat_template import builtin_template, clean_messages, render_chat
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, backend_name, init_backend, kv_bytes_per_token
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, ModelFileError, PromptTooLongError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
-from app.gguf_reader import GGUFError, GGUFInfo, fingerprint_texts, read_gguf_info
+from app.library.gguf_reader import GGUFError, GGUFInfo, fingerprint_texts, read_gguf_info
 
 ProgressFn = Callable[[str, float], bool]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.engine import sampling
 from app.engine.adaptive import DepthController, PositionAcceptance
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter

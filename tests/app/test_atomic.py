@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from app.storage.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from app.errors import StorageError
 
 

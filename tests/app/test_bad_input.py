@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.client import EngineClient
 from app.engine.session import EngineSession
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError, SettingsError

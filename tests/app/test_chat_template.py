@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.chat import (
+from app.engine.chat_template import (
     MAX_OUTPUT_CHARS,
     RenderedPrompt,
     clean_messages,

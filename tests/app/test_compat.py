@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.compat import VocabInfo, check_compatible, vocab_type_name
-from app.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
-from app.recommend import (
+from app.library.compat import VocabInfo, check_compatible, vocab_type_name
+from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
+from app.library.recommend import (
     DEFAULT_ACCEPTANCE,
     NGRAM_KEY,
     best_k,

@@ -18,8 +18,8 @@ import numpy as np
 import psutil
 import pytest
 
-from app import doctor
-from app.hardware import SIGILL_MESSAGE
+from app.cli import doctor
+from app.ceiling.hardware import SIGILL_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def assert_one_line_failure(done: subprocess.CompletedProcess[str], *needles: st
 # --- bad input ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["app", "app.doctor"])
+@pytest.mark.parametrize("module", ["app", "app.cli.doctor"])
 def test_a_text_file_named_gguf_is_refused_in_one_line(
     env: dict[str, str], tmp_path: Path, module: str
 ) -> None:
@@ -247,7 +247,7 @@ def test_decode_check_loads_the_first_demo_model_and_calibrates(
     env: dict[str, str], demo_models: tuple[Path, Path]
 ) -> None:
     pytest.importorskip("llama_cpp")
-    from app.demo_models import installed_demo_models
+    from app.library.demo_install import installed_demo_models
 
     r = doctor_json(env, "--decode-check")  # what the setup script runs, with no --model
     check = r["decode_check"]

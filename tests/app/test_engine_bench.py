@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.pair_stats import MIN_DRAFTED, load_measured
-from app.recommend import NGRAM_KEY
+from app.library.pair_stats import MIN_DRAFTED, load_measured
+from app.library.recommend import NGRAM_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 

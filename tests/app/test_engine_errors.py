@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.llama import Detokenizer, Model, init_backend
 from app.engine.session import EngineSession
 from app.errors import IncompatibleDrafterError, PromptTooLongError

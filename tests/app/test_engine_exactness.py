@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.adaptive import DepthController
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.engine.adaptive import DepthController
 from app.engine.drafters import ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.client import EngineClient
 from app.events import EngineCrashed, Event, Finished, Loaded, LoadProgress, PassStats, Token
 from tests.gguf_fixtures import write_tiny_model

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.errors import ModelFileError
-from app.gguf_reader import (
+from app.library.gguf_reader import (
     GGUFError,
     GGUFInfo,
     LimitError,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.hardware import (
+from app.ceiling.hardware import (
     SIGILL_MESSAGE,
     BackendDevice,
     BackendInfo,

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.errors import StorageError
 from app.events import MessageStats
-from app.history import SCHEMA_VERSION, HistoryStore
+from app.storage.history import SCHEMA_VERSION, HistoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -228,7 +228,7 @@ def test_damaged_file_is_moved_aside(tmp_path: Path) -> None:
 
 _WRITER = textwrap.dedent("""
     import sys, time
-    from app.history import HistoryStore
+    from app.storage.history import HistoryStore
     store = HistoryStore(sys.argv[1])
     chat = store.new_chat("crash test", "system prompt")
     store.add_message(chat, "user", "Tell me a long story.")

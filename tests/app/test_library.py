@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app import models_cmd
-from app.library import (
+from app.cli import models as models_cmd
+from app.library.discovery import (
     CACHE_FILE,
     FOLDER,
     HUGGINGFACE,

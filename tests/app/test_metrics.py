@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
-from app.metrics import CeilingInfo, LiveMetrics, MemoryProbe, ceiling_for_loaded, leviathan_curve
-from app.roofline import Device, make_calibration
+from app.ceiling.metrics import CeilingInfo, LiveMetrics, MemoryProbe, ceiling_for_loaded, leviathan_curve
+from app.ceiling.roofline import Device, make_calibration
 
 
 def loaded(path: str = "/nowhere/model.gguf", n_ctx: int = 4096) -> Loaded:
@@ -193,7 +193,7 @@ def test_ceiling_for_loaded_without_devices(tiny_target: Path) -> None:
 
 
 def test_memory_probe_reads_ram_and_injected_gpus() -> None:
-    from app.metrics import GpuMemory
+    from app.ceiling.metrics import GpuMemory
 
     r = MemoryProbe(lambda: (GpuMemory(0, "G", 8 << 30, 2 << 30),)).read()
     assert r.ram_total > 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.events import MessageStats
-from app.gguf_reader import read_gguf_info
-from app.pair_stats import drafter_key, load_measured, record
-from app.recommend import NGRAM_KEY, recommend_drafters
+from app.library.gguf_reader import read_gguf_info
+from app.library.pair_stats import drafter_key, load_measured, record
+from app.library.recommend import NGRAM_KEY, recommend_drafters
 
 
 def stats(alpha: float, drafted: int) -> MessageStats:

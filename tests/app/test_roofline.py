@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.gguf_reader import read_gguf_info
-from app.roofline import (
+from app.library.gguf_reader import read_gguf_info
+from app.ceiling.roofline import (
     COMPUTE,
     MEMORY,
     Device,

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import settings as settings_module
-from app.config import SamplingSettings
+from app.storage import settings as settings_module
+from app.engine.params import SamplingSettings
 from app.errors import SettingsError, StorageError
-from app.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings
+from app.storage.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings
 
 
 def _bad_copies(folder: Path) -> list[Path]:

@@ -12,8 +12,8 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
-from app.metrics import CeilingInfo, GpuMemory, MemoryProbe
-from ui.dashboard import REPAINT_MS, DashboardPanel
+from app.ceiling.metrics import CeilingInfo, GpuMemory, MemoryProbe
+from ui.dashboard.panel import REPAINT_MS, DashboardPanel
 
 
 def _qt_drops_none_refs() -> bool:

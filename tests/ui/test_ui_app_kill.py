@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.history import HistoryStore
+from app.storage.history import HistoryStore
 
 LONG_PROMPT = "Write a long essay about the history of computing, with at least ten paragraphs."
 

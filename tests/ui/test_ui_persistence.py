@@ -11,7 +11,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.errors import StorageError
-from app.settings import AppSettings, load_settings, save_settings
+from app.storage.settings import AppSettings, load_settings, save_settings
 from tests.ui.conftest import LOAD_TIMEOUT_MS, load_pair
 
 TIMEOUT_MS = 30_000

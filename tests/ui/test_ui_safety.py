@@ -6,7 +6,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QTextDocument
 from pytestqt.qtbot import QtBot
 
-from ui.chat_view import ChatMessage, ChatView
+from ui.chat.view import ChatMessage, ChatView
 
 HOSTILE = (
     "Look: <script>alert('x')</script> <img src=http://evil.example/pixel.png> "

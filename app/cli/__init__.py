@@ -11,11 +11,11 @@ from app import __version__
 
 # subcommand -> (module with add_arguments/run, one-line help)
 SUBCOMMANDS = {
-    "bench": ("app.engine.bench", "measure speculative decoding against plain decoding (the benchmark contract)"),
-    "chat": ("app.engine.terminal_chat", "chat in the terminal with streaming output"),
-    "doctor": ("app.doctor", "backend, devices, bandwidth and the ceiling for a model"),
-    "models": ("app.models_cmd", "list the GGUF models found on this machine and which drafters fit"),
-    "demo-models": ("app.demo_models", "install the two small demo models into the models folder"),
+    "bench": ("app.cli.bench", "measure speculative decoding against plain decoding (the benchmark contract)"),
+    "chat": ("app.cli.chat", "chat in the terminal with streaming output"),
+    "doctor": ("app.cli.doctor", "backend, devices, bandwidth and the ceiling for a model"),
+    "models": ("app.cli.models", "list the GGUF models found on this machine and which drafters fit"),
+    "demo-models": ("app.cli.demo_models", "install the two small demo models into the models folder"),
 }
 
 

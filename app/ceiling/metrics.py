@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app import roofline
+from app.ceiling import roofline
 from app.events import Finished, Loaded, MessageStats, PassStats
 
 FloatArray = npt.NDArray[np.float64]
@@ -70,8 +70,8 @@ class CeilingInfo:
 
 
 def _find_devices() -> Sequence[roofline.Device] | None:
-    """The machine's devices as the roofline sees them (app.hardware; the CPU probe is cached per machine)."""
-    from app.hardware import probe_hardware, roofline_devices
+    """The machine's devices as the roofline sees them (app.ceiling.hardware; the CPU probe is cached per machine)."""
+    from app.ceiling.hardware import probe_hardware, roofline_devices
 
     try:
         return roofline_devices(probe_hardware())
@@ -95,7 +95,7 @@ def ceiling_for_loaded(
     thread.
     """
     from app.errors import AppError
-    from app.gguf_reader import read_gguf_info
+    from app.library.gguf_reader import read_gguf_info
 
     if devices is None:
         devices = find_devices()
@@ -518,7 +518,7 @@ class MemoryReading:
 
 
 class MemoryProbe:
-    """VRAM per GPU (app.hardware's NVML probe) and system RAM (psutil). Poll at ~1 Hz, not per pass."""
+    """VRAM per GPU (app.ceiling.hardware's NVML probe) and system RAM (psutil). Poll at ~1 Hz, not per pass."""
 
     def __init__(self, probe_gpus: Callable[[], Sequence[GpuMemory]] | None = None) -> None:
         self._probe_gpus = probe_gpus or _nvidia_memory
@@ -539,7 +539,7 @@ class MemoryProbe:
 
 
 def _nvidia_memory() -> tuple[GpuMemory, ...]:
-    from app.hardware import probe_nvidia
+    from app.ceiling.hardware import probe_nvidia
 
     try:
         probe = probe_nvidia()

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.atomic import describe_os_error
+from app.storage.atomic import describe_os_error
 from app.errors import StorageError
 from app.paths import data_dir
 

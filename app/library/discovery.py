@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_bytes
-from app.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
+from app.storage.atomic import atomic_write_bytes
+from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
 from app.errors import StorageError
-from app.gguf_reader import (
+from app.library.gguf_reader import (
     GGUFError,
     GGUFInfo,
     MissingShardError,
@@ -32,7 +32,7 @@ from app.gguf_reader import (
     shard_siblings,
 )
 from app.paths import cache_dir, models_dir
-from app.recommend import Recommendation, recommend_drafters
+from app.library.recommend import Recommendation, recommend_drafters
 
 SPECDECK = "specdeck"
 LMSTUDIO = "lmstudio"

@@ -23,15 +23,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.compat import CompatResult
-from app.config import KV_TYPES, MAX_CTX, DraftSettings, LoadSettings
+from app.library.compat import CompatResult
+from app.engine.params import KV_TYPES, MAX_CTX, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress
-from app.gguf_reader import GGUFInfo
-from app.library import DrafterReport, LibraryEntry, discover, drafters_for
-from app.pair_stats import load_measured
-from app.recommend import Recommendation
-from app.settings import AppSettings
+from app.library.gguf_reader import GGUFInfo
+from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
+from app.library.pair_stats import load_measured
+from app.library.recommend import Recommendation
+from app.storage.settings import AppSettings
 from ui.tasks import TaskRunner
 
 NO_DRAFTER = "(no drafter model)"
@@ -65,7 +65,7 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
 
     Without a GPU probe in this build the estimate is for the CPU; llama.cpp puts what it offloads on the
     GPU, so this overstates system memory use when layers are offloaded."""
-    from app.roofline import Device, ModelShape, fit_estimate
+    from app.ceiling.roofline import Device, ModelShape, fit_estimate
 
     free: int | None
     try:
@@ -525,7 +525,7 @@ class ModelPicker(QWidget):
         self.install_demo_models()
 
     def install_demo_models(self) -> None:
-        from app.demo_models import install_demo_models
+        from app.library.demo_install import install_demo_models
 
         self.demo_button.setEnabled(False)
         self.status_label.setText("Installing the demo models (about 250 MB)…")

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.compat import VocabInfo, check_compatible
-from app.config import KV_TYPES
+from app.library.compat import VocabInfo, check_compatible
+from app.engine.params import KV_TYPES
 from app.errors import AppError, ModelFileError
-from app.gguf_reader import GGUFInfo, read_gguf_info
-from app.hardware import (
+from app.library.gguf_reader import GGUFInfo, read_gguf_info
+from app.ceiling.hardware import (
     BackendInfo,
     HardwareReport,
     cpu_probe_worker,
@@ -34,7 +34,7 @@ from app.hardware import (
     roofline_devices,
     specdeck_env,
 )
-from app.roofline import (
+from app.ceiling.roofline import (
     CeilingModel,
     Device,
     ModelShape,
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="load the model (or the first demo model) in a child process and decode tokens")
     parser.add_argument("--refresh", action="store_true",
                         help="measure the CPU again instead of using the cached probe")
-    # Child-process entry points (see app.hardware); not for users.
+    # Child-process entry points (see app.ceiling.hardware); not for users.
     parser.add_argument("--backend-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-probe-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -233,7 +233,7 @@ def build_report(args: argparse.Namespace,
         raise AppError(f"--gpu-bandwidth must be a positive number of GB/s, not {args.gpu_bandwidth}.")
     target_path: Path | None = args.model
     if target_path is None and args.decode_check:
-        from app.demo_models import installed_demo_models
+        from app.library.demo_install import installed_demo_models
 
         demos = installed_demo_models()
         if not demos:

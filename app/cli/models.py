@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.gguf_reader import GGUFError, GGUFInfo, ensure_complete, read_gguf_info
-from app.library import DrafterReport, LibraryEntry, discover, drafters_for
-from app.pair_stats import load_measured
-from app.recommend import Recommendation
+from app.library.gguf_reader import GGUFError, GGUFInfo, ensure_complete, read_gguf_info
+from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
+from app.library.pair_stats import load_measured
+from app.library.recommend import Recommendation
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """The live dashboard: tok/s against the roofline ceiling, acceptance, tokens per pass, memory.
 
-All numbers come from ``app.metrics.LiveMetrics``; this module only paints them. Plot items are created once
+All numbers come from ``app.ceiling.metrics.LiveMetrics``; this module only paints them. Plot items are created once
 and fed copies of the ring buffers on a timer that runs only while a generation is streaming.
 """
 
@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.events import Finished, Loaded, PassStats
-from app.metrics import (
+from app.ceiling.metrics import (
     CeilingInfo,
     LiveMetrics,
     MemoryProbe,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.config import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 

@@ -11,7 +11,7 @@ from dataclasses import fields
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QFormLayout, QLabel, QLineEdit, QWidget
 
-from app.config import SamplingSettings
+from app.engine.params import SamplingSettings
 from app.errors import SettingsError
 
 # field name -> (label, whole number?)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.gguf_reader import GGUFInfo
+from app.library.gguf_reader import GGUFInfo
 
 # Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
 KV_TYPE_BYTES: dict[str, float] = {

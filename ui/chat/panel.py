@@ -28,10 +28,10 @@ from PySide6.QtWidgets import (
 
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Token
-from app.history import HistoryStore
+from app.storage.history import HistoryStore
 from ui.bridge import EngineBridge
-from ui.chat_view import ChatMessage, ChatView
-from ui.sampling_form import SamplingForm
+from ui.chat.view import ChatMessage, ChatView
+from ui.models.sampling_form import SamplingForm
 
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 48

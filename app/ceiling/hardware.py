@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from app.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json
 from app.errors import StorageError
 from app.paths import cache_dir
-from app.roofline import Device
+from app.ceiling.roofline import Device
 
 GB = 1e9
 PROBE_CACHE_FILE = "hardware_probe.json"
@@ -675,11 +675,11 @@ def probe_backend() -> BackendInfo:
 
 
 def doctor_command(*args: str) -> list[str]:
-    """`specdeck doctor ...` as a child process: the frozen executable itself, or `python -m app.doctor`
+    """`specdeck doctor ...` as a child process: the frozen executable itself, or `python -m app.cli.doctor`
     (not `-m app`, so doctor works even when another subcommand's module is broken)."""
     if getattr(sys, "frozen", False):
         return [sys.executable, "doctor", *args]
-    return [sys.executable, "-m", "app.doctor", *args]
+    return [sys.executable, "-m", "app.cli.doctor", *args]
 
 
 def specdeck_env() -> dict[str, str]:

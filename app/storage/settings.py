@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_json
-from app.config import DraftSettings, LoadSettings, SamplingSettings, as_dict
+from app.storage.atomic import atomic_write_json
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
 
@@ -89,7 +89,7 @@ class AppSettings:
 
 
 def _via(factory: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Check a value with app.config's own validate(), so the rules and messages live in one place."""
+    """Check a value with app.engine.params's own validate(), so the rules and messages live in one place."""
 
     def check(value: Any) -> Any:
         factory(value).validate()

@@ -1,0 +1,1 @@
+"""The model library: bounded GGUF reading, discovery, compatibility, drafter ranking, pair statistics, demo models."""

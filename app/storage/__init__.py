@@ -1,0 +1,1 @@
+"""Files SpecDeck keeps: atomic writes, settings, chat history."""

@@ -1,0 +1,1 @@
+"""The chat: the message list and the panel around it."""

@@ -1,0 +1,1 @@
+"""The live performance dashboard."""

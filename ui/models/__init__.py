@@ -1,0 +1,1 @@
+"""Choosing and loading models: the picker and the sampling form."""
