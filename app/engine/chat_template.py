@@ -1,4 +1,6 @@
-"""Render a model's chat template (Jinja text from the GGUF) safely, or fall back to plain ChatML.
+"""Render a model's chat template (Jinja text from the GGUF) safely, or fall back to a known format.
+
+Over 450 lines because the sandbox's bounds, and the fallback they lead to, are one safety argument.
 
 A chat template is code from a downloaded file (CVE-2024-34359 was remote code execution through one),
 so it runs in ``ImmutableSandboxedEnvironment`` with extra bounds:
@@ -10,8 +12,9 @@ so it runs in ``ImmutableSandboxedEnvironment`` with extra bounds:
 - output is capped at ``max_chars``, and so are the sizes a single operation may build (``'x' * n``,
   ``'{:>n}'.format``, ``center(n)``...), which the time bound cannot interrupt mid-way.
 
-Residual risk: one C-level operation still runs to its end; rendering belongs in the engine worker
-process, which the app can kill.
+One C-level operation still runs to its end inside the sandbox, so :func:`render_template` runs it in a
+child process that is killed at a hard deadline or past a memory limit (``template_runner``); the
+in-process renderer, :func:`render_in_process`, is what that child calls.
 
 ``render_chat`` never fails on a missing or broken template: it renders this documented fallback and
 says why in ``RenderedPrompt.warning``::
@@ -43,6 +46,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.runtime import Context, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.engine.template_runner import TemplateLimitError, TemplateMemoryError, shared_runner
 from app.errors import TemplateError
 
 ROLES = ("system", "user", "assistant")
@@ -242,10 +246,20 @@ def render_template(
     time_limit: float = TIME_LIMIT_S,
     max_chars: int = MAX_OUTPUT_CHARS,
 ) -> str:
-    """Render ``template`` strictly: any problem raises TemplateError with a sentence for the user.
+    """Render ``template`` strictly in the renderer child: any problem raises TemplateError with a sentence.
 
-    ``messages`` should come from :func:`clean_messages`.
+    ``messages`` should come from :func:`clean_messages`. Stopped for time or memory, the template raises
+    ``TemplateLimitError`` at once on every later call in this process.
     """
+    _check_template_text(template)
+    options: dict[str, Any] = {
+        "bos_token": bos_token, "eos_token": eos_token, "add_generation_prompt": add_generation_prompt,
+        "extra_context": dict(extra_context or {}), "time_limit": time_limit, "max_chars": max_chars,
+    }
+    return shared_runner().render(template, [dict(m) for m in messages], options)
+
+
+def _check_template_text(template: object) -> None:
     if not isinstance(template, str) or not template.strip():
         raise TemplateError("The model has no chat template.")
     if len(template) > MAX_TEMPLATE_CHARS:
@@ -253,6 +267,24 @@ def render_template(
             f"The model's chat template is {len(template):,} characters long, far more than any real "
             "template; it was not used."
         )
+
+
+def render_in_process(
+    template: str,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    extra_context: Mapping[str, Any] | None = None,
+    time_limit: float = TIME_LIMIT_S,
+    max_chars: int = MAX_OUTPUT_CHARS,
+) -> str:
+    """Render ``template`` in this process (the renderer child's side of :func:`render_template`).
+
+    Python-level loops stop at ``time_limit``; a single C-level operation does not.
+    """
+    _check_template_text(template)
     context: dict[str, Any] = {
         "messages": [dict(m) for m in messages],
         "bos_token": bos_token,
@@ -271,7 +303,7 @@ def render_template(
                     raise _TooLarge(f"more than {max_chars:,} characters of output")
                 out.append(chunk)
     except _Deadline:
-        raise TemplateError(
+        raise TemplateLimitError(
             f"The model's chat template took longer than {time_limit:g} s to render and was stopped "
             "(it may loop forever)."
         ) from None
@@ -292,7 +324,7 @@ def render_template(
     except RecursionError:
         raise TemplateError("The model's chat template recursed too deeply and was stopped.") from None
     except MemoryError:
-        raise TemplateError("The model's chat template ran out of memory and was stopped.") from None
+        raise TemplateMemoryError("The model's chat template ran out of memory and was stopped.") from None
     except Exception as exc:  # UndefinedError, TypeError, ... from the template's own code
         raise TemplateError(
             f"The model's chat template failed while rendering: {type(exc).__name__}: {exc}."
@@ -373,12 +405,14 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     *,
+    architecture: str = "",
     time_limit: float = TIME_LIMIT_S,
     max_chars: int = MAX_OUTPUT_CHARS,
 ) -> RenderedPrompt:
-    """The prompt text for ``messages``: the model's template, or the ChatML fallback with a warning.
+    """The prompt text for ``messages``: the model's template, or a fallback format with a warning.
 
-    Raises TemplateError only for invalid messages (see :func:`clean_messages`).
+    The fallback is the architecture's known format (:func:`builtin_template`) when there is one, else
+    plain ChatML. Raises TemplateError only for invalid messages (see :func:`clean_messages`).
     """
     cleaned, notes = clean_messages(messages)
 
@@ -391,6 +425,12 @@ def render_chat(
                                add_generation_prompt=add_generation_prompt, time_limit=time_limit,
                                max_chars=max_chars)
 
+    builtin = builtin_template(architecture)
+    if builtin is not None and not (template or "").strip():
+        text = render_in_process(builtin, cleaned, bos_token=bos_token, eos_token=eos_token,
+                                 add_generation_prompt=add_generation_prompt)
+        return result(text, True, [f"The model file has no chat template; its architecture's known format "
+                                   f"({fallback_name(architecture)}) was used."])
     try:
         return result(attempt(cleaned), False, [])
     except TemplateError as exc:
@@ -408,13 +448,29 @@ def render_chat(
                 "The model's chat template does not accept a system message, so it was put at the start "
                 "of the first user message."
             ])
-    return result(render_chatml(cleaned, add_generation_prompt), True,
-                  [f"{first} A plain ChatML format was used instead."])
+    if builtin is not None:
+        text = render_in_process(builtin, cleaned, bos_token=bos_token, eos_token=eos_token,
+                                 add_generation_prompt=add_generation_prompt)
+    else:
+        text = render_chatml(cleaned, add_generation_prompt)
+    return result(text, True, [f"{first} {fallback_sentence(architecture)}"])
+
+
+def fallback_name(architecture: str) -> str:
+    """The format used when a model's own template is missing or refused: "Gemma" or "plain ChatML"."""
+    for family, (name, _template) in BUILTIN_TEMPLATES.items():
+        if architecture.startswith(family):
+            return name
+    return "plain ChatML"
+
+
+def fallback_sentence(architecture: str) -> str:
+    return f"Answering with the {fallback_name(architecture)} format instead."
 
 
 # Formats for architectures whose GGUFs often ship without a template, as llama.cpp recognises them.
 BUILTIN_TEMPLATES = {
-    "gemma": (
+    "gemma": ("Gemma", (
         "{{ bos_token }}{% set ns = namespace(sys='') %}"
         "{% for m in messages %}"
         "{% if m['role'] == 'system' %}{% set ns.sys = m['content'] ~ '\\n\\n' %}"
@@ -423,13 +479,13 @@ BUILTIN_TEMPLATES = {
         "{% if m['role'] == 'user' %}{% set ns.sys = '' %}{% endif %}{% endif %}"
         "{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-    ),
+    )),
 }
 
 
 def builtin_template(architecture: str) -> str | None:
     """The known chat format for an architecture family (``gemma3`` → ``gemma``), if there is one."""
-    for family, template in BUILTIN_TEMPLATES.items():
+    for family, (_name, template) in BUILTIN_TEMPLATES.items():
         if architecture.startswith(family):
             return template
     return None

@@ -19,6 +19,7 @@ from app.engine.chat_template import (
     render_chat,
     render_template,
 )
+from app.engine.template_runner import GRACE_S, TemplateLimitError, TemplateRunner, shared_runner
 from app.errors import TemplateError
 
 CONVO = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
@@ -79,7 +80,7 @@ def test_fallback_when_there_is_no_template() -> None:
     for template in (None, "", "   \n"):
         rendered = render_chat(template, CONVO, "<s>", "</s>")
         assert rendered == RenderedPrompt(
-            CHATML, True, "The model has no chat template. A plain ChatML format was used instead.")
+            CHATML, True, "The model has no chat template. Answering with the plain ChatML format instead.")
     no_prompt = render_chat(None, CONVO, add_generation_prompt=False)
     assert no_prompt.text == CHATML.removesuffix("<|im_start|>assistant\n")
 
@@ -181,7 +182,7 @@ def test_hostile_template_falls_back_with_a_warning() -> None:
     assert rendered.text == CHATML
     assert rendered.warning is not None
     assert "Python internals" in rendered.warning
-    assert rendered.warning.endswith("A plain ChatML format was used instead.")
+    assert rendered.warning.endswith("Answering with the plain ChatML format instead.")
     start = time.monotonic()
     slow = render_chat("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                        CONVO, time_limit=0.3)
@@ -310,4 +311,79 @@ def test_demo_model_templates(demo_models: tuple[Path, Path]) -> None:
     assert template is None
     assert rendered.used_fallback
     assert rendered.text == CHATML
-    assert rendered.warning == "The model has no chat template. A plain ChatML format was used instead."
+    assert rendered.warning == "The model has no chat template. Answering with the plain ChatML format instead."
+    # Told its architecture, the fallback is Gemma's own turn format.
+    as_gemma = render_chat(template, CONVO, "<bos>", "<eos>", architecture="gemma3")
+    assert as_gemma.text.startswith("<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>")
+    assert as_gemma.warning is not None
+    assert "(Gemma)" in as_gemma.warning
+
+
+# --- the renderer child: hard limits on time and memory --------------------------------------------------
+
+C_LEVEL_HANG = "{% set a=[0]*4000000 %}{% set b=[a]*4000000 %}{% set c=[0]*3999999+[1] %}{{ c in b }}"
+C_LEVEL_GROWTH = "{{ [[0]*4000000]*100 }}"  # one str() call: 1.2 GB of text
+
+
+def test_a_hang_inside_one_c_operation_is_stopped_and_remembered() -> None:
+    start = time.monotonic()
+    rendered = render_chat(C_LEVEL_HANG, CONVO, time_limit=1.0)
+    took = time.monotonic() - start
+    assert rendered.used_fallback
+    assert rendered.text == CHATML
+    assert rendered.warning == (
+        "The model's chat template took longer than 1 s to render and was stopped (it may loop forever). "
+        "Answering with the plain ChatML format instead.")
+    assert took < 1.0 + GRACE_S + 3.0  # killed at its deadline, not after the hours the comparison takes
+    # The same template is refused at once afterwards: no message waits for the deadline again.
+    start = time.monotonic()
+    with pytest.raises(TemplateLimitError, match="took longer than 1 s"):
+        render_template(C_LEVEL_HANG, CONVO, time_limit=1.0)
+    assert time.monotonic() - start < 0.5
+    # And the next template renders in a fresh child.
+    assert render_chat(SMOLLM2, CONVO) == RenderedPrompt(CHATML, False, None)
+
+
+def test_memory_growth_inside_one_c_operation_is_stopped() -> None:
+    runner = TemplateRunner(headroom=64 * 1024 * 1024)
+    try:
+        with pytest.raises(TemplateLimitError, match="used more than 64 MB of memory"):
+            runner.render(C_LEVEL_GROWTH, CONVO, {"time_limit": 30.0})
+        assert runner.pid is None  # the child that grew is gone
+        assert runner.render(SMOLLM2, CONVO, {}) == CHATML
+    finally:
+        runner.close()
+
+
+def test_memory_growth_through_render_chat_falls_back_with_the_reason() -> None:
+    rendered = render_chat(C_LEVEL_GROWTH + "{{ 1 }}", CONVO, architecture="gemma2")
+    assert rendered.used_fallback
+    assert rendered.text.startswith("<start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>")
+    assert rendered.warning is not None
+    assert re.fullmatch(r"The model's chat template (took longer than 2 s|used more than \d+ MB of memory"
+                        r"|ran out of memory).*Answering with the Gemma format instead\.", rendered.warning)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_the_renderer_child_loads_neither_llama_cpp_nor_qt() -> None:
+    runner = shared_runner()
+    assert runner.render(SMOLLM2, CONVO, {}) == CHATML
+    assert runner.pid is not None
+    maps = Path(f"/proc/{runner.pid}/maps").read_text().lower()
+    for library in ("libllama", "libggml", "qt6", "pyside6", "numpy"):
+        assert library not in maps
+    limits = Path(f"/proc/{runner.pid}/limits").read_text()
+    address_space = next(line for line in limits.splitlines() if line.startswith("Max address space"))
+    assert "unlimited" not in address_space.split()[3]  # the soft limit is set
+
+
+def test_a_refused_template_falls_back_to_the_architectures_format() -> None:
+    rendered = render_chat(HOSTILE["mro"], CONVO, "<bos>", "<eos>", architecture="gemma3")
+    assert rendered.used_fallback
+    assert rendered.text == (
+        "<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\n")
+    assert rendered.warning is not None
+    assert rendered.warning.endswith("Answering with the Gemma format instead.")
+    missing = render_chat(None, CONVO, architecture="gemma3")
+    assert missing.used_fallback
+    assert missing.warning == "The model file has no chat template; its architecture's known format (Gemma) was used."
