@@ -29,9 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.storage.atomic import describe_os_error
 from app.errors import StorageError
 from app.paths import data_dir
+from app.storage.atomic import describe_os_error
 
 FILE_NAME = "history.sqlite3"
 ROLES = ("system", "user", "assistant")
@@ -73,6 +73,9 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX messages_by_chat ON messages(chat_id, id)",
         "CREATE INDEX messages_by_status ON messages(status)",
     ),
+    # Why an answer ended ("eog", "max_tokens", "context_full", "cancelled", "error", "crashed"); NULL for
+    # user messages and for answers saved before version 2.
+    ("ALTER TABLE messages ADD COLUMN stop_reason TEXT",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -100,6 +103,7 @@ class StoredMessage:
     stats: dict[str, Any] | None
     created: float
     updated: float
+    stop_reason: str | None = None
 
 
 def _clean_text(text: str) -> str:
@@ -313,6 +317,17 @@ class HistoryStore:
             raise KeyError(f"There is no chat {chat_id}.")
         return ChatSummary(*row)
 
+    def search_chats(self, query: str) -> list[int]:
+        """Ids of the chats whose title or any message contains ``query`` (case-insensitive for ASCII),
+        most recently updated first."""
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._conn.execute(
+            "SELECT c.id FROM chats c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+            " WHERE m.chat_id = c.id AND m.text LIKE ?1 ESCAPE '\\') ORDER BY c.updated DESC, c.id DESC",
+            (pattern,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def rename_chat(self, chat_id: int, title: str) -> None:
         with self._write() as conn:
             self._touch(conn, chat_id, "title=?", _clean_text(title))
@@ -340,7 +355,8 @@ class HistoryStore:
     def messages(self, chat_id: int) -> list[StoredMessage]:
         """In conversation order."""
         rows = self._conn.execute(
-            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated"
+            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated,"
+            " stop_reason"
             " FROM messages WHERE chat_id=? ORDER BY id",
             (chat_id,),
         ).fetchall()
@@ -348,7 +364,8 @@ class HistoryStore:
 
     def message(self, message_id: int) -> StoredMessage:
         row = self._conn.execute(
-            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated"
+            "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated,"
+            " stop_reason"
             " FROM messages WHERE id=?",
             (message_id,),
         ).fetchone()
@@ -361,7 +378,7 @@ class HistoryStore:
         return StoredMessage(
             id=row[0], chat_id=row[1], role=row[2], text=row[3], status=row[4], target_model=row[5],
             drafter=row[6], sampling=_from_json(row[7]), stats=_from_json(row[8]), created=row[9],
-            updated=row[10],
+            updated=row[10], stop_reason=row[11],
         )
 
     def add_message(
@@ -420,7 +437,8 @@ class HistoryStore:
         return cur.rowcount == 1
 
     def finish_answer(
-        self, message_id: int, text: str, status: str = "complete", stats: object = None
+        self, message_id: int, text: str, status: str = "complete", stats: object = None,
+        stop_reason: str | None = None,
     ) -> None:
         if status not in FINAL_STATUSES:
             raise ValueError(f"status must be one of {FINAL_STATUSES}, not {status!r}")
@@ -429,8 +447,8 @@ class HistoryStore:
             if row is None:
                 raise KeyError(f"There is no message {message_id}.")
             conn.execute(
-                "UPDATE messages SET text=?, status=?, stats=?, updated=? WHERE id=?",
-                (_clean_text(text), status, _to_json(stats), time.time(), message_id),
+                "UPDATE messages SET text=?, status=?, stats=?, stop_reason=?, updated=? WHERE id=?",
+                (_clean_text(text), status, _to_json(stats), stop_reason, time.time(), message_id),
             )
             self._touch(conn, row[0])
 
