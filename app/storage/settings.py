@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -27,7 +28,7 @@ from app.paths import config_dir
 
 SCHEMA_VERSION = 1
 FILE_NAME = "settings.json"
-THEMES = ("system", "light", "dark")
+MAX_SYSTEM_PROMPT_CHARS = 1_000_000  # about 250k tokens: more than any context SpecDeck loads
 MAX_FILE_BYTES = 16 * 1024 * 1024  # far above any real settings file; a bigger one is not ours
 MAX_BANDWIDTH_GBPS = 100_000.0
 
@@ -55,7 +56,6 @@ class AppSettings:
     model_folders: tuple[str, ...] = ()  # extra folders the user added to model discovery
     reload_last_pair_on_start: bool = False
     bandwidth_override_gbps: float | None = None  # replaces the spec-sheet bandwidth when set
-    theme: str = "system"
 
     def draft_settings(self) -> DraftSettings:
         return DraftSettings(drafter_path=self.drafter_path, ngram=self.ngram, adaptive=self.adaptive,
@@ -129,6 +129,9 @@ def _optional_path(label: str) -> Callable[[Any], Any]:
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise SettingsError(f"The system prompt must be text, not {type(value).__name__}.")
+    if len(value) > MAX_SYSTEM_PROMPT_CHARS:
+        raise SettingsError(f"The system prompt is {len(value):,} characters long; at most "
+                            f"{MAX_SYSTEM_PROMPT_CHARS:,} are accepted.")
     return value
 
 
@@ -156,12 +159,6 @@ def _bandwidth(value: Any) -> float | None:
     return float(value)
 
 
-def _theme(value: Any) -> str:
-    if value not in THEMES:
-        raise SettingsError(f"The theme must be one of {', '.join(THEMES)}, not {value!r}.")
-    return str(value)
-
-
 def _version(value: Any) -> int:
     if value != SCHEMA_VERSION:
         raise SettingsError(f"schema_version must be {SCHEMA_VERSION}, not {value!r}.")
@@ -184,7 +181,6 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     "model_folders": _folders,
     "reload_last_pair_on_start": _bool("Reload the last models on start"),
     "bandwidth_override_gbps": _bandwidth,
-    "theme": _theme,
 }
 
 _SAMPLING_DEFAULTS = SamplingSettings()
@@ -291,25 +287,44 @@ def _unreadable(target: Path, exc: OSError) -> str:
     return f"Could not read {target.name} ({exc.strerror or exc}); default settings are in use."
 
 
+def _read_regular(target: Path) -> bytes:
+    """The file's bytes; _Unreadable for a pipe, device or folder (reading a FIFO would block the start)."""
+    # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+    fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Unreadable("it is not a regular file (a pipe, a device or a folder)")
+        if info.st_size > MAX_FILE_BYTES:
+            raise _Unreadable(f"it is {info.st_size / 1e6:.0f} MB, far too large for a settings file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > MAX_FILE_BYTES:  # it grew while being read
+                raise _Unreadable("it is far too large for a settings file")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def load_settings(path: str | os.PathLike[str] | None = None) -> tuple[AppSettings, str | None]:
     """The saved settings, or defaults; plus a warning for the user when something was wrong."""
     target = Path(path) if path is not None else default_path()
-    try:
-        size = target.stat().st_size
-    except FileNotFoundError:
+    if not target.exists() and not target.is_symlink():
         return AppSettings(), None
-    except OSError as exc:
-        return AppSettings(), _unreadable(target, exc)
     try:
-        if size > MAX_FILE_BYTES:
-            raise _Unreadable(f"it is {size / 1e6:.0f} MB, far too large for a settings file")
         try:
-            data = target.read_bytes()
+            data = _read_regular(target)
+        except FileNotFoundError:
+            return AppSettings(), None
+        except IsADirectoryError as exc:
+            raise _Unreadable("it is a folder, not a file") from exc
         except OSError as exc:
             return AppSettings(), _unreadable(target, exc)
         try:
-            # NaN / Infinity load as floats here and are then refused by the field checks.
-            raw = json.loads(data.decode("utf-8"))
+            # NaN / Infinity load as floats here and are then refused by the field checks. utf-8-sig: an
+            # editor's byte-order mark is not an error.
+            raw = json.loads(data.decode("utf-8-sig"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise _Unreadable("it is not valid JSON") from exc
         if not isinstance(raw, dict):

@@ -40,7 +40,6 @@ def _custom() -> AppSettings:
         model_folders=("/a", "/b"),
         reload_last_pair_on_start=True,
         bandwidth_override_gbps=936.5,
-        theme="dark",
     )
 
 
@@ -67,9 +66,9 @@ def test_round_trip(tmp_path: Path) -> None:
 
 def test_default_path_follows_specdeck_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECK_HOME", str(tmp_path))
-    save_settings(replace(AppSettings(), theme="light"))
+    save_settings(replace(AppSettings(), n_ctx=2048))
     assert (tmp_path / "config" / "settings.json").is_file()
-    assert load_settings()[0].theme == "light"
+    assert load_settings()[0].n_ctx == 2048
 
 
 def test_load_settings_for_the_engine() -> None:
@@ -111,7 +110,7 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
         "target_path": 17,
         "drafter_path": "/models/d.gguf",  # valid: kept
         "model_folders": "/not/a/list",
-        "theme": "purple",
+        "system_prompt": ["not", "text"],
         "sampling": {"temperature": "hot", "top_k": 10, "max_tokens": True, "top_p": 0.5},
         "unknown_future_key": 1,  # ignored
     }
@@ -121,12 +120,12 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
     assert (loaded.k, loaded.drafter_path) == (3, "/models/d.gguf")
     assert (loaded.n_ctx, loaded.adaptive) == (defaults.n_ctx, defaults.adaptive)
     assert loaded.k_max == defaults.k_max
-    assert (loaded.target_path, loaded.model_folders, loaded.theme) == (None, (), "system")
+    assert (loaded.target_path, loaded.model_folders, loaded.system_prompt) == (None, (), "")
     assert loaded.sampling == SamplingSettings(top_k=10, top_p=0.5)
     assert warning is not None
     for fragment in ("Context size must be a number", "Adaptive draft depth must be true or false",
                      "Maximum draft depth must be a whole number", "Temperature must be a number",
-                     "Max tokens must be a number", "The theme must be one of"):
+                     "Max tokens must be a number", "The system prompt must be text"):
         assert fragment in warning
     assert len(_bad_copies(tmp_path)) == 1
     loaded.validate()
@@ -188,10 +187,10 @@ def test_bad_schema_version(tmp_path: Path, version: object) -> None:
 
 def test_unversioned_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"n_ctx": 2048, "theme": "dark"}))  # version 0: before versions existed
+    path.write_text(json.dumps({"n_ctx": 2048, "k": 3}))  # version 0: before versions existed
     loaded, warning = load_settings(path)
     assert warning is None
-    assert (loaded.n_ctx, loaded.theme, loaded.schema_version) == (2048, "dark", SCHEMA_VERSION)
+    assert (loaded.n_ctx, loaded.k, loaded.schema_version) == (2048, 3, SCHEMA_VERSION)
     assert path.exists()
     assert not _bad_copies(tmp_path)
 
@@ -253,7 +252,7 @@ def test_save_on_full_disk_keeps_old_file(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(StorageError, match=r"Could not save settings.json: the disk is full \(errno 28\)"):
-        save_settings(replace(_custom(), theme="light"), path)
+        save_settings(replace(_custom(), n_ctx=2048), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
 
@@ -284,3 +283,70 @@ def test_any_json_loads_to_valid_settings(
     loaded.validate()  # whatever was in the file, what the app gets is usable
     save_settings(loaded, path)
     assert load_settings(path) == (loaded, None)
+
+
+# --- hostile files (issue 13 §10) -----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_place_of_the_file_does_not_hang_the_start(tmp_path: Path) -> None:
+    import signal
+
+    path = tmp_path / "settings.json"
+    os.mkfifo(path)
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError("load_settings blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        loaded, warning = load_settings(path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert loaded == AppSettings()
+    assert warning is not None
+    assert "not a regular file" in warning
+    assert "Default settings are in use" in warning
+    save_settings(_custom(), path)  # the next save replaces it with a real file
+    assert load_settings(path) == (_custom(), None)
+
+
+def test_a_folder_in_place_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.mkdir()
+    loaded, warning = load_settings(path)
+    assert loaded == AppSettings()
+    assert warning is not None
+    assert "Default settings are in use" in warning
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    save_settings(_custom(), path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as some Windows editors save it
+    assert load_settings(path) == (_custom(), None)
+    assert not _bad_copies(tmp_path)
+
+
+def test_a_huge_system_prompt_is_refused_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    huge = "x" * (15 * 1024 * 1024)
+    with pytest.raises(SettingsError, match=r"The system prompt is 15,728,640 characters long; at most"):
+        save_settings(replace(_custom(), system_prompt=huge), path)
+    assert not path.exists()  # refused before anything was written
+    path.write_text(json.dumps({**settings_module.to_json_dict(_custom()), "system_prompt": huge}))
+    loaded, warning = load_settings(path)
+    assert warning is not None
+    assert "The system prompt is 15,728,640 characters long" in warning
+    assert loaded == replace(_custom(), system_prompt="")  # everything else kept
+    assert len(_bad_copies(tmp_path)) == 1  # the file with the prompt is kept for the user
+
+
+def test_the_unused_theme_setting_is_gone(tmp_path: Path) -> None:
+    assert "theme" not in AppSettings.__dataclass_fields__
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "theme": "dark", "n_ctx": 2048}))
+    loaded, warning = load_settings(path)  # an older file's theme is ignored quietly
+    assert (loaded.n_ctx, warning) == (2048, None)
