@@ -30,7 +30,7 @@ import app
 from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
-from app.ceiling.hardware import BackendInfo, probe_backend_isolated
+from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.storage.history import HistoryStore
 from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key

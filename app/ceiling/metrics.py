@@ -2,8 +2,8 @@
 
 ``LiveMetrics`` eats ``Loaded``/``PassStats``/``Finished`` and keeps fixed-size numpy ring buffers (time,
 tok/s, acceptance, tokens per pass, k, context) plus per-position and per-k counts; ``snapshot()`` hands the
-painter immutable copies. ``ceiling_for_loaded`` turns a ``Loaded`` event into the roofline ceilings the
-plots draw as horizontal lines. The same numbers can feed ``specdeck bench``.
+painter immutable copies. The ceilings it compares against come from ``app.ceiling.builder``. The same
+numbers can feed ``specdeck bench``.
 
 Definitions (kept in line with ``app.engine.speculative``'s MessageStats):
 - acceptance = accepted / drafted; per-position acceptance = accepted at j / drafted at j.
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from app.ceiling import roofline
+from app.ceiling.builder import CeilingInfo
 from app.events import Finished, Loaded, MessageStats, PassStats
 
 FloatArray = npt.NDArray[np.float64]
@@ -36,97 +37,6 @@ CURVE_K_MIN = 8  # the Leviathan curve spans at least k = 0..8
 # Ring-buffer rows.
 T, TPS, TPS_SMOOTH, ACC, ACC_ROLL, TAU, TAU_ROLL, K, CTX = range(9)
 _ROWS = 9
-
-
-# --- ceilings -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CeilingInfo:
-    """Roofline ceilings for the loaded target, as a function of the context length.
-
-    The spec-sheet ceiling (one token per pass) is sampled on a grid of contexts and interpolated, since the
-    KV cache a pass reads grows with the context. The measured ceiling is the spec one scaled by the
-    calibration's efficiency (delivered / promised), or a flat measured rate when only that is known.
-    """
-
-    contexts: tuple[int, ...] = ()
-    spec_tps: tuple[float, ...] = ()  # ceiling at one token per pass, per context in `contexts`
-    efficiency: float | None = None  # measured / spec, from a calibration
-    measured_tps: float | None = None  # flat measured plain-decode rate when there is no spec curve
-    device: str = ""  # what the roof was computed for, e.g. "NVIDIA RTX 4090 (1008 GB/s)"
-    binding: str = ""  # "memory" or "compute"
-
-    def spec_at(self, context: int) -> float | None:
-        if not self.contexts:
-            return None
-        return float(np.interp(context, self.contexts, self.spec_tps))
-
-    def measured_at(self, context: int) -> float | None:
-        spec = self.spec_at(context)
-        if spec is not None and self.efficiency is not None:
-            return spec * self.efficiency
-        return self.measured_tps
-
-
-def _find_devices() -> Sequence[roofline.Device] | None:
-    """The machine's devices as the roofline sees them (app.ceiling.hardware; the CPU probe is cached per machine)."""
-    from app.ceiling.hardware import probe_hardware, roofline_devices
-
-    try:
-        return roofline_devices(probe_hardware())
-    except Exception:  # a probe failure means no ceiling, never a broken dashboard
-        return None
-
-
-def ceiling_for_loaded(
-    loaded: Loaded,
-    devices: Sequence[roofline.Device] | None = None,
-    *,
-    kv_type: str = "f16",
-    n_gpu_layers: int = -1,
-    calibration: roofline.Calibration | None = None,
-    grid: int = 9,
-    find_devices: Callable[[], Sequence[roofline.Device] | None] = _find_devices,
-) -> CeilingInfo | None:
-    """The ceilings for a loaded target (None when the model or the devices cannot be described).
-
-    Reads the GGUF header (milliseconds) and, without `devices`, probes the hardware: call it off the GUI
-    thread.
-    """
-    from app.errors import AppError
-    from app.library.gguf_reader import read_gguf_info
-
-    if devices is None:
-        devices = find_devices()
-    try:
-        shape = roofline.ModelShape.from_gguf(read_gguf_info(loaded.target.path))
-    except (AppError, OSError):
-        return None
-    if not devices:
-        if calibration is not None:
-            return CeilingInfo(measured_tps=calibration.tokens_per_second)
-        return None
-    if not loaded.gpu_offload:
-        n_gpu_layers = 0
-        devices = [d for d in devices if d.kind == "cpu"] or devices
-    contexts = tuple(int(c) for c in np.linspace(0, max(loaded.n_ctx, 1), max(grid, 2)).round())
-    try:
-        estimates = [roofline.ceiling(shape, devices, c, type_k=kv_type, n_gpu_layers=n_gpu_layers)
-                     for c in contexts]
-    except ValueError:
-        return None
-    first = estimates[0]
-    binding_dev = next((d for d in devices if d.key == first.binding_device), devices[0])
-    efficiency = calibration.efficiency if calibration is not None else None
-    return CeilingInfo(
-        contexts=contexts,
-        spec_tps=tuple(e.tokens_per_second for e in estimates),
-        efficiency=efficiency,
-        measured_tps=calibration.tokens_per_second if calibration is not None else None,
-        device=f"{binding_dev.name} ({binding_dev.bandwidth / 1e9:.0f} GB/s)",
-        binding=first.binding,
-    )
 
 
 def leviathan_curve(alpha: float, k_max: int) -> tuple[FloatArray, FloatArray]:
@@ -495,57 +405,3 @@ class LiveMetrics:
             last_stats=self.last_stats,
             finish_reason=self.finish_reason,
         )
-
-
-# --- memory ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuMemory:
-    index: int
-    name: str
-    total: int
-    used: int
-    ours: int | None = None  # this process and the engine worker
-
-
-@dataclass(frozen=True)
-class MemoryReading:
-    gpus: tuple[GpuMemory, ...]
-    ram_total: int
-    ram_used: int
-    process_rss: int
-
-
-class MemoryProbe:
-    """VRAM per GPU (app.ceiling.hardware's NVML probe) and system RAM (psutil). Poll at ~1 Hz, not per pass."""
-
-    def __init__(self, probe_gpus: Callable[[], Sequence[GpuMemory]] | None = None) -> None:
-        self._probe_gpus = probe_gpus or _nvidia_memory
-        self._gpu_ok = True  # stop asking NVML once it said there is nothing
-
-    def read(self) -> MemoryReading:
-        import os
-
-        import psutil
-
-        gpus: tuple[GpuMemory, ...] = ()
-        if self._gpu_ok:
-            gpus = tuple(self._probe_gpus())
-            self._gpu_ok = bool(gpus)
-        vm = psutil.virtual_memory()
-        rss = int(psutil.Process(os.getpid()).memory_info().rss)
-        return MemoryReading(gpus, int(vm.total), int(vm.total - vm.available), rss)
-
-
-def _nvidia_memory() -> tuple[GpuMemory, ...]:
-    from app.ceiling.hardware import probe_nvidia
-
-    try:
-        probe = probe_nvidia()
-    except Exception:
-        return ()
-    return tuple(
-        GpuMemory(g.index, g.name, g.memory_total, g.memory_used or 0, g.process_memory)
-        for g in probe.gpus if g.memory_total
-    )

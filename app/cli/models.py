@@ -9,10 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.library.gguf_reader import GGUFError, GGUFInfo, ensure_complete, read_gguf_info
+from app.errors import ModelFileError
+from app.library.gguf_reader import GGUFInfo
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.pair_stats import load_measured
+from app.library.model_file import check_model_file
 from app.library.recommend import Recommendation
+from app.units import format_bytes, format_count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,20 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also rank the library's models as drafters for this target model")
     parser.add_argument("--folder", type=Path, action="append", default=[], metavar="DIR",
                         help="also look in this folder (repeatable)")
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def human_count(n: int) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(n)
 
 
 def _info_json(info: GGUFInfo) -> dict[str, Any]:
@@ -79,7 +68,7 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
         note = "" if i.kind == "model" else i.kind
         if e.error:
             note = "incomplete: shards missing"
-        rows.append([e.source, e.label, i.architecture or "-", human_bytes(e.size), human_count(i.n_params),
+        rows.append([e.source, e.label, i.architecture or "-", format_bytes(e.size), format_count(i.n_params),
                      i.quantization or "-", str(i.context_length or "-"), str(i.n_vocab or "-"), note])
     out = [_table(rows)] if len(rows) > 1 else ["No GGUF models found."]
     if broken:
@@ -90,7 +79,7 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
 
 def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[LibraryEntry]) -> str:
     labels = {e.path: e.label for e in entries}
-    out = [f"\nDrafters for {Path(target.path).name} ({human_bytes(target.tensor_bytes)} of weights), "
+    out = [f"\nDrafters for {Path(target.path).name} ({format_bytes(target.tensor_bytes)} of weights), "
            "ranked by predicted speedup on a bandwidth-bound device:"]
     rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP"]]
     for n, r in enumerate(report.recommendations, 1):
@@ -110,15 +99,6 @@ def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[Li
     return "\n".join(out)
 
 
-def _load_target(path: Path) -> GGUFInfo:
-    info = read_gguf_info(path)
-    if info.kind in ("mmproj", "lora"):
-        kind = "a vision projector (mmproj)" if info.kind == "mmproj" else "a LoRA adapter"
-        raise GGUFError(f"{path.name} is {kind}, not a model that can be a target.", str(path))
-    ensure_complete(info)
-    return info
-
-
 def run(args: argparse.Namespace) -> int:
     for stream in (sys.stdout, sys.stderr):  # odd file names or a narrow console must not crash the listing
         reconfigure = getattr(stream, "reconfigure", None)
@@ -127,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     target: GGUFInfo | None = None
     if args.target is not None:
         try:
-            target = _load_target(args.target)
-        except GGUFError as exc:
+            target = check_model_file(args.target, "target")
+        except ModelFileError as exc:
             print(f"specdeck models: {exc}", file=sys.stderr)
             return 1
     entries = discover(extra_folders=args.folder)

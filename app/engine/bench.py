@@ -260,7 +260,7 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
 def ceiling_for(session: Any) -> dict[str, Any] | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
     try:
-        from app.cli.doctor import ceiling_summary
+        from app.ceiling.report import ceiling_summary
     except ImportError:
         return None
     try:

@@ -57,18 +57,6 @@ def init_backend(log_sink: Callable[[str], None] | None = None) -> None:
             _backend_ready = True
 
 
-def backend_name() -> str:
-    """The GPU backend this llama.cpp build was compiled with, or "cpu"."""
-    if not lc.llama_supports_gpu_offload():
-        return "cpu"
-    lib_dir = Path(lc.__file__).parent / "lib"
-    names = " ".join(p.name for p in lib_dir.glob("*")) if lib_dir.is_dir() else ""
-    for backend in ("cuda", "vulkan", "metal", "hip", "sycl"):
-        if backend in names:
-            return backend
-    return "gpu"
-
-
 def physical_cores() -> int:
     try:
         import psutil

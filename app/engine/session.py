@@ -16,43 +16,15 @@ from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import builtin_template, clean_messages, render_chat
 from app.engine.drafters import ModelDrafter, NGramDrafter
-from app.engine.llama import Context, ContextParams, Model, backend_name, init_backend, kv_bytes_per_token
+from app.ceiling.backend import backend_name
+from app.engine.llama import Context, ContextParams, Model, init_backend, kv_bytes_per_token
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
-from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, ModelFileError, PromptTooLongError
+from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
-from app.library.gguf_reader import GGUFError, GGUFInfo, fingerprint_texts, read_gguf_info
+from app.library.gguf_reader import fingerprint_texts
+from app.library.model_file import check_model_file
 
 ProgressFn = Callable[[str, float], bool]
-
-
-def check_model_file(path: str, role: str) -> GGUFInfo:
-    """Refuse anything that is not a whole, loadable model before llama.cpp parses it."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelFileError(f"The {role} model {p} does not exist (moved or deleted?). Choose it again.")
-    if p.is_dir():
-        raise ModelFileError(f"The {role} model {p} is a folder; choose a .gguf file inside it.")
-    if not p.is_file():
-        raise ModelFileError(f"The {role} model {p} is not a regular file (a pipe or device?); choose a .gguf file.")
-    try:
-        info = read_gguf_info(p)
-    except GGUFError as exc:
-        raise ModelFileError(f"The {role} model {p.name} cannot be used: {exc}") from exc
-    if info.kind == "mmproj":
-        raise ModelFileError(
-            f"{p.name} is a vision projector (mmproj), not a language model; choose the main model file."
-        )
-    if info.kind == "lora":
-        raise ModelFileError(f"{p.name} is a LoRA adapter, not a model; choose the base model file.")
-    if info.kind == "shard":
-        raise ModelFileError(f"{p.name} is part of a split model; choose its first part (…-00001-of-….gguf).")
-    if info.missing_shards:
-        raise ModelFileError(
-            f"{p.name} is split into {info.split_count} parts and these are missing: "
-            + ", ".join(info.missing_shards)
-            + ". Put every part in the same folder."
-        )
-    return info
 
 
 def vocab_info(model: Model) -> tuple[VocabInfo, list[str]]:

@@ -19,20 +19,20 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from app.storage.atomic import atomic_write_bytes
-from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
 from app.errors import StorageError
+from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import (
     GGUFError,
     GGUFInfo,
     MissingShardError,
-    ensure_complete,
     read_gguf_info,
     read_token_texts,
     shard_siblings,
 )
-from app.paths import cache_dir, models_dir
+from app.library.model_file import ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
+from app.paths import cache_dir, models_dir
+from app.storage.atomic import atomic_write_bytes
 
 SPECDECK = "specdeck"
 LMSTUDIO = "lmstudio"

@@ -944,24 +944,3 @@ def read_token_texts(path: str | Path) -> list[str]:
     except GGUFError as exc:
         exc.path = str(p)
         raise
-
-
-def ensure_complete(info: GGUFInfo) -> None:
-    """Raise MissingShardError when a split model lacks shards, so it is refused before llama.cpp sees it."""
-    if info.missing_shards:
-        shown = [Path(m).name if os.sep in m or "/" in m else m for m in info.missing_shards[:3]]
-        if len(info.missing_shards) > 3:
-            shown.append(f"and {len(info.missing_shards) - 3} more")
-        names = ", ".join(shown)
-        raise MissingShardError(
-            f"{Path(info.path).name} is part 1 of a model split into {info.split_count} files, and "
-            f"{len(info.missing_shards)} of them {'is' if len(info.missing_shards) == 1 else 'are'} missing "
-            f"or unreadable: {names}.",
-            info.path,
-        )
-    if info.kind == "shard":
-        raise MissingShardError(
-            f"{Path(info.path).name} is part {info.split_index + 1} of {info.split_count} of a split model; "
-            "open the first part (…-00001-of-…) instead.",
-            info.path,
-        )

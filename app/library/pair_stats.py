@@ -11,11 +11,11 @@ import json
 import math
 from pathlib import Path
 
-from app.storage.atomic import atomic_write_json
 from app.errors import StorageError
 from app.events import MessageStats
-from app.paths import data_dir
 from app.library.recommend import NGRAM_KEY
+from app.paths import data_dir
+from app.storage.atomic import atomic_write_json
 
 FILE_NAME = "acceptance.json"
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep

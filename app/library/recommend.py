@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
-from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
 
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)

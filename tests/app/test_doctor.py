@@ -18,8 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
+from app.ceiling import decode_check, report
+from app.ceiling.child import SIGILL_MESSAGE
 from app.cli import doctor
-from app.ceiling.hardware import SIGILL_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,8 +282,8 @@ def test_decode_check_failures_are_one_sentence(
 ) -> None:
     if sys.platform == "win32":
         pytest.skip("POSIX signals")
-    monkeypatch.setattr(doctor, "doctor_command", fake_child(code))
-    result = doctor.decode_check(demo_models[0])
+    monkeypatch.setattr(decode_check, "probe_command", fake_child(code))
+    result = decode_check.decode_check(demo_models[0])
     assert result["ok"] is False
     assert expected in result["message"]
     assert "\n" not in result["message"]
@@ -290,7 +291,7 @@ def test_decode_check_failures_are_one_sentence(
 
 def test_a_failed_decode_check_fails_doctor(monkeypatch: pytest.MonkeyPatch, demo_models: tuple[Path, Path],
                                             capsys: pytest.CaptureFixture[str], specdeck_home: Path) -> None:
-    monkeypatch.setattr(doctor, "doctor_command",
+    monkeypatch.setattr(decode_check, "probe_command",
                         fake_child(f"import os; os.kill(os.getpid(), {int(signal.SIGILL)})"))
     parser = argparse.ArgumentParser()
     doctor.add_arguments(parser)
@@ -311,12 +312,12 @@ def test_text_report_shows_the_check_and_the_calibration(
         return {"ok": True, "model": str(path), "message": "loaded and decoded 17 tokens in 0.4 s", "tokens": 17,
                 "seconds": 0.4, "tokens_per_second": 40.0, "context": 7}
 
-    report, ok = doctor.build_report(args, check=check)
+    r, ok = report.build_report(doctor.options_from(args), check=check)
     assert ok
-    cal = report["decode_check"]["calibration"]
+    cal = r["decode_check"]["calibration"]
     assert cal["passes_per_second"] == 40.0
-    assert cal["bytes_per_pass"] > report["target"]["weight_bytes"]  # weights + the KV at 7 tokens
-    text = doctor.render_text(report)
+    assert cal["bytes_per_pass"] > r["target"]["weight_bytes"]  # weights + the KV at 7 tokens
+    text = doctor.render_text(r)
     assert "decode check OK: gemma-3-270m" in text
     assert "plain decode 40.0 tok/s" in text
     assert "% of the ceiling" in text
@@ -325,6 +326,6 @@ def test_text_report_shows_the_check_and_the_calibration(
         return {"ok": False, "model": str(path), "message": SIGILL_MESSAGE, "tokens": 0, "seconds": None,
                 "tokens_per_second": None}
 
-    report, ok = doctor.build_report(args, check=broken)
+    r, ok = report.build_report(doctor.options_from(args), check=broken)
     assert not ok
-    assert "decode check FAILED" in doctor.render_text(report)
+    assert "decode check FAILED" in doctor.render_text(r)

@@ -27,11 +27,11 @@ from app.library.gguf_reader import (
     TruncatedError,
     UnreadableError,
     UnsupportedVersionError,
-    ensure_complete,
     fingerprint_texts,
     read_gguf_info,
     read_token_texts,
 )
+from app.library.model_file import ensure_complete
 
 # --- a hand-made GGUF writer -------------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ def test_split_model_with_all_shards(tmp_path: Path) -> None:
     ensure_complete(info)
     part = read_gguf_info(second)
     assert (part.kind, part.split_index, part.architecture) == ("shard", 1, "")
-    with pytest.raises(MissingShardError, match="part 2 of 3"):
+    with pytest.raises(MissingShardError, match=r"is part of a split model; choose its first part .*part 2 of 3"):
         ensure_complete(part)
 
 
@@ -238,7 +238,7 @@ def test_split_model_with_a_missing_shard(tmp_path: Path) -> None:
     info = read_gguf_info(first)
     assert info.missing_shards == (str(second), str(third))
     assert info.n_params == 64 * 4
-    with pytest.raises(MissingShardError, match=r"2 of them are missing or unreadable: big-model-00002-of"):
+    with pytest.raises(MissingShardError, match=r"split into 3 parts and these are missing: big-model-00002-of"):
         ensure_complete(info)
 
 
@@ -246,7 +246,7 @@ def test_split_count_without_the_naming_pattern(tmp_path: Path) -> None:
     kvs = [*model_kvs(), kv("split.no", U16, 0), kv("split.count", U16, 2)]
     info = read_gguf_info(write(tmp_path / "renamed.gguf", build(kvs)))
     assert info.missing_shards == ("shard 2 of 2 (the file name does not say where to find them)",)
-    with pytest.raises(MissingShardError, match="split into 2 files"):
+    with pytest.raises(MissingShardError, match="split into 2 parts and these are missing: shard 2 of 2"):
         ensure_complete(info)
 
 

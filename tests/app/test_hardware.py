@@ -13,22 +13,18 @@ from typing import Any
 
 import pytest
 
-from app.ceiling.hardware import (
-    SIGILL_MESSAGE,
+from app.ceiling.backend import (
     BackendDevice,
     BackendInfo,
     cpu_features_from_system_info,
-    describe_exit,
-    lookup_gpu,
-    nvml_bandwidth,
     parse_system_info,
     probe_backend,
     probe_backend_isolated,
-    probe_cpu,
-    probe_hardware,
-    probe_nvidia,
-    roofline_devices,
 )
+from app.ceiling.child import SIGILL_MESSAGE, describe_exit
+from app.ceiling.cpu import probe_cpu
+from app.ceiling.gpus import lookup_gpu, nvml_bandwidth, probe_nvidia
+from app.ceiling.hardware import probe_hardware, roofline_devices
 
 GB = 1e9
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
-from app.ceiling.metrics import CeilingInfo, LiveMetrics, MemoryProbe, ceiling_for_loaded, leviathan_curve
+from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
+from app.ceiling.memory import MemoryProbe
+from app.ceiling.metrics import LiveMetrics, leviathan_curve
 from app.ceiling.roofline import Device, make_calibration
 
 
@@ -193,7 +195,7 @@ def test_ceiling_for_loaded_without_devices(tiny_target: Path) -> None:
 
 
 def test_memory_probe_reads_ram_and_injected_gpus() -> None:
-    from app.ceiling.metrics import GpuMemory
+    from app.ceiling.memory import GpuMemory
 
     r = MemoryProbe(lambda: (GpuMemory(0, "G", 8 << 30, 2 << 30),)).read()
     assert r.ram_total > 0

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from pytestqt.qtbot import QtBot
 
+from app.ceiling.builder import CeilingInfo
+from app.ceiling.memory import GpuMemory, MemoryProbe
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
-from app.ceiling.metrics import CeilingInfo, GpuMemory, MemoryProbe
 from ui.dashboard.panel import REPAINT_MS, DashboardPanel
 
 

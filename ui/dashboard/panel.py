@@ -27,14 +27,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.events import Finished, Loaded, PassStats
-from app.ceiling.metrics import (
-    CeilingInfo,
-    LiveMetrics,
-    MemoryProbe,
-    MemoryReading,
-    MetricsSnapshot,
-    ceiling_for_loaded,
-)
+from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
+from app.ceiling.memory import MemoryProbe, MemoryReading
+from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 
 REPAINT_MS = 100  # 10 Hz: a frame costs ~20 ms of software rendering (axis text dominates)
 MEMORY_PERIOD_S = 1.0

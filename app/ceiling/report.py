@@ -1,0 +1,207 @@
+"""Doctor's report: the machine, the models and their ceiling, as plain JSON values (`doctor --json`'s
+schema; `app.cli.doctor` only parses arguments and prints it). Also the ceiling summary bench records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.ceiling.backend import probe_backend_isolated
+from app.ceiling.builder import ceiling_model, probe_machine
+from app.ceiling.decode_check import calibrate, decode_check, one_line
+from app.ceiling.hardware import HardwareReport
+from app.ceiling.roofline import (
+    Device,
+    ModelShape,
+    PassEstimate,
+    estimate_pass,
+    expected_tokens_per_pass,
+    fit_estimate,
+    kv_bytes_per_token,
+    kv_bytes_read,
+    kv_cache_bytes,
+)
+from app.errors import AppError
+from app.library.compat import VocabInfo, check_compatible
+from app.library.gguf_reader import GGUFInfo
+from app.library.model_file import check_model_file
+
+SCHEMA = 1
+DEFAULT_CTX = 4096
+DEFAULT_DRAFT_K = 4
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What `specdeck doctor` was asked (its command-line flags)."""
+
+    model: Path | None = None
+    drafter: Path | None = None
+    ctx: int | None = None  # None: DEFAULT_CTX, or the model's trained context if smaller
+    kv_type: str = "f16"
+    gpu_layers: int = -1
+    draft_k: int = DEFAULT_DRAFT_K
+    gpu_bandwidth: float | None = None  # GB/s; None: the saved setting, else NVML or the card table
+    decode_check: bool = False
+    refresh: bool = False
+
+
+def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str) -> dict[str, Any]:
+    return {
+        "path": info.path,
+        "name": info.name,
+        "architecture": info.architecture,
+        "quantization": info.quantization,
+        "file_size": info.file_size,
+        "weight_bytes": info.tensor_bytes,
+        "n_params": info.n_params,
+        "n_layer": info.n_layer,
+        "n_ctx_train": info.context_length,
+        "n_vocab": info.n_vocab,
+        "sliding_window": info.sliding_window,
+        "swa_layer_count": sum(1 for il in range(shape.n_layer) if shape.is_swa(il)),
+        "kv_bytes_per_token": kv_bytes_per_token(shape, kv_type),
+        "kv_bytes_at_context": kv_bytes_read(shape, ctx, kv_type),
+        "kv_cache_bytes": kv_cache_bytes(shape, ctx, kv_type),
+    }
+
+
+def pass_block(est: PassEstimate) -> dict[str, Any]:
+    return {
+        "tokens": est.tokens,
+        "draft_steps": est.draft_steps,
+        "context": est.context,
+        "bytes_per_pass": est.bytes,
+        "weight_bytes": est.target_weight_bytes,
+        "kv_bytes": est.target_kv_bytes,
+        "drafter_bytes": est.drafter_bytes,
+        "flops_per_pass": est.flops,
+        "seconds_per_pass": est.seconds,
+        "memory_seconds": est.memory_seconds,
+        "compute_seconds": est.compute_seconds,
+        "passes_per_second": est.passes_per_second,
+        "tokens_per_second": est.tokens_per_second,
+        "binding": est.binding,
+        "binding_device": est.binding_device,
+        "parts": [
+            {"device": p.device, "phase": p.phase, "bytes": p.bytes, "flops": p.flops,
+             "memory_seconds": p.memory_seconds, "compute_seconds": p.compute_seconds, "binding": p.binding}
+            for p in est.parts
+        ],
+    }
+
+
+def hardware_block(hw: HardwareReport, devices: Sequence[Device]) -> dict[str, Any]:
+    cpu = hw.cpu
+    return {
+        "backend": hw.backend.to_dict() if hw.backend is not None else None,
+        "cpu": {
+            "model": cpu.model, "physical_cores": cpu.physical_cores, "logical_cores": cpu.logical_cores,
+            "ram_total": cpu.ram_total, "ram_available": cpu.ram_available, "bandwidth": cpu.bandwidth,
+            "bandwidth_source": cpu.bandwidth_source, "peak_flops": cpu.peak_flops,
+            "probe_cached": cpu.cached, "probe_seconds": cpu.probe_seconds,
+        },
+        "nvml": {"status": hw.nvml_status, "driver_version": hw.driver_version},
+        "gpus": [asdict(g) for g in hw.gpus],
+        "devices": [asdict(d) for d in devices],
+        "notes": list(hw.notes),
+    }
+
+
+def compatibility(target: GGUFInfo, drafter: GGUFInfo) -> dict[str, Any]:
+    """llama.cpp's drafter checks on the two headers (vocab type, BOS/EOS, sizes, token texts)."""
+    result = check_compatible(VocabInfo.from_gguf(target), VocabInfo.from_gguf(drafter))
+    return {"checked": True, "compatible": result.ok, "check": result.check, "confirmed": result.confirmed,
+            "message": one_line(result.reason)}
+
+
+def build_report(args: DoctorOptions,
+                 check: Callable[[Path, int], dict[str, Any]] | None = None) -> tuple[dict[str, Any], bool]:
+    """The whole report as plain JSON values, and whether the decode check (if asked for) passed. Raises
+    AppError (a ModelFileError for a bad file) with one sentence."""
+    if args.ctx is not None and args.ctx < 16:
+        raise AppError(f"--ctx must be at least 16, not {args.ctx}.")
+    if args.draft_k < 0 or args.draft_k > 32:
+        raise AppError(f"--draft-k must be between 0 and 32, not {args.draft_k}.")
+    if args.gpu_bandwidth is not None and not args.gpu_bandwidth > 0:
+        raise AppError(f"--gpu-bandwidth must be a positive number of GB/s, not {args.gpu_bandwidth}.")
+    target_path: Path | None = args.model
+    if target_path is None and args.decode_check:
+        from app.library.demo_install import installed_demo_models
+
+        demos = installed_demo_models()
+        if not demos:
+            raise AppError("no model to check: pass --model PATH or install the demo models with "
+                           "`specdeck demo-models`.")
+        target_path = demos[0]
+    target = check_model_file(target_path, "target") if target_path is not None else None
+    drafter = check_model_file(args.drafter, "drafter") if args.drafter is not None else None
+
+    override = args.gpu_bandwidth * GB if args.gpu_bandwidth else None
+    hw, devices = probe_machine(backend=probe_backend_isolated(), gpu_bandwidth_override=override,
+                                refresh=args.refresh)
+    report: dict[str, Any] = {"schema": SCHEMA, "specdeck": __version__, **hardware_block(hw, devices)}
+    ctx = args.ctx or min(DEFAULT_CTX, target.context_length if target and target.context_length else
+                          DEFAULT_CTX)
+    report["settings"] = {"ctx": ctx, "kv_type": args.kv_type, "gpu_layers": args.gpu_layers,
+                          "draft_k": args.draft_k}
+    report.update({"target": None, "drafter": None, "ceiling": None, "speculative": None, "fit": None,
+                   "compatibility": None, "decode_check": None})
+    plain: PassEstimate | None = None
+    if target is not None:
+        shape = ModelShape.from_gguf(target)
+        report["target"] = model_block(target, shape, ctx, args.kv_type)
+        plain = estimate_pass(shape, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers)
+        report["ceiling"] = pass_block(plain)
+        d_shape = ModelShape.from_gguf(drafter) if drafter is not None else None
+        fit = fit_estimate(shape, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
+                           drafter=d_shape)
+        report["fit"] = {
+            "fits": fit.fits, "message": fit.message,
+            "devices": [{"device": d.device, "name": d.name, "weights": d.weights, "kv": d.kv,
+                         "compute": d.compute, "need": d.need, "free": d.free, "fits": d.fits,
+                         "short_by": d.short_by} for d in fit.devices],
+        }
+        if drafter is not None and d_shape is not None:
+            report["drafter"] = model_block(drafter, d_shape, ctx, args.kv_type)
+            report["compatibility"] = compatibility(target, drafter)
+            k = args.draft_k
+            spec = estimate_pass(shape, devices, ctx, tokens=k + 1, type_k=args.kv_type,
+                                 n_gpu_layers=args.gpu_layers, drafter=d_shape, draft_steps=k)
+            report["speculative"] = {
+                "draft_k": k,
+                "pass": pass_block(spec),
+                # Tokens a pass must emit on average for speculation to beat plain decoding's ceiling.
+                "break_even_tokens_per_pass": plain.passes_per_second / spec.passes_per_second,
+                "leviathan": [
+                    {"alpha": a, "tokens_per_pass": expected_tokens_per_pass(a, k),
+                     "tokens_per_second": spec.speculative_tokens_per_second(expected_tokens_per_pass(a, k))}
+                    for a in (0.5, 0.7, 0.9)
+                ],
+            }
+    ok = True
+    if args.decode_check:
+        assert target_path is not None
+        result = (check or decode_check)(target_path, args.gpu_layers)
+        if target is not None:
+            calibrate(result, target, devices, args.gpu_layers)
+        report["decode_check"] = result
+        ok = bool(result.get("ok"))
+    return report, ok
+
+
+# --- for bench ---------------------------------------------------------------------------------
+
+
+def ceiling_summary(target_path: str | Path, n_ctx: int, *, kv_type: str = "f16",
+                    n_gpu_layers: int = -1) -> dict[str, Any]:
+    """Plain decoding's ceiling at this context as JSON values (the pass fields of `doctor --json`'s
+    "ceiling", plus the devices), for `specdeck bench`. Probes llama.cpp in this process when it is
+    loaded here (the engine worker), else in a child."""
+    model = ceiling_model(target_path, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
+    return {**pass_block(model.plain(n_ctx)), "devices": [asdict(d) for d in model.devices]}
