@@ -21,14 +21,8 @@ from typing import Any
 
 from app.errors import StorageError
 from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
-from app.library.gguf_reader import (
-    GGUFError,
-    GGUFInfo,
-    MissingShardError,
-    read_gguf_info,
-    read_token_texts,
-    shard_siblings,
-)
+from app.library.gguf_format import GGUFError, MissingShardError
+from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts, shard_siblings
 from app.library.model_file import ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
 from app.paths import cache_dir, models_dir

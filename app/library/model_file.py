@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from app.errors import ModelFileError
-from app.library.gguf_reader import GGUFError, GGUFInfo, MissingShardError, read_gguf_info
+from app.library.gguf_format import GGUFError, MissingShardError
+from app.library.gguf_reader import GGUFInfo, read_gguf_info
 
 MISSING_SHOWN = 3  # missing parts named in the message; the rest are counted
 

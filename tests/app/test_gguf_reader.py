@@ -16,9 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.errors import ModelFileError
-from app.library.gguf_reader import (
+from app.library.gguf_format import (
     GGUFError,
-    GGUFInfo,
     LimitError,
     MalformedError,
     MissingKeyError,
@@ -27,10 +26,8 @@ from app.library.gguf_reader import (
     TruncatedError,
     UnreadableError,
     UnsupportedVersionError,
-    fingerprint_texts,
-    read_gguf_info,
-    read_token_texts,
 )
+from app.library.gguf_reader import GGUFInfo, fingerprint_texts, read_gguf_info, read_token_texts
 from app.library.model_file import ensure_complete
 
 # --- a hand-made GGUF writer -------------------------------------------------------------------------
