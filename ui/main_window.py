@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import QSettings, Qt, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QSettings, QSize, Qt, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QFrame,
@@ -27,29 +27,34 @@ from PySide6.QtWidgets import (
 )
 
 import app
+from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress, PassStats
-from app.ceiling.backend import BackendInfo, probe_backend_isolated
-from app.storage.history import HistoryStore
+from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress
 from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
+from app.storage.history import HistoryStore
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import ChatPanel
-from ui.notifier import Notifier
+from ui.dashboard.panel import DashboardPanel
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
+from ui.notifier import Notifier
 from ui.tasks import TaskRunner
 
-try:
-    from ui.dashboard.panel import DashboardPanel
-except ImportError:  # the dashboard is optional: the window works without it
-    DashboardPanel = None  # type: ignore[assignment,misc]
-
 WINDOW_STATE_FILE = "window.ini"
+WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
+SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
+SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
+
+
+def default_window_size(available: QSize) -> QSize:
+    """The first-start size: most of the screen's free area, never more than 1600×1000."""
+    return QSize(min(int(available.width() * SCREEN_SHARE), 1600),
+                 min(int(available.height() * SCREEN_SHARE), 1000))
 
 
 def describe_build(info: BackendInfo) -> str:
@@ -119,7 +124,7 @@ class FirstRunPanel(QWidget):
         layout.addStretch(1)
         title = QLabel("<h2>Welcome to SpecDeck</h2>", self)
         text = QLabel(
-            "No GGUF models were found on this computer. Install two small demo models (about 250 MB: "
+            "No GGUF models were found on this computer. Install two small demo models (about 350 MB: "
             "SmolLM2 135M and Gemma 3 270M) to try it, or add a folder that holds your own models.", self)
         text.setWordWrap(True)
         self.demo_button = QPushButton("Install demo models", self)
@@ -186,18 +191,15 @@ class MainWindow(QMainWindow):
         scroll = QScrollArea(self)
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
-        scroll.setMinimumWidth(400)  # the picker's labels and combos need this much to be readable
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(SIDE_DOCK_MIN_WIDTH)
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
         self.models_dock.setWidget(scroll)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.models_dock)
 
-        self.dashboard: QWidget
-        if DashboardPanel is not None:
-            self.dashboard = DashboardPanel(self)
-        else:
-            self.dashboard = QLabel("The dashboard is not available in this build.", self)
-            self.dashboard.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.dashboard = DashboardPanel(self, tasks=self.tasks)
+        self.dashboard.attach(self.bridge)
         self.dashboard_dock = QDockWidget("Dashboard", self)
         self.dashboard_dock.setObjectName("dashboard_dock")
         self.dashboard_dock.setWidget(self.dashboard)
@@ -235,8 +237,6 @@ class MainWindow(QMainWindow):
         b.model_loaded.connect(self._on_bridge_model_loaded)
         b.load_progress.connect(self._on_bridge_load_progress)
         b.load_cancelled.connect(self._on_bridge_load_cancelled)
-        b.model_unloaded.connect(self._on_bridge_model_unloaded)
-        b.stats_updated.connect(self._on_bridge_stats_updated)
         b.generation_finished.connect(self._on_bridge_generation_finished)
         b.engine_error.connect(self._on_bridge_engine_error)
         b.engine_crashed.connect(self._on_bridge_engine_crashed)
@@ -252,11 +252,6 @@ class MainWindow(QMainWindow):
         self.first_run.demo_button.clicked.connect(self._on_first_run_demo_clicked)
         self.first_run.folder_button.clicked.connect(self.picker._on_add_folder_button_clicked)
 
-    def _dashboard_call(self, name: str, *args: object) -> None:
-        method = getattr(self.dashboard, name, None)
-        if callable(method):
-            method(*args)
-
     # --- window state -------------------------------------------------------------------------------
 
     def _qsettings(self) -> QSettings:
@@ -264,23 +259,34 @@ class MainWindow(QMainWindow):
 
     def _restore_window_state(self) -> None:
         qs = self._qsettings()
-        geometry = qs.value("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1800, 1000)
-            self.resizeDocks([self.models_dock, self.dashboard_dock], [400, 700], Qt.Orientation.Horizontal)
-        state = qs.value("state")
-        if state is not None:
-            self.restoreState(state)
-        splitter = qs.value("chat_splitter")
+        saved = qs.value("version") == str(WINDOW_STATE_VERSION)
+        geometry = qs.value("geometry") if saved else None
+        # Docks first, then geometry: restoring the geometry last keeps the saved size even when the
+        # docks' state would have asked for another (it did: 1600×1000 came back as 1545×433).
+        state = qs.value("state") if saved else None
+        if state is None or not self.restoreState(state, WINDOW_STATE_VERSION):
+            self._default_layout()
+        if geometry is None or not self.restoreGeometry(geometry):
+            self._default_size()
+        splitter = qs.value("chat_splitter") if saved else None
         if splitter is not None:
             self.chat.splitter.restoreState(splitter)
 
+    def _default_size(self) -> None:
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        size = default_window_size(screen.availableGeometry().size()) if screen else QSize(1280, 800)
+        self.resize(size)
+
+    def _default_layout(self) -> None:
+        width = self.width() if self.width() > 200 else 1280
+        self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 4),
+                         max(DashboardPanel.MIN_WIDTH, width * 3 // 8)], Qt.Orientation.Horizontal)
+
     def _save_window_state(self) -> None:
         qs = self._qsettings()
+        qs.setValue("version", str(WINDOW_STATE_VERSION))
         qs.setValue("geometry", self.saveGeometry())
-        qs.setValue("state", self.saveState())
+        qs.setValue("state", self.saveState(WINDOW_STATE_VERSION))
         qs.setValue("chat_splitter", self.chat.splitter.saveState())
         qs.sync()
 
@@ -323,7 +329,7 @@ class MainWindow(QMainWindow):
             return
         self.banner.hide()
         self.picker.set_loading(True, "Loading…")
-        self._dashboard_call("reset")
+        self.dashboard.reset()
         self.save_app_settings()
 
     @Slot()
@@ -355,7 +361,6 @@ class MainWindow(QMainWindow):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self.picker.show_loaded(event)
-        self._dashboard_call("on_loaded", event)
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:
@@ -364,20 +369,9 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_bridge_load_cancelled(self) -> None:
         self.picker.set_loading(False, "Loading cancelled.")
-        self._dashboard_call("on_unloaded")
-
-    @Slot()
-    def _on_bridge_model_unloaded(self) -> None:
-        self._dashboard_call("on_unloaded")
-
-    @Slot(PassStats)
-    def _on_bridge_stats_updated(self, event: PassStats) -> None:
-        self._dashboard_call("on_pass", event)
 
     @Slot(Finished)
     def _on_bridge_generation_finished(self, event: Finished) -> None:
-        if event.request_id >= 0:
-            self._dashboard_call("on_finished", event)
         loaded = self.bridge.loaded
         drafter = drafter_key(loaded.drafter.path if loaded and loaded.drafter else None,
                               loaded.ngram if loaded else 0)
@@ -397,7 +391,6 @@ class MainWindow(QMainWindow):
                       and self.bridge.crashes_on_load < MAX_LOAD_CRASHES)
         self.banner.show_crash(event, self.bridge.crashes_on_load, restarting)
         self.picker.set_loading(False, "The engine stopped.")
-        self._dashboard_call("on_unloaded")
         self.notifier.info("The engine stopped; see the banner above the chat.")
 
     @Slot()

@@ -1,4 +1,5 @@
-"""Ctrl+Enter sends from the message box; Esc stops (both through the real key events)."""
+"""Ctrl+Enter sends and Esc stops from anywhere in the window (through the real key events); Esc is left
+to the focused widget while nothing streams."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 
-def test_ctrl_enter_sends_and_esc_stops(qtbot: QtBot, make_window: object) -> None:
+def test_ctrl_enter_sends_and_esc_stops_window_wide(qtbot: QtBot, make_window: object) -> None:
     window = make_window(start_engine=False)  # type: ignore[operator]
     window.show()
     window.activateWindow()
@@ -16,13 +17,17 @@ def test_ctrl_enter_sends_and_esc_stops(qtbot: QtBot, make_window: object) -> No
     stopped: list[bool] = []
     chat.send = lambda text=None: sent.append(chat.input.toPlainText()) or True
     chat.stop = lambda: stopped.append(True)
-    chat.input.setFocus()
     chat.input.setPlainText("hello")
+    # Focus far from the chat: the temperature field in the left dock.
+    window.sampling_form.edits["temperature"].setFocus()
+    qtbot.waitUntil(lambda: window.sampling_form.edits["temperature"].hasFocus(), timeout=2000)
     # Through the window's QWindow, as the platform delivers keys, so the shortcut map sees them.
     handle = window.windowHandle()
     qtbot.keyClick(handle, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
     assert sent == ["hello"]
     qtbot.keyClick(handle, Qt.Key.Key_Escape)
+    assert stopped == []  # nothing streams: Esc is not taken from the focused widget
+    chat._set_generating(True)
+    qtbot.keyClick(handle, Qt.Key.Key_Escape)
     assert stopped == [True]
-    qtbot.keyClick(handle, Qt.Key.Key_Return)  # a plain Enter is a new line, not a send
-    assert sent == ["hello"]
+    chat._set_generating(False)

@@ -1,7 +1,9 @@
 """The chat: past chats, the transcript, the input and its actions, and the history store's writes.
 
 The user's message is saved before generation starts; the streaming answer is saved at least once a
-second and when it ends. If saving fails (a full disk), the user is told and the chat goes on in memory.
+second and when it ends, with why it ended. If saving fails (a full disk), the user is told and the chat
+goes on in memory. Over 450 lines: the chat list's management (search, rename, delete with undo) shares
+the panel's state (the open chat, generating) and lives here with it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QSplitter,
@@ -30,18 +33,33 @@ from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Token
 from app.storage.history import HistoryStore
 from ui.bridge import EngineBridge
-from ui.chat.view import ChatMessage, ChatView
+from ui.chat.view import ChatMessage, ChatView, ColourKey
+from ui.flow_layout import FlowLayout
 from ui.models.sampling_form import SamplingForm
 
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
-TITLE_CHARS = 48
+TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
+HISTORY_MIN_WIDTH = 120
+UNDO_DELETE_MS = 8000  # a deleted chat can be brought back this long
+CONTINUE_PROMPT = "Continue."
 FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
+
+
+def title_from(text: str) -> str:
+    """A chat's title: its first message's first line, cut at a word near TITLE_CHARS."""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
+    if len(line) <= TITLE_CHARS:
+        return line or "Untitled chat"
+    cut = line.rfind(" ", 0, TITLE_CHARS)
+    return line[:cut if cut > TITLE_CHARS // 2 else TITLE_CHARS].rstrip(" ,.;:") + "…"
 
 
 class ChatPanel(QWidget):
     generation_state_changed = Signal(bool)
     error_raised = Signal(str)
-    answer_finished = Signal()  # the answer is final in the view and the store
+    answer_finished = Signal(object)  # ChatMessage: the answer is final in the view and the store
+    chat_opened = Signal(int)
+    chat_deleted = Signal(int)  # hidden at once; deleted for good unless undone in time
 
     def __init__(
         self,
@@ -62,6 +80,11 @@ class ChatPanel(QWidget):
         self._answer: ChatMessage | None = None
         self._dirty = False
         self._last_flush = 0.0
+        self._pending_delete: int | None = None
+        self.context_menu: QMenu | None = None
+        self._delete_timer = QTimer(self)
+        self._delete_timer.setSingleShot(True)
+        self._delete_timer.timeout.connect(self._on_delete_timer_timeout)
         self._build()
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
@@ -83,11 +106,30 @@ class ChatPanel(QWidget):
         left_layout.setContentsMargins(0, 0, 0, 0)
         self.new_chat_button = QPushButton("New chat", left)
         self.new_chat_button.clicked.connect(self._on_new_chat_button_clicked)
+        self.search_edit = QLineEdit(left)
+        self.search_edit.setPlaceholderText("Search chats")
+        self.search_edit.setClearButtonEnabled(True)
+        self.search_edit.textChanged.connect(self._on_search_edit_text_changed)
         self.history_list = QListWidget(left)
-        self.history_list.itemActivated.connect(self._on_history_list_item_activated)
-        self.history_list.itemClicked.connect(self._on_history_list_item_activated)
+        self.history_list.setMinimumWidth(HISTORY_MIN_WIDTH)
+        self.history_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.history_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.history_list.customContextMenuRequested.connect(self._on_history_list_context_menu_requested)
+        self.history_list.currentItemChanged.connect(self._on_history_list_current_item_changed)
+        self.history_list.itemChanged.connect(self._on_history_list_item_changed)
+        self.undo_delete_button = QPushButton("Undo delete", left)
+        self.undo_delete_button.setVisible(False)
+        self.undo_delete_button.clicked.connect(self._on_undo_delete_button_clicked)
         left_layout.addWidget(self.new_chat_button)
+        left_layout.addWidget(self.search_edit)
         left_layout.addWidget(self.history_list)
+        left_layout.addWidget(self.undo_delete_button)
+        rename = QShortcut(QKeySequence(Qt.Key.Key_F2), self.history_list)
+        rename.setContext(Qt.ShortcutContext.WidgetShortcut)
+        rename.activated.connect(self._on_rename_shortcut_activated)
+        delete = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.history_list)
+        delete.setContext(Qt.ShortcutContext.WidgetShortcut)
+        delete.activated.connect(self._on_delete_shortcut_activated)
 
         right = QWidget(splitter)
         layout = QVBoxLayout(right)
@@ -104,38 +146,48 @@ class ChatPanel(QWidget):
         self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
         self.input.setMaximumHeight(120)
         layout.addWidget(self.input)
-        buttons = QHBoxLayout()
+        buttons_row = QWidget(right)
+        buttons = FlowLayout(buttons_row, h_spacing=6, v_spacing=4)
         self.send_button = QPushButton("Send", right)
         self.stop_button = QPushButton("Stop", right)
         self.regenerate_button = QPushButton("Regenerate", right)
         self.edit_button = QPushButton("Edit last", right)
         self.highlight_check = QCheckBox("Highlight drafted tokens", right)
         self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the drafter model.")
+        self.colour_key = ColourKey(right)
+        self.colour_key.setVisible(False)
+        self.continue_button = QPushButton("Continue", right)
+        self.continue_button.setToolTip("The answer was cut at Max tokens: ask the model to go on")
+        self.continue_button.setVisible(False)
+        self.continue_button.clicked.connect(self._on_continue_button_clicked)
         self.send_button.clicked.connect(self._on_send_button_clicked)
         self.stop_button.clicked.connect(self._on_stop_button_clicked)
         self.regenerate_button.clicked.connect(self._on_regenerate_button_clicked)
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
-        for w in (self.send_button, self.stop_button, self.regenerate_button, self.edit_button):
+        for w in (self.send_button, self.stop_button, self.regenerate_button, self.continue_button,
+                  self.edit_button, self.highlight_check, self.colour_key):
             buttons.addWidget(w)
-        buttons.addStretch(1)
-        buttons.addWidget(self.highlight_check)
-        layout.addLayout(buttons)
+        layout.addWidget(buttons_row)
         splitter.addWidget(left)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([180, 600])
+        splitter.setChildrenCollapsible(False)
+        splitter.setSizes([220, 600])
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(splitter)
 
+        # Window-wide: Ctrl+Enter sends from anywhere in the window; Esc stops, and is taken only while an
+        # answer streams (otherwise it belongs to whatever has focus).
         for keys in ("Ctrl+Return", "Ctrl+Enter"):
             shortcut = QShortcut(QKeySequence(keys), self)
-            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
             shortcut.activated.connect(self._on_send_shortcut_activated)
-        stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
-        stop.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-        stop.activated.connect(self._on_stop_shortcut_activated)
+        self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        self.stop_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+        self.stop_shortcut.setEnabled(False)
+        self.stop_shortcut.activated.connect(self._on_stop_shortcut_activated)
 
     # --- storage (every failure is shown; the chat stays in memory) -----------------------------------
 
@@ -151,7 +203,9 @@ class ChatPanel(QWidget):
         return None
 
     def refresh_history(self) -> None:
+        self.history_list.blockSignals(True)
         self.history_list.clear()
+        self.history_list.blockSignals(False)
         if self.store is None:
             return
         try:
@@ -159,13 +213,27 @@ class ChatPanel(QWidget):
         except Exception as exc:
             self.error_raised.emit(f"Could not read the chat history: {exc}")
             return
+        query = self.search_edit.text().strip()
+        if query:
+            try:
+                matching = set(self.store.search_chats(query))
+            except StorageError as exc:
+                self.error_raised.emit(str(exc))
+                matching = {c.id for c in chats}
+            chats = [c for c in chats if c.id in matching]
+        self.history_list.blockSignals(True)
         for chat in chats:
-            item = QListWidgetItem(chat.title or "Untitled chat")
+            if chat.id == self._pending_delete:
+                continue
+            title = chat.title or "Untitled chat"
+            item = QListWidgetItem(title)
             item.setData(Qt.ItemDataRole.UserRole, chat.id)
-            item.setToolTip(f"{chat.message_count} messages")
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            item.setToolTip(f"{title}\n{chat.message_count} messages")
             self.history_list.addItem(item)
             if chat.id == self.chat_id:
-                item.setSelected(True)
+                self.history_list.setCurrentItem(item)
+        self.history_list.blockSignals(False)
 
     def open_chat(self, chat_id: int) -> None:
         if self.generating or self.store is None:
@@ -179,10 +247,13 @@ class ChatPanel(QWidget):
         self.chat_id = chat_id
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
-            ChatMessage(m.role, m.text, m.status, m.stats, m.id) for m in stored if m.role != "system"
+            ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
+                        model=m.target_model, drafter=m.drafter)
+            for m in stored if m.role != "system"
         ]
         self.view.show_messages(self.messages)
         self._update_buttons()
+        self.chat_opened.emit(chat_id)
 
     def new_chat(self) -> None:
         if self.generating:
@@ -191,8 +262,12 @@ class ChatPanel(QWidget):
         self.messages = []
         self.view.show_messages([])
         self.input.clear()
+        self.history_list.blockSignals(True)
         self.history_list.clearSelection()
+        self.history_list.setCurrentItem(None)
+        self.history_list.blockSignals(False)
         self._update_buttons()
+        self.input.setFocus()
 
     # --- sending ------------------------------------------------------------------------------------
 
@@ -212,7 +287,7 @@ class ChatPanel(QWidget):
             self.error_raised.emit("Load a model first (Models, on the left).")
             return False
         if self.chat_id is None and self.store is not None:
-            title = text.splitlines()[0][:TITLE_CHARS]
+            title = title_from(text)
             self.chat_id = self._store_call(self.store.new_chat, title, self.system_prompt.text())
         elif self.chat_id is not None and self.store is not None:
             self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
@@ -221,6 +296,7 @@ class ChatPanel(QWidget):
             message.store_id = self._store_call(self.store.add_message, self.chat_id, "user", text)
         self.messages.append(message)
         self.view.append_message(message)
+        self.view.follow_end()
         self.input.clear()
         self._start_answer(sampling)
         self.refresh_history()
@@ -235,7 +311,9 @@ class ChatPanel(QWidget):
 
     def _start_answer(self, sampling: Any) -> None:
         loaded = self.bridge.loaded
-        answer = ChatMessage("assistant", "", "streaming")
+        answer = ChatMessage("assistant", "", "streaming",
+                             model=loaded.target.path if loaded else None,
+                             drafter=loaded.drafter.path if loaded and loaded.drafter else None)
         if self.chat_id is not None and self.store is not None:
             answer.store_id = self._store_call(
                 self.store.begin_answer, self.chat_id,
@@ -254,6 +332,7 @@ class ChatPanel(QWidget):
         self._request_id = None
         self._awaiting_start = True
         self.view.begin_answer()
+        self.view.follow_end()
         self._set_generating(True)
         self._last_flush = time.monotonic()
         self._flush_timer.start()
@@ -334,6 +413,7 @@ class ChatPanel(QWidget):
         if event.text or event.reason != "error":
             answer.text = event.text or answer.text
         answer.status = FINAL_STATUS.get(event.reason, "complete")
+        answer.stop_reason = event.reason
         answer.stats = event.stats if event.reason != "error" else None
         self._end_answer(answer)
 
@@ -342,6 +422,7 @@ class ChatPanel(QWidget):
         if self._answer is not None and (self._mine(event.request_id) or (event.request_id is None
                                          and self._awaiting_start)):
             self._answer.status = "error"
+            self._answer.stop_reason = "error"
             self._end_answer(self._answer)
         # The window shows engine errors (one place for every error the engine reports).
 
@@ -349,6 +430,7 @@ class ChatPanel(QWidget):
     def _on_bridge_engine_crashed(self, _event: EngineCrashed) -> None:
         if self._answer is not None:
             self._answer.status = "interrupted"
+            self._answer.stop_reason = "crashed"
             self._end_answer(self._answer)
 
     def _end_answer(self, answer: ChatMessage) -> None:
@@ -358,12 +440,12 @@ class ChatPanel(QWidget):
         self._awaiting_start = False
         if answer.store_id is not None and self.store is not None:
             self._store_call(self.store.finish_answer, answer.store_id, answer.text, answer.status,
-                             answer.stats)
+                             answer.stats, stop_reason=answer.stop_reason)
         self.messages.append(answer)
         self.view.finish_answer(answer)
         self._set_generating(False)
         self.refresh_history()
-        self.answer_finished.emit()
+        self.answer_finished.emit(answer)
 
     @Slot()
     def _on_flush_timer_timeout(self) -> None:
@@ -392,6 +474,10 @@ class ChatPanel(QWidget):
         self.edit_button.setEnabled(idle and any(m.role == "user" for m in self.messages))
         self.new_chat_button.setEnabled(idle)
         self.history_list.setEnabled(idle)
+        self.stop_shortcut.setEnabled(self.generating)
+        last = self.messages[-1] if self.messages else None
+        self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
+                                        and last.stop_reason == "max_tokens")
 
     @Slot()
     def _on_send_button_clicked(self) -> None:
@@ -421,14 +507,120 @@ class ChatPanel(QWidget):
     def _on_new_chat_button_clicked(self) -> None:
         self.new_chat()
 
+    @Slot()
+    def _on_continue_button_clicked(self) -> None:
+        self.continue_answer()
+
+    def continue_answer(self) -> bool:
+        """After an answer cut at Max tokens: ask the model to go on, as a new turn."""
+        return self.send(CONTINUE_PROMPT)
+
     @Slot(QListWidgetItem)
     def _on_history_list_item_activated(self, item: QListWidgetItem) -> None:
         chat_id = item.data(Qt.ItemDataRole.UserRole)
         if isinstance(chat_id, int) and chat_id != self.chat_id:
             self.open_chat(chat_id)
 
+    @Slot(QListWidgetItem, QListWidgetItem)
+    def _on_history_list_current_item_changed(self, current: QListWidgetItem | None,
+                                              _previous: QListWidgetItem | None) -> None:
+        # Whatever made a chat current (a click, a right-click, the arrow keys) shows that chat.
+        if current is not None:
+            self._on_history_list_item_activated(current)
+
+    @Slot(str)
+    def _on_search_edit_text_changed(self, _text: str) -> None:
+        self.refresh_history()
+
+    # --- managing chats -----------------------------------------------------------------------------
+
+    def selected_chat_item(self) -> QListWidgetItem | None:
+        return self.history_list.currentItem()
+
+    @Slot()
+    def _on_rename_shortcut_activated(self) -> None:
+        item = self.selected_chat_item()
+        if item is not None:
+            self.history_list.editItem(item)
+
+    @Slot()
+    def _on_delete_shortcut_activated(self) -> None:
+        item = self.selected_chat_item()
+        if item is not None:
+            self.delete_chat(int(item.data(Qt.ItemDataRole.UserRole)))
+
+    @Slot(QListWidgetItem)
+    def _on_history_list_item_changed(self, item: QListWidgetItem) -> None:
+        chat_id = item.data(Qt.ItemDataRole.UserRole)
+        title = " ".join(item.text().split())
+        if not isinstance(chat_id, int) or self.store is None:
+            return
+        if not title:
+            self.refresh_history()  # an empty name is not a name: the old one comes back
+            return
+        self.rename_chat(chat_id, title)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        if self.store is not None:
+            self._store_call(self.store.rename_chat, chat_id, title)
+        self.refresh_history()
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Hide the chat at once and delete it for good after UNDO_DELETE_MS, unless undone."""
+        if self.generating and chat_id == self.chat_id:
+            return
+        self.commit_pending_delete()
+        self._pending_delete = chat_id
+        self._delete_timer.start(UNDO_DELETE_MS)
+        if chat_id == self.chat_id:
+            self.new_chat()
+        self.refresh_history()
+        self.undo_delete_button.setVisible(True)
+        self.chat_deleted.emit(chat_id)
+
+    def undo_delete(self) -> bool:
+        chat_id = self._pending_delete
+        if chat_id is None:
+            return False
+        self._pending_delete = None
+        self._delete_timer.stop()
+        self.undo_delete_button.setVisible(False)
+        self.refresh_history()
+        self.open_chat(chat_id)
+        return True
+
+    def commit_pending_delete(self) -> None:
+        chat_id, self._pending_delete = self._pending_delete, None
+        self._delete_timer.stop()
+        self.undo_delete_button.setVisible(False)
+        if chat_id is not None and self.store is not None:
+            self._store_call(self.store.delete_chat, chat_id)
+
+    @Slot()
+    def _on_delete_timer_timeout(self) -> None:
+        self.commit_pending_delete()
+
+    @Slot()
+    def _on_undo_delete_button_clicked(self) -> None:
+        self.undo_delete()
+
+    @Slot(QPoint)
+    def _on_history_list_context_menu_requested(self, pos: QPoint) -> None:
+        item = self.history_list.itemAt(pos)
+        if item is None:
+            return
+        self.history_list.setCurrentItem(item)
+        menu = QMenu(self)
+        rename = menu.addAction("Rename\tF2")
+        delete = menu.addAction("Delete\tDel")
+        rename.triggered.connect(self._on_rename_shortcut_activated)
+        delete.triggered.connect(self._on_delete_shortcut_activated)
+        menu.popup(self.history_list.viewport().mapToGlobal(pos))
+        self.context_menu = menu  # kept for tests; replaced by the next one
+
     @Slot(bool)
     def _on_highlight_check_toggled(self, on: bool) -> None:
         self.view.highlight_sources = on
+        self.colour_key.setVisible(on)
         if not self.generating:
             self.view.show_messages(self.messages)

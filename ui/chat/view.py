@@ -1,23 +1,31 @@
-"""The chat transcript: Markdown answers with code blocks, stats lines, optional drafter highlighting.
+"""The chat transcript: Markdown messages with code blocks, stop reasons, stats lines, drafter highlighting.
 
 Model output is untrusted. It is rendered with Qt's Markdown reader with raw HTML turned off (it shows as
-text), nothing is ever fetched (``loadResource`` answers every request with nothing), and links are never
-opened or followed.
+text) into a scratch document, where every image is replaced by its name before the view ever lays it out:
+nothing is fetched or decoded (not even ``data:`` URIs), and links are never opened or followed.
+
+Rendering stays cheap whatever the model writes: while an answer streams, only its last Markdown block is
+re-rendered (the blocks before a blank line are final); a block past ``TAIL_LIMIT_CHARS``, a line past
+``LINE_LIMIT_CHARS`` or a message past ``MARKDOWN_LIMIT_CHARS`` is shown as plain text, cut into short
+paragraphs so a relayout never covers more than one of them.
 """
 
 from __future__ import annotations
 
-import time
+import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QUrl, Signal, Slot
+from PySide6.QtCore import Qt, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QColor,
     QContextMenuEvent,
     QFont,
+    QFontDatabase,
     QGuiApplication,
     QPalette,
     QTextBlock,
@@ -25,20 +33,40 @@ from PySide6.QtGui import (
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
+    QTextDocumentFragment,
     QTextFormat,
 )
-from PySide6.QtWidgets import QTextBrowser, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QWidget
 
 from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+# Qt's Markdown reader is superlinear in a line's length and a table's size (a 200 KB line took 6 s): past
+# these, text is shown as it is.
+MARKDOWN_LIMIT_CHARS = 60_000
+LINE_LIMIT_CHARS = 4_000
+TAIL_LIMIT_CHARS = 6_000  # the streaming block re-rendered each frame
+CHUNK_LIMIT_CHARS = 20_000  # a block rendered once, when it is complete
+# Qt lays out a table at roughly 0.2-0.6 ms a cell (a 50×50 table: 1.6 s): bigger tables stay text.
+TABLE_CELL_LIMIT = 300
+PLAIN_PARAGRAPH_CHARS = 2_000  # plain text is cut into paragraphs this long, so relayout stays small
+COPY_SCHEME = "specdeck-copy"
 STATUS_NOTES = {
     "streaming": "",
-    "interrupted": "(cut off: the engine stopped while answering)",
-    "cancelled": "(stopped)",
-    "error": "(failed)",
+    "interrupted": "cut off: the engine stopped while answering",
+    "cancelled": "stopped",
+    "error": "failed",
 }
+STOP_NOTES = {
+    "eog": "end of turn",
+    "max_tokens": "cut at Max tokens",
+    "context_full": "context full",
+    "cancelled": "stopped",
+    "error": "failed",
+    "crashed": "engine crashed",
+}
+_FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 
 @dataclass
@@ -49,6 +77,9 @@ class ChatMessage:
     stats: MessageStats | Mapping[str, Any] | None = None
     store_id: int | None = None  # the row in the history store, when it was saved
     pieces: list[tuple[str, str]] = field(default_factory=list)  # (text, source) per token, this session
+    stop_reason: str | None = None  # Finished.reason, "crashed", or None (user messages, older answers)
+    model: str | None = None  # the target model's path, for answers
+    drafter: str | None = None  # the drafter model's path, when one drafted
 
 
 def _stat(stats: MessageStats | Mapping[str, Any], name: str) -> float:
@@ -58,9 +89,13 @@ def _stat(stats: MessageStats | Mapping[str, Any], name: str) -> float:
 
 def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
     """The line under an answer: TTFT, prefill and decode rates, acceptance, tokens per pass, speedup."""
+    prefill = _stat(stats, "prefill_tps")
+    ttft = _stat(stats, "ttft_seconds")
+    # A prompt found in the cache is "processed" in no time: its rate would be a meaningless huge number.
+    cached = prefill <= 0 or (ttft > 0 and _stat(stats, "prompt_tokens") / prefill < 0.002)
     parts = [
-        f"TTFT {_stat(stats, 'ttft_seconds') * 1000:.0f} ms",
-        f"prefill {_stat(stats, 'prefill_tps'):.0f} tok/s",
+        f"TTFT {ttft * 1000:.0f} ms",
+        "prefill cached" if cached else f"prefill {prefill:.0f} tok/s",
         f"decode {_stat(stats, 'decode_tps'):.1f} tok/s",
     ]
     if _stat(stats, "drafted") > 0:
@@ -70,13 +105,69 @@ def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-MARKDOWN_RENDER_INTERVAL_S = 0.4
+def describe_writer(message: ChatMessage) -> str:
+    """Which model (by file name) and drafter wrote an answer."""
+    if not message.model:
+        return ""
+    name = Path(message.model).name
+    return f"{name} + {Path(message.drafter).name}" if message.drafter else name
+
+
+def footer_text(message: ChatMessage) -> str:
+    """The grey line under a message: why it ended, who wrote it, and its figures."""
+    if message.role != "assistant":
+        return ""
+    note = STATUS_NOTES.get(message.status, "")
+    if message.stop_reason and message.status not in ("streaming", "interrupted"):
+        note = STOP_NOTES.get(message.stop_reason, message.stop_reason)
+    parts = [p for p in (note, describe_writer(message)) if p]
+    if message.stats:
+        parts.append(format_stats(message.stats))
+    return " · ".join(parts)
+
+
+def stable_prefix_length(text: str) -> int:
+    """How much of a streaming Markdown text is final: up to the last blank line outside a code fence."""
+    cut = text.rfind("\n\n")
+    while cut >= 0:
+        if len(_FENCE.findall(text, 0, cut)) % 2 == 0:
+            return cut + 2
+        cut = text.rfind("\n\n", 0, cut)
+    return 0
+
+
+def needs_plain(text: str, limit: int = MARKDOWN_LIMIT_CHARS) -> bool:
+    """Whether Qt's Markdown reader would take too long on this text (see the limits above)."""
+    if len(text) > limit or text.count("|") > TABLE_CELL_LIMIT:
+        return True
+    return any(len(line) > LINE_LIMIT_CHARS for line in text.split("\n"))
+
+
+class ColourKey(QWidget):
+    """What the highlight colours mean, on screen next to the switch."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        colours = source_colours(self.palette())
+        self.labels: dict[str, QLabel] = {}
+        for source, text in ((FROM_NGRAM, "n-gram drafter"), (FROM_MODEL, "drafter model")):
+            label = QLabel(text, self)
+            label.setTextFormat(Qt.TextFormat.PlainText)
+            label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
+            layout.addWidget(label)
+            self.labels[source] = label
+        rest = QLabel("plain: the target's own tokens", self)
+        rest.setTextFormat(Qt.TextFormat.PlainText)
+        layout.addWidget(rest)
 
 
 class ChatView(QTextBrowser):
-    """One document for the whole chat; only the streaming answer is rewritten while it grows."""
+    """One document for the whole chat; only the streaming answer's last block is rewritten as it grows."""
 
     link_hovered = Signal(str)
+    code_copied = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -87,10 +178,19 @@ class ChatView(QTextBrowser):
         self.document().setUndoRedoEnabled(False)
         self.highlight_sources = False
         self.resource_requests: list[str] = []  # every URL the document asked for (none is ever loaded)
-        self._answer_start: int | None = None
-        self._shown_text: str | None = None  # the streaming answer's text as shown now
-        self._last_render = 0.0
+        self.renders = 0  # Markdown renders, for tests of the incremental path
+        self._snippets: dict[int, str] = {}  # code block id -> its text, for the Copy links
+        self._snippet_ids = itertools.count()
+        self._answer_start: int | None = None  # where the streaming answer's body begins
+        self._tail_start: int | None = None  # where its last (still changing) block begins
+        self._stable_len = 0  # source characters of the answer rendered for good
+        self._plain = False  # the streaming answer is shown as plain text
+        self._follow = True  # keep the end in view: on after Send, off once the user scrolls up
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_scroll_bar_range_changed)
+        bar.valueChanged.connect(self._on_scroll_bar_value_changed)
         self.highlighted.connect(self._on_self_highlighted)
+        self.anchorClicked.connect(self._on_self_anchor_clicked)
 
     # --- safety -------------------------------------------------------------------------------------
 
@@ -106,72 +206,134 @@ class ChatView(QTextBrowser):
     def _on_self_highlighted(self, url: QUrl) -> None:
         self.link_hovered.emit(url.toString())
 
+    @Slot(QUrl)
+    def _on_self_anchor_clicked(self, url: QUrl) -> None:
+        if url.scheme() != COPY_SCHEME:
+            return
+        try:
+            code = self._snippets[int(url.path())]
+        except (KeyError, ValueError):
+            return
+        QGuiApplication.clipboard().setText(code)
+        self.code_copied.emit(code)
+
+    # --- following the end --------------------------------------------------------------------------
+
+    def follow_end(self) -> None:
+        """Scroll to the end and stay there while the text grows (after Send or Regenerate)."""
+        self._follow = True
+        self._scroll_to_end()
+
+    @property
+    def following(self) -> bool:
+        return self._follow
+
+    @Slot(int, int)
+    def _on_scroll_bar_range_changed(self, _low: int, high: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(high)
+
+    @Slot(int)
+    def _on_scroll_bar_value_changed(self, value: int) -> None:
+        self._follow = value >= self.verticalScrollBar().maximum() - 4
+
+    def _scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
     # --- building the document ----------------------------------------------------------------------
 
     def show_messages(self, messages: Sequence[ChatMessage]) -> None:
         self.clear()
+        self._snippets.clear()
         self._answer_start = None
         for message in messages:
             self.append_message(message)
+        self.follow_end()
 
     def append_message(self, message: ChatMessage) -> None:
         self._heading(ROLE_TITLES.get(message.role, message.role.capitalize()))
         cursor = self._new_block()
-        self._insert_body(cursor, message)
+        start = cursor.position()
+        self._insert_body(cursor, message.text, plain=needs_plain(message.text))
+        self._highlight(start, message)
         self._footer(message)
-        self._scroll_to_end()
 
     def begin_answer(self) -> None:
         self._heading(ROLE_TITLES["assistant"])
         cursor = self._new_block()
         self._answer_start = cursor.position()
-        self._shown_text = None
-        self._last_render = 0.0
+        self._tail_start = cursor.position()
+        self._stable_len = 0
+        self._plain = False
 
     def update_answer(self, message: ChatMessage) -> None:
-        """Show the streaming answer so far (called at most at the paint rate).
-
-        Re-rendering the whole answer as Markdown costs more the longer it gets, and on a small CPU that
-        time comes out of decoding; so between full renders (a few a second) new text is appended as is.
-        """
-        if self._answer_start is None:
+        """Show the streaming answer so far: blocks that became final are rendered once, the last block
+        again (its cost is bounded by TAIL_LIMIT_CHARS); past the limits, the rest is appended as text."""
+        if self._answer_start is None or self._tail_start is None:
             return
-        at_bottom = self._at_bottom()
-        now = time.monotonic()
-        appendable = (
-            self._shown_text is not None
-            and message.text.startswith(self._shown_text)
-            and not (self.highlight_sources and message.pieces)
-            and now - self._last_render < MARKDOWN_RENDER_INTERVAL_S
-        )
-        if appendable:
-            assert self._shown_text is not None
-            cursor = QTextCursor(self.document())
-            cursor.movePosition(QTextCursor.MoveOperation.End)
-            cursor.insertText(message.text[len(self._shown_text):])
+        text = message.text
+        if not self._plain and needs_plain(text):
+            self._plain = True
+            self._tail_start = self._answer_start
+            self._stable_len = 0
+        if self._plain:
+            cursor = self._cut_from(self._tail_start)
+            self._insert_plain(cursor, text[self._stable_len:])
+            # The last paragraph stays open: the next update rewrites only it.
+            last = self.document().lastBlock()
+            self._tail_start = max(last.position(), self._answer_start)
+            self._stable_len = len(text) - len(last.text()) if text.endswith(last.text()) else len(text)
+            if self._stable_len == len(text):
+                self._tail_start = self._end()
+            return
+        stable = stable_prefix_length(text)
+        cursor = self._cut_from(self._tail_start)
+        if stable > self._stable_len:
+            chunk = text[self._stable_len:stable]
+            self._insert_body(cursor, chunk, plain=needs_plain(chunk, CHUNK_LIMIT_CHARS))
+            self._stable_len = stable
+            cursor = self._new_block()
+            self._tail_start = cursor.position()
+        tail = text[self._stable_len:]
+        if needs_plain(tail, TAIL_LIMIT_CHARS):
+            self._insert_plain(cursor, tail)
         else:
-            self._insert_body(self._answer_cursor(), message)
-            self._last_render = now
-        self._shown_text = message.text
-        if at_bottom:
-            self._scroll_to_end()
+            self._insert_markdown(cursor, tail)
 
     def finish_answer(self, message: ChatMessage) -> None:
         if self._answer_start is not None:
-            cursor = self._answer_cursor()
-            self._insert_body(cursor, message)
+            start = self._answer_start
+            text = message.text
+            shown_so_far = self._tail_start is not None and len(text) >= self._stable_len
+            if shown_so_far and self._plain:
+                assert self._tail_start is not None
+                self._insert_plain(self._cut_from(self._tail_start), text[self._stable_len:])
+            elif shown_so_far and not needs_plain(text):
+                # The final blocks were rendered while streaming; only the last block is rendered again.
+                assert self._tail_start is not None
+                tail = text[self._stable_len:]
+                self._insert_body(self._cut_from(self._tail_start), tail, plain=needs_plain(tail, CHUNK_LIMIT_CHARS))
+            else:
+                self._insert_body(self._cut_from(start), text, plain=needs_plain(text))
             self._answer_start = None
+            self._tail_start = None
+            self._highlight(start, message)
         self._footer(message)
-        self._scroll_to_end()
 
     @property
     def streaming(self) -> bool:
         return self._answer_start is not None
 
-    def _answer_cursor(self) -> QTextCursor:
-        assert self._answer_start is not None
+    def _end(self) -> int:
         cursor = QTextCursor(self.document())
-        cursor.setPosition(self._answer_start)
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        return cursor.position()
+
+    def _cut_from(self, position: int) -> QTextCursor:
+        """Remove everything from ``position`` to the end; the cursor is left there, with plain formats."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(position)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         cursor.setBlockFormat(QTextBlockFormat())
@@ -194,31 +356,164 @@ class ChatView(QTextBrowser):
         cursor.setBlockFormat(block)
         cursor.insertText(title, fmt)
 
-    def _insert_body(self, cursor: QTextCursor, message: ChatMessage) -> None:
-        if message.role == "assistant" and self.highlight_sources and message.pieces:
-            self._insert_highlighted(cursor, message.pieces)
-        elif message.role == "user":
-            cursor.insertText(message.text, QTextCharFormat())  # the user's own words, shown as typed
+    def _insert_body(self, cursor: QTextCursor, text: str, *, plain: bool) -> None:
+        if plain:
+            self._insert_plain(cursor, text)
         else:
-            cursor.insertMarkdown(message.text, MARKDOWN)
+            self._insert_markdown(cursor, text)
 
-    def _insert_highlighted(self, cursor: QTextCursor, pieces: Sequence[tuple[str, str]]) -> None:
-        """Plain text, each token's background telling where it came from (Markdown is not applied)."""
+    def _insert_plain(self, cursor: QTextCursor, text: str) -> None:
+        """Text as it is, in paragraphs of at most PLAIN_PARAGRAPH_CHARS (a 200 KB line is 100 of them)."""
+        fmt = QTextCharFormat()
+        first = True
+        for line in text.split("\n"):
+            for i in range(0, max(len(line), 1), PLAIN_PARAGRAPH_CHARS):
+                if not first:
+                    cursor.insertBlock(QTextBlockFormat(), fmt)
+                first = False
+                cursor.insertText(line[i:i + PLAIN_PARAGRAPH_CHARS], fmt)
+
+    def _insert_markdown(self, cursor: QTextCursor, text: str) -> None:
+        """Markdown rendered in a scratch document, made safe and dressed there, then inserted."""
+        if not text.strip():
+            cursor.insertText(text.strip("\n"), QTextCharFormat())
+            return
+        self.renders += 1
+        scratch = QTextDocument()
+        scratch.setDefaultFont(self.font())
+        scratch.setMarkdown(text, MARKDOWN)
+        self._make_safe(scratch)
+        self._dress_code_blocks(scratch)
+        cursor.insertFragment(QTextDocumentFragment(scratch))
+
+    def _make_safe(self, doc: QTextDocument) -> None:
+        """Images become their name in brackets before anything lays them out; links we did not make lose
+        their ``specdeck-copy`` scheme."""
+        block = doc.begin()
+        replacements: list[tuple[int, int, str]] = []
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                fmt = frag.charFormat()
+                if fmt.isImageFormat():
+                    name = fmt.toImageFormat().name()
+                    shown = name if not name.startswith("data:") else "data: image"
+                    replacements.append((frag.position(), frag.length(), f"[image not loaded: {shown[:80]}]"))
+                elif fmt.isAnchor() and any(h.startswith(f"{COPY_SCHEME}:") for h in fmt.anchorHref().split()):
+                    replacements.append((frag.position(), frag.length(), frag.text()))
+                it += 1
+            block = block.next()
+        for position, length, text in reversed(replacements):
+            cursor = QTextCursor(doc)
+            cursor.setPosition(position)
+            cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
+            cursor.insertText(text, QTextCharFormat())
+
+    def _dress_code_blocks(self, doc: QTextDocument) -> None:
+        """Each code block gets a tinted background, a monospace font and a header line with its language
+        and a Copy link."""
+        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        background = self.palette().color(QPalette.ColorRole.AlternateBase)
+        if background == self.palette().color(QPalette.ColorRole.Base):
+            background = background.darker(108)
+        runs: list[tuple[QTextBlock, QTextBlock]] = []
+        block = doc.begin()
+        while block.isValid():
+            if self.is_code_block(block):
+                first = last = block
+                while last.next().isValid() and self.is_code_block(last.next()):
+                    last = last.next()
+                runs.append((first, last))
+                block = last.next()
+                continue
+            block = block.next()
+        for first, last in reversed(runs):
+            lines = []
+            b = first
+            while True:
+                lines.append(b.text())
+                fmt = b.blockFormat()
+                fmt.setBackground(background)
+                fmt.setLeftMargin(6)
+                cursor = QTextCursor(b)
+                cursor.setBlockFormat(fmt)
+                cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+                char = QTextCharFormat()
+                char.setFont(mono)
+                cursor.mergeCharFormat(char)
+                if b == last:
+                    break
+                b = b.next()
+            snippet = next(self._snippet_ids)
+            self._snippets[snippet] = "\n".join(lines)
+            language = str(first.blockFormat().property(QTextFormat.Property.BlockCodeLanguage) or "").strip()
+            cursor = QTextCursor(first)
+            cursor.insertBlock()  # the header goes where the code began; the code moves one block down
+            cursor.movePosition(QTextCursor.MoveOperation.PreviousBlock)
+            header = QTextBlockFormat()
+            header.setBackground(background.darker(110))
+            header.setLeftMargin(6)
+            header.setTopMargin(4)
+            cursor.setBlockFormat(header)
+            label = QTextCharFormat()
+            label.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+            label.setProperty(QTextFormat.Property.UserProperty, "code_header")
+            cursor.insertText(f"{language or 'code'}   ", label)
+            link = QTextCharFormat(label)
+            link.setAnchor(True)
+            link.setAnchorHref(f"{COPY_SCHEME}:{snippet}")
+            link.setFontUnderline(True)
+            link.setForeground(self.palette().color(QPalette.ColorRole.Link))
+            cursor.insertText("Copy", link)
+
+    def _highlight(self, start: int, message: ChatMessage) -> None:
+        """Tint each drafted token's characters in the rendered text, keeping the Markdown as rendered.
+
+        Rendering drops Markdown's syntax but keeps the order of the text, so the rendered characters are
+        matched to the source one by one (a character Markdown added is skipped)."""
+        if not (self.highlight_sources and message.role == "assistant" and message.pieces):
+            return
         colours = source_colours(self.palette())
-        plain = QTextCharFormat()
-        formats: dict[str, QTextCharFormat] = {}
-        for source, colour in colours.items():
+        sources: list[str] = []
+        source_text: list[str] = []
+        for text, source in message.pieces:
+            source_text.append(text)
+            sources.extend([source] * len(text))
+        src = "".join(source_text)
+        runs: list[tuple[int, int, str]] = []  # document start, end, source
+        i = 0
+        block = self.document().findBlock(start)
+        while block.isValid():
+            if _block_marker(block) == "code_header":  # our own text: nothing in the source matches it
+                block = block.next()
+                continue
+            for offset, ch in enumerate(block.text()):
+                j = src.find(ch, i, i + 64)
+                if j < 0:
+                    continue  # a character the rendering added
+                i = j + 1
+                source = sources[j]
+                if source not in colours:
+                    continue
+                pos = block.position() + offset
+                if runs and runs[-1][2] == source and runs[-1][1] == pos:
+                    runs[-1] = (runs[-1][0], pos + 1, source)
+                else:
+                    runs.append((pos, pos + 1, source))
+            block = block.next()
+        cursor = QTextCursor(self.document())
+        tips = {FROM_NGRAM: "from the n-gram drafter", FROM_MODEL: "from the drafter model"}
+        for a, b, source in runs:
+            cursor.setPosition(a)
+            cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
             fmt = QTextCharFormat()
-            fmt.setBackground(colour)
-            fmt.setToolTip("from the n-gram drafter" if source == FROM_NGRAM else "from the drafter model")
-            formats[source] = fmt
-        for text, source in pieces:
-            cursor.insertText(text, formats.get(source, plain))
+            fmt.setBackground(colours[source])
+            fmt.setToolTip(tips.get(source, ""))
+            cursor.mergeCharFormat(fmt)
 
     def _footer(self, message: ChatMessage) -> None:
-        note = STATUS_NOTES.get(message.status, "")
-        line = format_stats(message.stats) if message.stats and message.role == "assistant" else ""
-        text = " ".join(p for p in (note, line) if p)
+        text = footer_text(message)
         if not text:
             return
         cursor = self._new_block()
@@ -232,23 +527,35 @@ class ChatView(QTextBrowser):
 
     def stats_lines(self) -> list[str]:
         """The stats/status lines in the document, top to bottom (what tests and accessibility read)."""
+        return self._blocks_with("stats")
+
+    def code_headers(self) -> list[str]:
+        return self._blocks_with("code_header")
+
+    def _blocks_with(self, marker: str) -> list[str]:
         lines = []
         block = self.document().begin()
         while block.isValid():
-            it = block.begin()
-            fmt = it.fragment().charFormat() if not it.atEnd() else None
-            if fmt is not None and fmt.property(QTextFormat.Property.UserProperty) == "stats":
+            if _block_marker(block) == marker:
                 lines.append(block.text())
             block = block.next()
         return lines
 
-    def _at_bottom(self) -> bool:
-        bar = self.verticalScrollBar()
-        return bar.value() >= bar.maximum() - 4
-
-    def _scroll_to_end(self) -> None:
-        bar = self.verticalScrollBar()
-        bar.setValue(bar.maximum())
+    def copy_link_position(self, index: int) -> int | None:
+        """The document position of the index-th code block's Copy link (for tests and accessibility)."""
+        found = 0
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                if frag.charFormat().anchorHref().startswith(f"{COPY_SCHEME}:"):
+                    if found == index:
+                        return frag.position()
+                    found += 1
+                it += 1
+            block = block.next()
+        return None
 
     # --- code blocks --------------------------------------------------------------------------------
 
@@ -299,6 +606,12 @@ class ChatView(QTextBrowser):
                 menu.addAction(action)
         menu.exec(event.globalPos())
         menu.deleteLater()
+
+
+def _block_marker(block: QTextBlock) -> object:
+    """The marker our own lines carry in their first fragment ("stats", "code_header"), or None."""
+    it = block.begin()
+    return None if it.atEnd() else it.fragment().charFormat().property(QTextFormat.Property.UserProperty)
 
 
 def source_colours(palette: QPalette) -> dict[str, QColor]:

@@ -7,31 +7,35 @@ and fed copies of the ring buffers on a timer that runs only while a generation 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
 from PySide6.QtGui import QBrush, QColor, QPalette, QPen
 from PySide6.QtWidgets import (
+    QFrame,
     QGraphicsItem,
     QGraphicsRectItem,
-    QHBoxLayout,
     QLabel,
+    QScrollArea,
     QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
-from app.events import Finished, Loaded, PassStats
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import MemoryProbe, MemoryReading
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
+from app.events import EngineCrashed, Finished, Loaded, PassStats
+from ui.bridge import EngineBridge
+from ui.flow_layout import FlowLayout
+from ui.tasks import TaskRunner
 
-REPAINT_MS = 100  # 10 Hz: a frame costs ~20 ms of software rendering (axis text dominates)
+REPAINT_MS = 100  # 10 Hz: a frame costs ~7 ms of software rendering with the axes cached
+PLOTS_MIN_WIDTH = 300
+PLOTS_MIN_HEIGHT = 560  # below this the plots scroll rather than squash (titles and ticks stay readable)
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
 GB = 1e9
@@ -91,8 +95,10 @@ class _YRange:
 
 
 class DashboardPanel(QWidget):
-    """Live plots of one loaded model's decoding. The main window's bridge calls the ``on_*`` methods on the
-    GUI thread; the panel repaints itself at 10 Hz while tokens stream and sits still otherwise."""
+    """Live plots of one loaded model's decoding, fed by the bridge's signals (``attach``) on the GUI
+    thread; the panel repaints itself at 10 Hz while tokens stream and sits still otherwise."""
+
+    MIN_WIDTH = PLOTS_MIN_WIDTH + 30  # the plots plus the scroll bar and margins
 
     def __init__(
         self,
@@ -101,20 +107,17 @@ class DashboardPanel(QWidget):
         ceiling_provider: CeilingProvider = ceiling_for_loaded,
         memory_probe: MemoryProbe | None = None,
         capacity: int = 2048,
+        tasks: TaskRunner | None = None,
     ) -> None:
         super().__init__(parent)
         self.metrics = LiveMetrics(capacity)
         self._ceiling_provider = ceiling_provider
+        self._tasks = tasks if tasks is not None else TaskRunner(self)
         self._memory_probe = memory_probe
         self._memory: MemoryReading | None = None
         self._memory_at = 0.0
         self._last_pass_at = 0.0
-        self._ceiling_future: Future[CeilingInfo | None] | None = None
-        # Polls a ceiling being computed on a worker thread: nothing crosses threads but a Future, and the
-        # poll stops once the answer is in (usually well under a second).
-        self._ceiling_poll = QTimer(self)
-        self._ceiling_poll.setInterval(50)
-        self._ceiling_poll.timeout.connect(self._on_ceiling_poll_timeout)
+        self._ceiling_serial = 0  # a ceiling computed for an earlier model is dropped when it arrives
         self.repaints = 0
 
         self.timer = QTimer(self)
@@ -127,23 +130,32 @@ class DashboardPanel(QWidget):
 
     # --- public API (GUI thread) ------------------------------------------------------------------
 
+    def attach(self, bridge: EngineBridge) -> None:
+        """Follow the engine: models loaded and gone, every pass, every finished answer."""
+        bridge.model_loaded.connect(self.on_loaded)
+        bridge.model_unloaded.connect(self.on_unloaded)
+        bridge.load_cancelled.connect(self.on_unloaded)
+        bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+        bridge.stats_updated.connect(self.on_pass)
+        bridge.generation_finished.connect(self.on_finished)
+
+    @Slot(Loaded)
     def on_loaded(self, event: Loaded) -> None:
         self.timer.stop()
-        self.metrics.on_loaded(event)
+        self.metrics.on_loaded(event)  # forgets the previous model's ceiling
+        self._ceiling_serial += 1
+        serial = self._ceiling_serial
         provider = self._ceiling_provider
-        future: Future[CeilingInfo | None] = Future()
-
-        def work() -> None:
-            try:
-                future.set_result(provider(event))
-            except Exception:  # no ceiling is a normal answer; the plots still run
-                future.set_result(None)
-
         # Probing the hardware can take a moment the first time (the CPU bandwidth probe).
-        threading.Thread(target=work, name="specdeck-ceiling", daemon=True).start()
-        self._ceiling_future = future
-        self._ceiling_poll.start()
+        self._tasks.run(lambda: provider(event), lambda c: self._on_ceiling_ready(serial, c),
+                        lambda _exc: self._on_ceiling_ready(serial, None))
         self._poll_memory(force=True)
+        self._paint()
+
+    def _on_ceiling_ready(self, serial: int, ceiling: CeilingInfo | None) -> None:
+        if serial != self._ceiling_serial:
+            return  # another model was loaded (or unloaded) meanwhile
+        self.metrics.set_ceiling(ceiling)  # no ceiling is a normal answer; the plots still run
         self._paint()
 
     def set_ceiling(self, ceiling: CeilingInfo | None) -> None:
@@ -152,18 +164,23 @@ class DashboardPanel(QWidget):
         self.metrics.set_ceiling(ceiling)
         self._paint()
 
+    @Slot(PassStats)
     def on_pass(self, event: PassStats) -> None:
         self.metrics.on_pass(event)
         self._last_pass_at = time.monotonic()
         if not self.timer.isActive():
             self.timer.start()
 
+    @Slot(Finished)
     def on_finished(self, event: Finished) -> None:
+        if event.request_id < 0:
+            return  # the request never reached the engine: nothing to count
         self.metrics.on_finished(event)
         self.timer.stop()
         self._poll_memory(force=True)
         self._paint()
 
+    @Slot()
     def on_unloaded(self) -> None:
         self.timer.stop()
         self._drop_ceiling_probe()
@@ -186,17 +203,11 @@ class DashboardPanel(QWidget):
     # --- slots ------------------------------------------------------------------------------------
 
     def _drop_ceiling_probe(self) -> None:
-        self._ceiling_future = None
-        self._ceiling_poll.stop()
+        self._ceiling_serial += 1
 
-    @Slot()
-    def _on_ceiling_poll_timeout(self) -> None:
-        future = self._ceiling_future
-        if future is None or not future.done():
-            return
-        self._drop_ceiling_probe()
-        self.metrics.set_ceiling(future.result())
-        self._paint()
+    @Slot(EngineCrashed)
+    def _on_bridge_engine_crashed(self, _event: EngineCrashed) -> None:
+        self.on_unloaded()
 
     @Slot()
     def _on_timer_timeout(self) -> None:
@@ -217,8 +228,8 @@ class DashboardPanel(QWidget):
         outer.setContentsMargins(4, 4, 4, 4)
         outer.setSpacing(4)
 
-        strip = QHBoxLayout()
-        strip.setSpacing(14)
+        self.strip = QWidget(self)
+        strip = FlowLayout(self.strip, h_spacing=14, v_spacing=2)
         self.labels: dict[str, QLabel] = {}
         tips = {
             "tps": "Decode speed over the last second (wall clock)",
@@ -236,18 +247,25 @@ class DashboardPanel(QWidget):
             lab.setObjectName(f"dashboard_{name}")
             lab.setToolTip(tip)
             lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            lab.setTextFormat(Qt.TextFormat.PlainText)  # device names come from the system
             strip.addWidget(lab)
             self.labels[name] = lab
         f = self.labels["tps"].font()
         f.setPointSizeF(f.pointSizeF() * 1.4)
         f.setBold(True)
         self.labels["tps"].setFont(f)
-        strip.addStretch(1)
-        outer.addLayout(strip)
+        outer.addWidget(self.strip)
 
-        self.graphics = pg.GraphicsLayoutWidget(self)
+        # The plots keep a readable height and scroll when the window is shorter than that.
+        self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        outer.addWidget(self.graphics, 1)
+        self.graphics.setMinimumSize(PLOTS_MIN_WIDTH, PLOTS_MIN_HEIGHT)
+        self.plots_scroll = QScrollArea(self)
+        self.plots_scroll.setWidgetResizable(True)
+        self.plots_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.plots_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.plots_scroll.setWidget(self.graphics)
+        outer.addWidget(self.plots_scroll, 1)
         g = self.graphics
 
         def plot(row: int, col: int, title: str, left: str, bottom: str, colspan: int = 1) -> pg.PlotItem:
@@ -327,6 +345,7 @@ class DashboardPanel(QWidget):
         self.mem_label = QLabel("", self)
         self.mem_label.setObjectName("dashboard_memory")
         self.mem_label.setWordWrap(True)
+        self.mem_label.setTextFormat(Qt.TextFormat.PlainText)
         outer.addWidget(self.mem_label)
         g.ci.layout.setRowStretchFactor(0, 3)
         for r in (1, 2):

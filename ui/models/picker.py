@@ -23,12 +23,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.library.compat import CompatResult
 from app.engine.params import KV_TYPES, MAX_CTX, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress
-from app.library.gguf_reader import GGUFInfo
+from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
+from app.library.gguf_reader import GGUFInfo
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.storage.settings import AppSettings
@@ -528,7 +528,7 @@ class ModelPicker(QWidget):
         from app.library.demo_install import install_demo_models
 
         self.demo_button.setEnabled(False)
-        self.status_label.setText("Installing the demo models (about 250 MB)…")
+        self.status_label.setText("Installing the demo models (about 350 MB)…")
         self._tasks.run(install_demo_models, self._on_demo_done, self._on_demo_failed)
 
     def _on_demo_done(self, paths: Sequence[Path]) -> None:
