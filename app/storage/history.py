@@ -35,6 +35,7 @@ from app.storage.atomic import describe_os_error
 
 FILE_NAME = "history.sqlite3"
 ROLES = ("system", "user", "assistant")
+ORIGINS = ("window", "api")  # where a chat came from: typed in the window, or a request to `specdeck serve`
 STATUSES = ("complete", "streaming", "interrupted", "cancelled", "error")
 FINAL_STATUSES = ("complete", "interrupted", "cancelled", "error")
 
@@ -76,6 +77,8 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # Why an answer ended ("eog", "max_tokens", "context_full", "cancelled", "error", "crashed"); NULL for
     # user messages and for answers saved before version 2.
     ("ALTER TABLE messages ADD COLUMN stop_reason TEXT",),
+    # Where each chat came from (ORIGINS); chats saved before version 3 were typed in the window.
+    ("ALTER TABLE chats ADD COLUMN origin TEXT NOT NULL DEFAULT 'window'",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -88,6 +91,7 @@ class ChatSummary:
     created: float  # unix seconds
     updated: float
     message_count: int
+    origin: str = "window"
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,9 @@ class HistoryStore:
     def _migrate(self, version: int) -> None:
         for n in range(version, SCHEMA_VERSION):
             with self._write() as conn:
+                # Another process may have migrated since the version was read; the write lock is held now.
+                if int(conn.execute("PRAGMA user_version").fetchone()[0]) > n:
+                    continue
                 for statement in _MIGRATIONS[n]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={n + 1}")
@@ -288,12 +295,14 @@ class HistoryStore:
 
     # --- chats --------------------------------------------------------------------------------------
 
-    def new_chat(self, title: str = "New chat", system_prompt: str = "") -> int:
+    def new_chat(self, title: str = "New chat", system_prompt: str = "", *, origin: str = "window") -> int:
+        if origin not in ORIGINS:
+            raise ValueError(f"origin must be one of {ORIGINS}, not {origin!r}")
         now = time.time()
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO chats (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
-                (_clean_text(title), _clean_text(system_prompt), now, now),
+                "INSERT INTO chats (title, system_prompt, created, updated, origin) VALUES (?, ?, ?, ?, ?)",
+                (_clean_text(title), _clean_text(system_prompt), now, now, origin),
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -302,7 +311,7 @@ class HistoryStore:
         """Most recently updated first."""
         rows = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin"
             " FROM chats c ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ChatSummary(*row) for row in rows]
@@ -310,7 +319,7 @@ class HistoryStore:
     def chat(self, chat_id: int) -> ChatSummary:
         row = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id) FROM chats c WHERE c.id = ?",
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin FROM chats c WHERE c.id = ?",
             (chat_id,),
         ).fetchone()
         if row is None:
