@@ -1,4 +1,4 @@
-"""Data files shipped with SpecDeck: demo-model manifest, style sheet, bench prompts."""
+"""Data files shipped with SpecDeck: demo-model manifest, bench prompts, the README's screenshot."""
 
 from __future__ import annotations
 
