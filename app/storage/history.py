@@ -22,16 +22,19 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.errors import StorageError
 from app.paths import data_dir
 from app.storage.atomic import describe_os_error
+from app.storage.history_repair import fix_readonly_shm, quick_check, salvage
+
+_T = TypeVar("_T")
 
 FILE_NAME = "history.sqlite3"
 ROLES = ("system", "user", "assistant")
@@ -174,9 +177,23 @@ def _sqlite_reason(exc: sqlite3.Error) -> tuple[str, str]:
     return str(exc), "Try again"
 
 
+class _Damaged(Exception):
+    """PRAGMA quick_check found damage in a file that opens."""
+
+
+class HistoryBusyError(StorageError):
+    """Another connection holds the database's write lock past the busy timeout: try again later."""
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(exc).lower()
+
+
 def _storage_error(exc: sqlite3.Error) -> StorageError:
     reason, advice = _sqlite_reason(exc)
-    return StorageError(
+    kind = HistoryBusyError if _is_busy(exc) else StorageError
+    return kind(
         f"Could not save the chat history: {reason} ({exc}). {advice}; messages already saved are kept."
     )
 
@@ -184,8 +201,9 @@ def _storage_error(exc: sqlite3.Error) -> StorageError:
 class HistoryStore:
     """All chats and their messages. Use from one thread (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path) if path is not None else data_dir() / FILE_NAME
+        self.busy_timeout = busy_timeout  # seconds a write waits for another connection's lock
         self.warning: str | None = None  # set when a damaged file was moved aside at open
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,27 +212,46 @@ class HistoryStore:
                 describe_os_error(exc, "the chat history", self.path.parent, kept="no chat was changed")
             ) from exc
         try:
-            self._conn = self._open()
+            try:
+                self._conn = self._retry_busy(self._open)
+            except sqlite3.OperationalError as exc:
+                # A -shm left read-only refuses every write even after the file's permissions are fixed.
+                if "readonly" not in str(exc).lower() or not fix_readonly_shm(self.path):
+                    raise
+                self._conn = self._open()
         except sqlite3.DatabaseError as exc:
             name = getattr(exc, "sqlite_errorname", "")
             if not (name in ("SQLITE_NOTADB", "SQLITE_CORRUPT") or "not a database" in str(exc)
                     or "malformed" in str(exc)):
                 raise _storage_error(exc) from exc
-            aside = self._move_aside()
-            self.warning = (
-                f"The chat history file was damaged ({exc}) and could not be opened. It was kept as "
-                f"{aside} and a new, empty history was started."
-            )
-            try:
-                self._conn = self._open()
-            except sqlite3.Error as exc2:
-                raise _storage_error(exc2) from exc2
+            self._recover_from_damage(str(exc))
+        except _Damaged as exc:
+            self._recover_from_damage(str(exc))
+
+    def _recover_from_damage(self, problem: str) -> None:
+        """Move the damaged file aside, start a new history, and copy into it whatever can still be read."""
+        aside = self._move_aside()
+        try:
+            self._conn = self._open()
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+        try:
+            recovered, seen = salvage(self.path.with_name(aside), self._conn)
+        except sqlite3.Error:
+            recovered, seen = 0, 0
+        kept = f"It was kept as {aside}"
+        if seen:
+            self.warning = (f"The chat history file was damaged ({problem}). {kept}; {recovered} of {seen} "
+                            "chats could be read and were recovered into a new history.")
+        else:
+            self.warning = (f"The chat history file was damaged ({problem}) and no chat could be read from it. "
+                            f"{kept} and a new, empty history was started.")
 
     # --- opening ------------------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
         # isolation_level=None: no implicit transactions; every write below says where it begins and ends.
-        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         try:
             # The version first: a newer SpecDeck's file is refused before anything (even the journal
             # mode, which is in the file header) is changed.
@@ -225,6 +262,10 @@ class HistoryStore:
                     f"{version}; this one knows up to {SCHEMA_VERSION}). Update SpecDeck to open it; "
                     "nothing was changed."
                 )
+            # Damage the file still opens with, found before anything is written into it.
+            problem = quick_check(conn) if version else None
+            if problem is not None:
+                raise _Damaged(problem)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -250,6 +291,22 @@ class HistoryStore:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={n + 1}")
 
+    def _retry_busy(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()`` again with backoff while another connection holds the lock, up to busy_timeout.
+
+        SQLite's own busy handler waits for most locks, but some (a journal-mode switch, WAL recovery,
+        a lock upgrade) answer SQLITE_BUSY at once.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                return attempt()
+            except (sqlite3.OperationalError, HistoryBusyError) as exc:
+                if not (isinstance(exc, HistoryBusyError) or _is_busy(exc)) or time.monotonic() > deadline:
+                    raise
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
     def _move_aside(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside = self.path.with_name(f"{self.path.name}.bad-{stamp}")
@@ -273,7 +330,7 @@ class HistoryStore:
         """One transaction; any SQLite failure rolls it back and becomes a StorageError."""
         conn = self._conn
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
             yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -434,11 +491,11 @@ class HistoryStore:
         another SpecDeck marked "interrupted" at its start is taken back to "streaming".
         """
         try:
-            cur = self._conn.execute(
+            cur = self._retry_busy(lambda: self._conn.execute(
                 "UPDATE messages SET text=?, status='streaming', updated=?"
                 " WHERE id=? AND status IN ('streaming', 'interrupted')",
                 (_clean_text(text), time.time(), message_id),
-            )
+            ))
         except sqlite3.ProgrammingError:
             raise
         except sqlite3.Error as exc:
