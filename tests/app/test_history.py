@@ -365,3 +365,108 @@ def test_full_disk(full_disk_kind: tuple[str, Path]) -> None:
         assert len(texts) == len(saved) + 2
         assert reopened.messages(chat)[-1].id == later
         assert reopened.integrity_ok()
+
+
+# --- damage in the middle of the file, leftovers, other writers (issue 13 §7–9) ---------------------------
+
+
+def _history_with_chats(path: Path, n_chats: int) -> None:
+    with HistoryStore(path) as s:
+        for i in range(n_chats):
+            chat = s.new_chat(f"chat {i}")
+            s.add_message(chat, "user", f"question {i} " + "q" * 1500)
+            answer = s.begin_answer(chat)
+            s.finish_answer(answer, f"answer {i} " + "a" * 1500)
+
+
+def _damage_pages(path: Path, first: int, count: int) -> None:
+    page = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
+    rng = random.Random(7)
+    with path.open("r+b") as fh:
+        fh.seek(first * page)
+        fh.write(bytes(rng.randrange(256) for _ in range(count * page)))
+
+
+def test_damage_in_the_middle_is_found_moved_aside_and_salvaged(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    _history_with_chats(path, 60)
+    pages = path.stat().st_size // sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
+    _damage_pages(path, pages // 2, 3)  # the header and the schema are intact: the file still opens
+    damaged = path.read_bytes()
+    with HistoryStore(path) as s:
+        assert s.warning is not None
+        assert "The chat history file was damaged" in s.warning
+        match = __import__("re").search(r"(\d+) of (\d+) chats could be read", s.warning)
+        assert match is not None, s.warning
+        recovered, seen = int(match.group(1)), int(match.group(2))
+        assert 0 < recovered <= seen <= 60
+        assert recovered < 60 or seen < 60 or len(s.list_chats()) == 60
+        chats = s.list_chats()
+        assert len(chats) == recovered
+        for chat in chats:  # what was recovered reads back whole
+            for m in s.messages(chat.id):
+                assert m.text.split(" ")[0] in ("question", "answer")
+        assert s.integrity_ok()
+        s.add_message(s.new_chat("after"), "user", "still works")
+        [aside] = tmp_path.glob("history.sqlite3.bad-*")
+        assert aside.read_bytes() == damaged  # the damaged file is kept as it was
+        assert aside.name in s.warning
+    with HistoryStore(path) as s:
+        assert s.warning is None
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root writes read-only files anyway")
+def test_a_leftover_read_only_shm_does_not_break_the_history(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    _history_with_chats(path, 2)
+    shm = Path(f"{path}-shm")
+    shm.write_bytes(bytes(32768))
+    shm.chmod(0o444)  # as left behind after the user fixed the database's own permissions
+    with HistoryStore(path) as s:
+        assert len(s.list_chats()) == 2
+        s.new_chat("writable again")
+    assert os.access(shm, os.W_OK) or not shm.exists()
+
+
+_BUSY_WRITER = textwrap.dedent("""
+    import sys, time
+    from app.storage.history import HistoryStore
+    path, name, rounds, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    while time.time() < start_at:  # all writers open the new file at the same moment
+        time.sleep(0.001)
+    store = HistoryStore(path)
+    for i in range(rounds):
+        chat = store.new_chat(f"{name} {i}")
+        store.add_message(chat, "user", f"{name} question {i}")
+        answer = store.begin_answer(chat)
+        for j in range(3):
+            assert store.update_answer(answer, f"{name} answer {i} " + "x" * j)
+        store.finish_answer(answer, f"{name} answer {i}")
+    store.close()
+    print("done", name, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_three_instances_writing_at_once_all_succeed(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    rounds = 40
+    start_at = time.time() + 1.0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _BUSY_WRITER, str(path), f"w{n}", str(rounds), str(start_at)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for n in range(3)
+    ]
+    outputs = [w.communicate(timeout=100) for w in writers]
+    for w, (out, err) in zip(writers, outputs, strict=True):
+        assert w.returncode == 0, err[-2000:]
+        assert out.startswith("done")
+    with HistoryStore(path) as s:
+        chats = s.list_chats()
+        assert len(chats) == 3 * rounds
+        for chat in chats:
+            name, i = chat.title.split()
+            assert [(m.role, m.text, m.status) for m in s.messages(chat.id)] == [
+                ("user", f"{name} question {i}", "complete"), ("assistant", f"{name} answer {i}", "complete")]
