@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -215,6 +216,7 @@ def probe_backend_isolated(timeout_s: float = 120.0) -> BackendInfo:
     try:
         return BackendInfo.from_dict(run_probe("backend", timeout_s=timeout_s, what="loading llama.cpp"))
     except ProbeFailed as exc:
+        logging.getLogger(__name__).warning("llama.cpp probe: %s", exc)
         return BackendInfo(available=False, error=str(exc))
     except (TypeError, ValueError) as exc:
         return BackendInfo(available=False, error=f"the llama.cpp probe gave no readable answer ({exc})")

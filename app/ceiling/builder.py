@@ -7,6 +7,7 @@ or doctor's ``--gpu-bandwidth``), and hands back a ``CeilingModel`` to ask at an
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from app.events import Loaded
 from app.library.model_file import check_model_file
 
 GB = 1e9
+log = logging.getLogger(__name__)
 
 
 def saved_gpu_bandwidth() -> float | None:
@@ -105,6 +107,7 @@ def _find_devices() -> Sequence[Device] | None:
     try:
         return probe_machine()[1]
     except Exception:  # a probe failure means no ceiling, never a broken dashboard
+        log.exception("the hardware probe failed; the dashboard shows no ceiling")
         return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -26,6 +27,7 @@ from app.storage.atomic import atomic_write_json
 
 PROBE_CACHE_FILE = "hardware_probe.json"
 PROBE_SCHEMA = 2
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,8 @@ def measure_cpu(physical_cores: int, nbytes: int = 128 << 20, timeout_s: float =
         peak = float(r["peak_flops_core"]) * physical_cores
         if bandwidth > 0 and peak > 0:
             return bandwidth, peak
-    except (ProbeFailed, KeyError, TypeError, ValueError):
-        pass
+    except (ProbeFailed, KeyError, TypeError, ValueError) as exc:
+        log.warning("the CPU probe child failed (%s); measuring in this process instead", exc)
     return measure_memory_bandwidth(nbytes), measure_peak_flops()
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.library.gguf_reader import GGUFInfo
+from app.units import format_bytes
 
 # Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
 KV_TYPE_BYTES: dict[str, float] = {
@@ -454,20 +455,17 @@ class FitEstimate:
     @property
     def message(self) -> str:
         short = [d for d in self.devices if not d.fits]
+        b = format_bytes
         if not short:
             return "Fits: " + "; ".join(
-                f"{d.name} needs {_gb(d.need)}" + (f" of {_gb(d.free)} free" if d.free is not None else "")
+                f"{d.name} needs {b(d.need)}" + (f" of {b(d.free)} free" if d.free is not None else "")
                 for d in self.devices
             ) + "."
         return " ".join(
-            f"Does not fit on {d.name}: needs {_gb(d.need)} (weights {_gb(d.weights)}, KV {_gb(d.kv)}, "
-            f"compute {_gb(d.compute)}) with {_gb(d.free or 0)} free, {_gb(d.short_by)} short."
+            f"Does not fit on {d.name}: needs {b(d.need)} (weights {b(d.weights)}, KV {b(d.kv)}, "
+            f"compute {b(d.compute)}) with {b(d.free or 0)} free, {b(d.short_by)} short."
             for d in short
         )
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
 
 
 def fit_estimate(

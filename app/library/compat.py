@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.library.gguf_reader import FINGERPRINT_START, VOCAB_TYPES, GGUFInfo
+from app.library.gguf_format import FINGERPRINT_START
+from app.library.gguf_reader import VOCAB_TYPES, GGUFInfo
 
 MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 CHECK_START_TOKEN_ID = FINGERPRINT_START  # SPEC_VOCAB_CHECK_START_TOKEN_ID
