@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server on the speculative engine, its /metrics, and clients for remote engines."""
