@@ -62,16 +62,16 @@ def engine_logs_dir() -> Path:
     return logs_dir() / "engine"
 
 
-def new_engine_log_path(keep: int = KEEP_ENGINE_LOGS) -> Path:
-    """A fresh file name for one engine worker's log (llama.cpp's lines, its stderr), in
-    ``engine_logs_dir()``. Older engine logs beyond the newest ``keep - 1`` are deleted first, so with the new
-    one at most ``keep`` remain: a crashed worker's log survives the next few starts."""
-    folder = engine_logs_dir()
+def new_engine_log_path(folder: Path | None = None, keep: int = KEEP_ENGINE_LOGS) -> Path:
+    """A fresh, empty file for one engine worker's log (llama.cpp's lines, its stderr), in ``folder``
+    (default ``engine_logs_dir()``). Older engine logs there beyond the newest ``keep - 1`` are deleted
+    first, so with the new one at most ``keep`` remain: a crashed worker's log survives the next few starts."""
+    folder = folder if folder is not None else engine_logs_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    prune_engine_logs(max(keep - 1, 0))
+    prune_engine_logs(max(keep - 1, 0), folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for _ in range(1000):
-        path = folder / f"{ENGINE_LOG_PREFIX}{stamp}-{os.getpid()}-{next(_engine_log_serial)}.log"
+        path = folder / f"{ENGINE_LOG_PREFIX}{stamp}-{os.getpid()}-{next(_engine_log_serial):06d}.log"
         try:
             path.touch(exist_ok=False)
         except FileExistsError:
@@ -80,9 +80,9 @@ def new_engine_log_path(keep: int = KEEP_ENGINE_LOGS) -> Path:
     raise OSError(f"could not create an engine log file in {folder}")
 
 
-def engine_logs() -> list[Path]:
+def engine_logs(folder: Path | None = None) -> list[Path]:
     """The kept engine logs, newest first."""
-    folder = engine_logs_dir()
+    folder = folder if folder is not None else engine_logs_dir()
     try:
         found = [p for p in folder.glob(f"{ENGINE_LOG_PREFIX}*.log") if p.is_file()]
     except OSError:
@@ -90,10 +90,10 @@ def engine_logs() -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
 
 
-def prune_engine_logs(keep: int) -> None:
+def prune_engine_logs(keep: int, folder: Path | None = None) -> None:
     """Delete all but the newest ``keep`` engine logs (a file another process still writes to is only
     unlinked; its writer keeps it open)."""
-    for old in engine_logs()[keep:]:
+    for old in engine_logs(folder)[keep:]:
         try:
             old.unlink()
         except OSError:

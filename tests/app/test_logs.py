@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -75,6 +74,13 @@ def test_a_crashed_workers_log_survives_the_next_start(tmp_path: Path, monkeypat
     logs.new_engine_log_path()
     assert crashed.read_text() == "GGML_ASSERT failed\n"
     assert crashed in logs.engine_logs()
+
+
+def test_engine_logs_in_a_folder_of_their_own(tmp_path: Path) -> None:
+    made = [logs.new_engine_log_path(tmp_path, keep=2) for _ in range(3)]
+    assert all(p.parent == tmp_path for p in made)
+    assert len(logs.engine_logs(tmp_path)) == 2
+    assert made[-1] in logs.engine_logs(tmp_path)
 
 
 def test_the_root_logger_is_not_touched_by_import() -> None:
