@@ -11,7 +11,6 @@ import itertools
 import multiprocessing as mp
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -34,6 +33,7 @@ from app.events import (
     Unload,
     Unloaded,
 )
+from app.logs import new_engine_log_path
 
 TAIL_LINES = 20
 
@@ -68,11 +68,8 @@ class EngineClient:
             return
         from app.engine.worker import run_worker
 
-        folder = self.log_dir or Path(tempfile.gettempdir())
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix="specdeck-engine-", suffix=".log", dir=folder)
-        os.close(fd)
-        self._log_path = Path(name)
+        self._log_path = new_engine_log_path(self.log_dir)  # kept after exit: the last few survive a crash
+        name = str(self._log_path)
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=run_worker, args=(child, name), name="specdeck-engine", daemon=True)
@@ -114,8 +111,6 @@ class EngineClient:
             except (OSError, BrokenPipeError):
                 pass
         self.kill()
-        if self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
 
     # --- requests -------------------------------------------------------------------------------
 
