@@ -15,18 +15,17 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from app.errors import StorageError
 from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_compatible
 from app.library.gguf_format import GGUFError, MissingShardError
-from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts, shard_siblings
+from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
+from app.library.header_cache import HeaderCache, stat_sig
 from app.library.model_file import ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
-from app.paths import cache_dir, models_dir
-from app.storage.atomic import atomic_write_bytes
+from app.paths import models_dir
 
 SPECDECK = "specdeck"
 LMSTUDIO = "lmstudio"
@@ -35,12 +34,9 @@ OLLAMA = "ollama"
 FOLDER = "folder"
 SOURCES = (SPECDECK, LMSTUDIO, HUGGINGFACE, OLLAMA, FOLDER)
 
-CACHE_FILE = "gguf-headers.json"
-CACHE_VERSION = 1
 MAX_FILES = 20_000  # per discovery, all roots together
 MAX_DEPTH = 8
 MAX_MANIFEST_BYTES = 1 << 20
-MAX_CACHE_BYTES = 256 << 20
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")  # fullmatch only
 _OLLAMA_KINDS = {
     "application/vnd.ollama.image.model": "model",
@@ -284,109 +280,13 @@ def _find_ollama(root: Root, budget: _Budget) -> Iterator[_Found]:
 _FINDERS = {"tree": _find_tree, "hf": _find_hf, "ollama": _find_ollama}
 
 
-# --- header cache -------------------------------------------------------------------------------
-
-
-def _stat_sig(path: Path) -> list[int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
-def _info_to_json(info: GGUFInfo) -> dict[str, Any]:
-    return asdict(info)
-
-
-def _info_from_json(data: Mapping[str, Any]) -> GGUFInfo:
-    names = {f.name for f in fields(GGUFInfo)}
-    if set(data) != names:
-        raise ValueError("cache entry from another version")
-    values = dict(data)
-    values["swa_layers"] = tuple(bool(v) for v in values["swa_layers"])
-    values["missing_shards"] = tuple(str(v) for v in values["missing_shards"])
-    return GGUFInfo(**values)
-
-
-class HeaderCache:
-    """GGUF header descriptions keyed by path, valid while the file's (and its shards') size and mtime
-    are unchanged. Saved as JSON: temp file + fsync + os.replace, so a crash never leaves half a file."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else cache_dir() / CACHE_FILE
-        self.entries: dict[str, dict[str, Any]] = {}
-        self.dirty = False
-        self._load()
-
-    def _load(self) -> None:
-        try:
-            if self.path.stat().st_size > MAX_CACHE_BYTES:
-                return
-            doc = json.loads(self.path.read_bytes())
-        except (OSError, ValueError):
-            return
-        if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
-            return
-        if isinstance(doc.get("entries"), dict):
-            self.entries = {k: v for k, v in doc["entries"].items() if isinstance(v, dict)}
-
-    def _deps(self, path: Path, info: GGUFInfo | None) -> dict[str, list[int] | None]:
-        if info is None or info.split_count <= 1 or info.split_index != 0:
-            return {}
-        siblings = shard_siblings(path, info.split_count) or []
-        return {str(s): _stat_sig(s) for s in siblings[1:]}
-
-    def get(self, path: Path, sig: list[int]) -> tuple[GGUFInfo | None, str | None, str | None] | None:
-        entry = self.entries.get(str(path))
-        if entry is None or entry.get("sig") != sig:
-            return None
-        deps = entry.get("deps") or {}
-        if not isinstance(deps, dict) or any(_stat_sig(Path(p)) != s for p, s in deps.items()):
-            return None
-        try:
-            info = _info_from_json(entry["info"]) if entry.get("info") is not None else None
-            error = entry.get("error")
-            if info is None and error is None:
-                return None
-            if error is None:
-                return info, None, None
-            return info, str(error), str(entry.get("error_type") or "GGUFError")
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def put(self, path: Path, sig: list[int], info: GGUFInfo | None, error: str | None,
-            error_type: str | None) -> None:
-        entry: dict[str, Any] = {"sig": sig, "deps": self._deps(path, info)}
-        if info is not None:
-            entry["info"] = _info_to_json(info)
-        if error is not None:  # a split model with shards missing has both
-            entry["error"] = error
-            entry["error_type"] = error_type
-        self.entries[str(path)] = entry
-        self.dirty = True
-
-    def prune(self, keep: set[str]) -> None:
-        """Forget entries for files that no longer exist (entries from other folders stay)."""
-        for key in [k for k in self.entries if k not in keep and not os.path.exists(k)]:
-            del self.entries[key]
-            self.dirty = True
-
-    def save(self) -> None:
-        if not self.dirty:
-            return
-        data = json.dumps({"version": CACHE_VERSION, "entries": self.entries}, separators=(",", ":"))
-        atomic_write_bytes(self.path, data.encode("utf-8"))  # temp file + fsync + os.replace
-        self.dirty = False
-
-
 # --- discovery ----------------------------------------------------------------------------------
 
 
 def describe(path: Path, cache: HeaderCache | None = None) -> tuple[GGUFInfo | None, str | None, str | None]:
     """(info, error, error type) for one file, through the cache when given. A split model with missing
     shards comes back with both its info and the MissingShardError's sentence."""
-    sig = _stat_sig(path)
+    sig = stat_sig(path)
     if cache is not None and sig is not None:
         hit = cache.get(path, sig)
         if hit is not None:
@@ -455,7 +355,7 @@ def _entry(found: _Found, cache: HeaderCache | None) -> LibraryEntry:
         return LibraryEntry(str(found.path), found.source, found.label, real, 0, None, found.missing,
                             "UnreadableError")
     info, error, error_type = describe(found.path, cache)
-    size = info.file_size if info is not None else (_stat_sig(found.path) or [0])[0]
+    size = info.file_size if info is not None else (stat_sig(found.path) or [0])[0]
     return LibraryEntry(str(found.path), found.source, found.label, real, size, info, error, error_type)
 
 
@@ -496,11 +396,6 @@ def _confirm(target: GGUFInfo, drafter: GGUFInfo, texts: _Texts) -> CompatResult
 def _worth_confirming(result: CompatResult) -> bool:
     """Undecided passes need the texts; so do fingerprint refusals, to name the first differing token."""
     return (result.ok and not result.confirmed) or result.check == CHECK_TOKEN_TEXT
-
-
-def confirm_pair(target: GGUFInfo, drafter: GGUFInfo) -> CompatResult:
-    """The compatibility rule decided on both files' real token texts (what llama.cpp compares)."""
-    return _confirm(target, drafter, _Texts())
 
 
 def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True

@@ -27,16 +27,11 @@ NGRAM_K_MAX = 8
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 
 
-def predicted_speedup(alpha: float, k: int, c: float) -> float:
-    """Speedup over plain decoding: tokens per pass ÷ (k·c + 1) (roofline's Leviathan arithmetic)."""
-    return expected_speedup(alpha, k, c)
-
-
 def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
     """(k, speedup) for the depth 1..k_max with the highest predicted speedup."""
-    best = (1, predicted_speedup(alpha, 1, c))
+    best = (1, expected_speedup(alpha, 1, c))
     for k in range(2, k_max + 1):
-        s = predicted_speedup(alpha, k, c)
+        s = expected_speedup(alpha, k, c)
         if s > best[1]:
             best = (k, s)
     return best
@@ -103,7 +98,7 @@ def recommend_drafters(
     k = min(k_max, NGRAM_K_MAX)
     ngram = Recommendation(
         None, "n-gram (prompt lookup)", "ngram", 0.0, alpha, source, k, expected_tokens_per_pass(alpha, k),
-        predicted_speedup(alpha, k, 0.0),
+        expected_speedup(alpha, k, 0.0),
         "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt",
     )
     return [*models, ngram]
@@ -120,5 +115,5 @@ def _same_file(a: str, b: str) -> bool:
 
 __all__ = [
     "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "Recommendation", "best_k",
-    "expected_tokens_per_pass", "predicted_speedup", "recommend_drafters",
+    "expected_tokens_per_pass", "recommend_drafters",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.ceiling.roofline import expected_speedup
 from app.library.compat import VocabInfo, check_compatible, vocab_type_name
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.library.recommend import (
@@ -16,7 +17,6 @@ from app.library.recommend import (
     NGRAM_KEY,
     best_k,
     expected_tokens_per_pass,
-    predicted_speedup,
     recommend_drafters,
 )
 
@@ -193,10 +193,10 @@ def test_leviathan_arithmetic() -> None:
     assert expected_tokens_per_pass(0.6, 4) == pytest.approx((1 - 0.6**5) / 0.4)
     assert expected_tokens_per_pass(1.0, 4) == 5.0
     assert expected_tokens_per_pass(0.0, 4) == 1.0
-    assert predicted_speedup(0.8, 3, 0.1) == pytest.approx((1 - 0.8**4) / 0.2 / 1.3)
+    assert expected_speedup(0.8, 3, 0.1) == pytest.approx((1 - 0.8**4) / 0.2 / 1.3)
     k, s = best_k(0.8, 0.05, 16)
-    assert s == max(predicted_speedup(0.8, j, 0.05) for j in range(1, 17))
-    assert predicted_speedup(0.8, k, 0.05) == s
+    assert s == max(expected_speedup(0.8, j, 0.05) for j in range(1, 17))
+    assert expected_speedup(0.8, k, 0.05) == s
     assert best_k(0.9, 0.0, 16)[0] == 16  # a free drafter drafts as deep as allowed
 
 
