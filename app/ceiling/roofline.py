@@ -7,7 +7,8 @@ pipeline for one sequence), so the times add up. Ceiling = 1 / that time. Every 
 on what the hardware delivers and every byte and FLOP counted is work llama.cpp really does, so the
 ceiling is a true upper bound on the measured rate, never an estimate of it.
 
-Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds.
+Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds. Over 450 lines because the pass
+estimate, the fit and the KV-cache arithmetic share one model of what a pass reads: split, they would drift.
 """
 
 from __future__ import annotations
