@@ -19,8 +19,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.client import EngineClient
+from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
     EngineCrashed,
     EngineError,
@@ -29,7 +29,6 @@ from app.events import (
     Loaded,
     LoadProgress,
     Log,
-    MessageStats,
     PassStats,
     PromptProcessed,
     Token,
@@ -41,7 +40,6 @@ PAINT_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
 MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
-_EMPTY_STATS = MessageStats(0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0.0, 0.0, (), (), 1.0)
 
 
 @dataclass(frozen=True)
@@ -264,11 +262,9 @@ class EngineBridge(QObject):
             self._push(_LoadCancelled())
 
     def _do_generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> None:
-        try:
-            self._current_request = self._client.generate(messages, sampling)
-        except Exception:
-            self._push(Finished(-1, "error", _EMPTY_STATS, ""))  # lets the GUI leave its generating state
-            raise
+        # A request that cannot be sent raises: _call reports it as an EngineError without a request id,
+        # which ends the answer that is waiting to start.
+        self._current_request = self._client.generate(messages, sampling)
         self._push(_Started(self._current_request))
 
     def _do_cancel(self) -> None:

@@ -6,17 +6,23 @@ Window layout lives in QSettings (``window.ini`` in the config folder); user set
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from PySide6.QtCore import QSettings, QSize, Qt, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
+    QFileDialog,
     QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
@@ -30,22 +36,35 @@ import app
 from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Finished, Loaded, LoadProgress
+from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats
 from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
+from app.storage.atomic import atomic_write_text
 from app.storage.history import HistoryStore
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import ChatPanel
+from ui.chat.panel import NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
+from ui.log_window import LogWindow
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
 from ui.tasks import TaskRunner
 
+logger = logging.getLogger(__name__)
+
 WINDOW_STATE_FILE = "window.ini"
+SHORTCUTS_TEXT = "\n".join((
+    "Ctrl+Enter    send the message (anywhere in the window)",
+    "Esc           stop the answer (while one is being written)",
+    "Ctrl+N        new chat",
+    "F2            rename the chat selected in the list",
+    "Del           delete the chat selected in the list (Undo delete brings it back)",
+    "Ctrl+Q        quit",
+))
 WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
 SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
@@ -148,6 +167,7 @@ class MainWindow(QMainWindow):
         self.settings, warning = load_settings()
         self.bridge = bridge if bridge is not None else EngineBridge(parent=self)
         self.tasks = TaskRunner(self)
+        self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
@@ -161,9 +181,12 @@ class MainWindow(QMainWindow):
         self._restore_window_state()
         self._build_info: BackendInfo | None = None
         self._about_box: QMessageBox | None = None
+        self._shortcuts_box: QMessageBox | None = None
+        self._sampling_message: str | None = None  # a sampling error on the status bar, until fixed
         self._probing_build = False
         if start_engine:
             self.bridge.start()
+            self._probe_build()
         self.picker.rescan()
 
     def _open_store(self) -> HistoryStore | None:
@@ -218,26 +241,50 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(central)
 
-        file_menu = self.menuBar().addMenu("&File")
-        quit_action = QAction("&Quit", self)
-        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
-        file_menu.addAction(quit_action)
-        view_menu = self.menuBar().addMenu("&View")
+        self.log_window = LogWindow(self)
+        self._build_menus()
+        self.statusBar()
+
+    def _action(self, menu: QMenu, text: str, slot: Callable[[], None],
+                keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
+        action = QAction(text, self)
+        if keys is not None:
+            action.setShortcut(QKeySequence(keys))
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.new_chat_action = self._action(file_menu, "&New chat", self._on_new_chat_action_triggered,
+                                            QKeySequence.StandardKey.New)
+        self.export_action = self._action(file_menu, "&Export chat…", self._on_export_action_triggered)
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit_menu = bar.addMenu("&Edit")
+        self._action(edit_menu, "&Copy", self._on_copy_action_triggered)  # Ctrl+C stays with the focused widget
+        view_menu = bar.addMenu("&View")
+        self._action(view_menu, "&Log", self._on_log_action_triggered)
         view_menu.addAction(self.models_dock.toggleViewAction())
         view_menu.addAction(self.dashboard_dock.toggleViewAction())
-        help_menu = self.menuBar().addMenu("&Help")
-        about = QAction("&About SpecDeck", self)
-        about.triggered.connect(self._on_about_action_triggered)
-        help_menu.addAction(about)
-        self.statusBar()
+        model_menu = bar.addMenu("&Model")
+        self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
+        self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
+        # Hook for a remote engine: whoever adds one connects to connect_server_action (and sets it enabled).
+        self.connect_server_action = self._action(model_menu, "&Connect to server…",
+                                                  self._on_connect_server_action_triggered)
+        self.connect_server_action.setEnabled(False)
+        self.connect_server_action.setToolTip("Not available yet in this version")
+        help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "&Keyboard shortcuts", self._on_shortcuts_action_triggered)
+        self._action(help_menu, "&About SpecDeck", self._on_about_action_triggered)
 
     def _connect(self) -> None:
         b = self.bridge
         b.model_loaded.connect(self._on_bridge_model_loaded)
         b.load_progress.connect(self._on_bridge_load_progress)
         b.load_cancelled.connect(self._on_bridge_load_cancelled)
-        b.generation_finished.connect(self._on_bridge_generation_finished)
         b.engine_error.connect(self._on_bridge_engine_error)
         b.engine_crashed.connect(self._on_bridge_engine_crashed)
         b.engine_restarting.connect(self._on_bridge_engine_restarting)
@@ -247,7 +294,12 @@ class MainWindow(QMainWindow):
         self.picker.drafters_ranked.connect(self._on_picker_drafters_ranked)
         self.picker.folders_changed.connect(self._on_picker_folders_changed)
         self.picker.error_raised.connect(self.notifier.error)
-        self.chat.error_raised.connect(self.notifier.error)
+        self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
+        self.chat.error_raised.connect(self._on_chat_error_raised)
+        self.chat.answer_finished.connect(self._on_chat_answer_finished)
+        self.chat.generation_state_changed.connect(self._on_chat_generation_state_changed)
+        self.sampling_form.changed.connect(self._on_sampling_form_changed)
+        b.log_received.connect(self.log_window.append_engine_line)
         self.banner.restart_button.clicked.connect(self._on_banner_restart_clicked)
         self.first_run.demo_button.clicked.connect(self._on_first_run_demo_clicked)
         self.first_run.folder_button.clicked.connect(self.picker._on_add_folder_button_clicked)
@@ -271,6 +323,9 @@ class MainWindow(QMainWindow):
         splitter = qs.value("chat_splitter") if saved else None
         if splitter is not None:
             self.chat.splitter.restoreState(splitter)
+        last_chat = qs.value("last_chat")
+        if last_chat is not None and self.store is not None:
+            self.chat.reopen(int(last_chat))
 
     def _default_size(self) -> None:
         screen = self.screen() or QGuiApplication.primaryScreen()
@@ -288,30 +343,37 @@ class MainWindow(QMainWindow):
         qs.setValue("geometry", self.saveGeometry())
         qs.setValue("state", self.saveState(WINDOW_STATE_VERSION))
         qs.setValue("chat_splitter", self.chat.splitter.saveState())
+        qs.setValue("last_chat", self.chat.chat_id)
         qs.sync()
 
     def save_app_settings(self) -> None:
+        """Save the settings shown, on the writer thread (the fsync stays off the GUI thread)."""
         settings = self.picker.update_settings(self.settings)
         try:
             sampling = self.sampling_form.settings()
         except SettingsError:
             sampling = self.settings.sampling  # keep the last valid values
         settings = replace(settings, sampling=sampling, system_prompt=self.chat.system_prompt.text())
-        try:
-            save_settings(settings)
-        except (StorageError, SettingsError) as exc:
-            self.notifier.error(f"Settings could not be saved: {exc}")
-            return
         self.settings = settings
+        self.writes.run(lambda: save_settings(settings), self._on_write_done, self._on_settings_save_failed)
+
+    def _on_write_done(self, _result: object) -> None:
+        pass
+
+    def _on_settings_save_failed(self, exc: Exception) -> None:
+        self.notifier.error(f"Settings could not be saved: {exc}")
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self._closed:
             self._closed = True
             self.chat.flush()
+            self.chat.commit_pending_delete()
             self.save_app_settings()
             self._save_window_state()
             self.bridge.close()
             self.tasks.wait()
+            self.writes.wait()
+            self.log_window.detach()
             if self.store is not None:
                 self.store.close()
         super().closeEvent(event)
@@ -361,6 +423,8 @@ class MainWindow(QMainWindow):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self.picker.show_loaded(event)
+        self.notifier.resolve(NEED_MODEL_MESSAGE)
+        self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:
@@ -370,14 +434,111 @@ class MainWindow(QMainWindow):
     def _on_bridge_load_cancelled(self) -> None:
         self.picker.set_loading(False, "Loading cancelled.")
 
-    @Slot(Finished)
-    def _on_bridge_generation_finished(self, event: Finished) -> None:
+    @Slot(object)
+    def _on_chat_answer_finished(self, answer: ChatMessage) -> None:
         loaded = self.bridge.loaded
         drafter = drafter_key(loaded.drafter.path if loaded and loaded.drafter else None,
                               loaded.ngram if loaded else 0)
-        if loaded is not None and drafter is not None:
+        stats = answer.stats
+        if loaded is not None and drafter is not None and isinstance(stats, MessageStats):
             # The next ranking of drafters for this target uses what was measured, not a default.
-            record_acceptance(loaded.target.path, drafter, event.stats)
+            target = loaded.target.path
+            self.writes.run(lambda: record_acceptance(target, drafter, stats), self._on_write_done,
+                            self._on_pair_stats_failed)
+
+    def _on_pair_stats_failed(self, exc: Exception) -> None:
+        logger.warning("measured acceptance not saved: %s", exc)
+
+    @Slot(str)
+    def _on_chat_error_raised(self, text: str) -> None:
+        if text == self.sampling_form.error():
+            self._sampling_message = text
+        self.notifier.error(text)
+
+    @Slot()
+    def _on_sampling_form_changed(self) -> None:
+        if self._sampling_message is not None and self.sampling_form.error() is None:
+            self.notifier.resolve(self._sampling_message)
+            self._sampling_message = None
+
+    @Slot(bool)
+    def _on_chat_generation_state_changed(self, generating: bool) -> None:
+        for action in (self.new_chat_action, self.unload_action, self.load_action):
+            action.setEnabled(not generating)
+
+    @Slot(bool)
+    def _on_picker_demo_install_finished(self, ok: bool) -> None:
+        self.first_run.demo_button.setEnabled(True)
+        if ok:
+            self.notifier.info("The demo models are installed.")
+
+    # --- menus --------------------------------------------------------------------------------------
+
+    @Slot()
+    def _on_new_chat_action_triggered(self) -> None:
+        self.chat.new_chat()
+
+    @Slot()
+    def _on_export_action_triggered(self) -> None:
+        if self.store is None or self.chat.chat_id is None:
+            self.notifier.info("Nothing to export yet: send a message first.")
+            return
+        path, _filter = QFileDialog.getSaveFileName(self, "Export chat", "chat.md",
+                                                    "Markdown (*.md);;JSON (*.json)")
+        if path:
+            self.export_chat(path)
+
+    def export_chat(self, path: str) -> bool:
+        """Export the open chat (Markdown, or JSON for a .json name); the file is written off the GUI
+        thread and the outcome shown on the status bar."""
+        if self.store is None or self.chat.chat_id is None:
+            return False
+        chat_id = self.chat.chat_id
+        try:
+            text = self.store.export_json(chat_id) if path.endswith(".json") else self.store.export_markdown(chat_id)
+        except (KeyError, StorageError) as exc:
+            self.notifier.error(f"The chat could not be exported: {exc}")
+            return False
+        self.writes.run(lambda: atomic_write_text(Path(path), text),
+                        lambda _r: self.notifier.info(f"Exported to {path}."),
+                        lambda exc: self.notifier.error(f"The chat could not be exported to {path}: {exc}"))
+        return True
+
+    @Slot()
+    def _on_copy_action_triggered(self) -> None:
+        widget = QApplication.focusWidget()
+        copy = getattr(widget, "copy", None)
+        if callable(copy):
+            copy()
+        else:
+            self.chat.view.copy()
+
+    @Slot()
+    def _on_log_action_triggered(self) -> None:
+        self.log_window.show()
+        self.log_window.raise_()
+
+    @Slot()
+    def _on_load_action_triggered(self) -> None:
+        self.models_dock.show()
+        self.picker.request_load()
+
+    @Slot()
+    def _on_unload_action_triggered(self) -> None:
+        self.bridge.unload()
+        self.picker.set_loading(False, "No model loaded.")
+
+    @Slot()
+    def _on_connect_server_action_triggered(self) -> None:
+        self.notifier.info("Connecting to a server is not available in this version.")
+
+    @Slot()
+    def _on_shortcuts_action_triggered(self) -> None:
+        box = QMessageBox(QMessageBox.Icon.Information, "Keyboard shortcuts", SHORTCUTS_TEXT,
+                          QMessageBox.StandardButton.Ok, self)
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.open()
+        self._shortcuts_box = box
 
     @Slot(EngineError)
     def _on_bridge_engine_error(self, event: EngineError) -> None:
@@ -412,18 +573,23 @@ class MainWindow(QMainWindow):
 
     def _on_build_info_ready(self, info: BackendInfo) -> None:
         self._build_info = info
+        if info.available:
+            self.picker.set_gpu_offload_available(info.gpu_offload)
         if self._about_box is not None:
             self._about_box.setText(self.about_text())
 
     def _on_build_info_failed(self, exc: Exception) -> None:
         self._on_build_info_ready(BackendInfo(available=False, error=str(exc)))
 
-    @Slot()
-    def _on_about_action_triggered(self) -> None:
+    def _probe_build(self) -> None:
         if self._build_info is None and not self._probing_build:
             self._probing_build = True
             # In a child process and off the GUI thread: this process never loads llama.cpp.
             self.tasks.run(probe_backend_isolated, self._on_build_info_ready, self._on_build_info_failed)
+
+    @Slot()
+    def _on_about_action_triggered(self) -> None:
+        self._probe_build()
         box = QMessageBox(QMessageBox.Icon.Information, "About SpecDeck", self.about_text(),
                           QMessageBox.StandardButton.Ok, self)
         box.setTextFormat(Qt.TextFormat.PlainText)

@@ -53,6 +53,12 @@ class Notifier(QObject):
     def warning(self, text: str) -> None:
         self._show(text, important=True)
 
+    def resolve(self, text: str) -> None:
+        """The condition behind ``text`` was fixed: take it off the status bar if it is still there."""
+        if self._window is not None and self._window.statusBar().currentMessage() == text:
+            self._window.statusBar().clearMessage()
+        self._early = [(t, i) for t, i in self._early if t != text]
+
     def _show(self, text: str, important: bool) -> None:
         self.last_message = text
         self.message_shown.emit(text)

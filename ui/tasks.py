@@ -1,4 +1,5 @@
-"""Run blocking work (disk scans, downloads) off the GUI thread and get the result back as a signal."""
+"""Run blocking work (disk scans, downloads, probes, file writes) off the GUI thread and get the result back
+as a signal. The one mechanism for background work in ``ui/`` besides the engine bridge's reader thread."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ class _Runnable(QRunnable):
 class TaskRunner(QObject):
     """Owns a small thread pool; ``wait()`` before the app exits so no thread outlives the window."""
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None, *, max_threads: int = 2) -> None:
         super().__init__(parent)
         self.pool = QThreadPool(self)
-        self.pool.setMaxThreadCount(2)
+        self.pool.setMaxThreadCount(max_threads)  # 1: tasks run one at a time, in the order given
         self._live: set[_TaskSignals] = set()
 
     def run(

@@ -60,6 +60,6 @@ def load_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | No
 
 
 def set_sampling(window: MainWindow, **values: object) -> None:
-    """Type sampling values into the form's fields, as a user would."""
+    """Set sampling values in the form's fields, as a user would."""
     for name, value in values.items():
-        window.sampling_form.edits[name].setText(str(value))
+        window.sampling_form.set_value(name, value)  # type: ignore[arg-type]

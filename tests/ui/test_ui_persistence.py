@@ -28,7 +28,7 @@ def test_last_pair_reloads_on_start_and_settings_are_saved(
     assert window.bridge.loaded.target.path == str(tiny_target)
     assert window.bridge.loaded.drafter is not None
     assert window.chat.system_prompt.text() == "Be brief."
-    window.sampling_form.edits["temperature"].setText("0.7")
+    window.sampling_form.set_value("temperature", 0.7)
     window.close()
     saved, warning = load_settings()
     assert warning is None
@@ -41,7 +41,7 @@ def test_storage_failure_is_shown_and_the_chat_stays_in_memory(
 ) -> None:
     window = make_window(folders=(tiny_target.parent,))
     load_pair(qtbot, window, tiny_target)
-    window.sampling_form.edits["max_tokens"].setText("16")
+    window.sampling_form.set_value("max_tokens", 16)
     assert window.store is not None
 
     def disk_full(*_args: object, **_kwargs: object) -> None:

@@ -39,29 +39,22 @@ def test_incompatible_drafter_shows_reason_and_load_refuses(
     assert settings.n_threads == 1
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "reason"),
-    [
-        ("temperature", "nan", "Temperature must be a finite number"),
-        ("top_k", "-1", "Top-k must be between 0"),
-        ("top_p", "1.5", "Top-p must be between 0 and 1"),
-        ("max_tokens", "ten", "Max tokens must be a whole number"),
-    ],
-)
-def test_invalid_sampling_is_refused_with_the_reason(
-    qtbot: QtBot, make_window, field: str, value: str, reason: str  # type: ignore[no-untyped-def]
+def test_sampling_fields_are_spin_boxes_with_the_ranges_validation_accepts(
+    qtbot: QtBot, make_window  # type: ignore[no-untyped-def]
 ) -> None:
     window = make_window(start_engine=False)
     form = window.sampling_form
-    form.edits[field].setText(value)
-    assert reason in form.error_label.text()
-    assert not form.error_label.isHidden()
-    window.chat.input.setPlainText("hello")
-    assert not window.chat.send()
-    assert reason in window.notifier.last_message
-    assert window.chat.messages == []
-    form.edits[field].setText("")  # an empty field is refused too
-    assert "empty" in form.error_label.text()
+    form.set_value("temperature", 9.0)  # clamped to the top of its range, never refused later
+    form.set_value("top_p", 0.0)  # 0 is refused by validation, so the field stops above it
+    form.set_value("top_k", -5)
+    settings = form.settings()
+    assert (settings.temperature, settings.top_k) == (5.0, 0)
+    assert settings.top_p > 0
+    assert form.error_label.isHidden()
+    for name, spin in form.spins.items():  # each end of each range is a valid setting
+        for value in (spin.minimum(), spin.maximum()):
+            form.set_value(name, value)
+            assert form.error() is None, (name, value)
 
 
 def test_first_run_panel_when_there_are_no_models(

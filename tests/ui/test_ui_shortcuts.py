@@ -19,8 +19,8 @@ def test_ctrl_enter_sends_and_esc_stops_window_wide(qtbot: QtBot, make_window: o
     chat.stop = lambda: stopped.append(True)
     chat.input.setPlainText("hello")
     # Focus far from the chat: the temperature field in the left dock.
-    window.sampling_form.edits["temperature"].setFocus()
-    qtbot.waitUntil(lambda: window.sampling_form.edits["temperature"].hasFocus(), timeout=2000)
+    window.sampling_form.spins["temperature"].setFocus()
+    qtbot.waitUntil(lambda: window.sampling_form.spins["temperature"].hasFocus(), timeout=2000)
     # Through the window's QWindow, as the platform delivers keys, so the shortcut map sees them.
     handle = window.windowHandle()
     qtbot.keyClick(handle, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)

@@ -42,6 +42,7 @@ TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole ti
 HISTORY_MIN_WIDTH = 120
 UNDO_DELETE_MS = 8000  # a deleted chat can be brought back this long
 CONTINUE_PROMPT = "Continue."
+NEED_MODEL_MESSAGE = "Load a model first (Models, on the left)."
 FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
 
 
@@ -124,9 +125,7 @@ class ChatPanel(QWidget):
         left_layout.addWidget(self.search_edit)
         left_layout.addWidget(self.history_list)
         left_layout.addWidget(self.undo_delete_button)
-        rename = QShortcut(QKeySequence(Qt.Key.Key_F2), self.history_list)
-        rename.setContext(Qt.ShortcutContext.WidgetShortcut)
-        rename.activated.connect(self._on_rename_shortcut_activated)
+        # F2 renames: the list's own edit key (EditKeyPressed is among its default edit triggers).
         delete = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.history_list)
         delete.setContext(Qt.ShortcutContext.WidgetShortcut)
         delete.activated.connect(self._on_delete_shortcut_activated)
@@ -255,6 +254,18 @@ class ChatPanel(QWidget):
         self._update_buttons()
         self.chat_opened.emit(chat_id)
 
+    def reopen(self, chat_id: int) -> bool:
+        """Open a chat from an earlier session, if it is still there (quietly nothing otherwise)."""
+        if self.store is None:
+            return False
+        try:
+            self.store.chat(chat_id)
+        except (KeyError, StorageError):
+            return False
+        self.open_chat(chat_id)
+        self.refresh_history()
+        return self.chat_id == chat_id
+
     def new_chat(self) -> None:
         if self.generating:
             return
@@ -284,7 +295,7 @@ class ChatPanel(QWidget):
             self.error_raised.emit(str(exc))
             return False
         if self.bridge.loaded is None:
-            self.error_raised.emit("Load a model first (Models, on the left).")
+            self.error_raised.emit(NEED_MODEL_MESSAGE)
             return False
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
@@ -538,7 +549,7 @@ class ChatPanel(QWidget):
         return self.history_list.currentItem()
 
     @Slot()
-    def _on_rename_shortcut_activated(self) -> None:
+    def _on_rename_action_triggered(self) -> None:
         item = self.selected_chat_item()
         if item is not None:
             self.history_list.editItem(item)
@@ -613,7 +624,7 @@ class ChatPanel(QWidget):
         menu = QMenu(self)
         rename = menu.addAction("Rename\tF2")
         delete = menu.addAction("Delete\tDel")
-        rename.triggered.connect(self._on_rename_shortcut_activated)
+        rename.triggered.connect(self._on_rename_action_triggered)
         delete.triggered.connect(self._on_delete_shortcut_activated)
         menu.popup(self.history_list.viewport().mapToGlobal(pos))
         self.context_menu = menu  # kept for tests; replaced by the next one

@@ -111,6 +111,7 @@ class ModelPicker(QWidget):
         self._rank_serial = 0
         self.scanning = False
         self.loading = False
+        self.gpu_offload_available: bool | None = None  # None: not known yet
         self._build()
 
     # --- layout -------------------------------------------------------------------------------------
@@ -498,15 +499,24 @@ class ModelPicker(QWidget):
     def show_loaded(self, event: Loaded) -> None:
         self.set_loading(False)
         drafts = []
+        if not event.gpu_offload:
+            self.set_gpu_offload_available(False)
         if event.drafter is not None:
-            drafts.append(event.drafter.name or Path(event.drafter.path).name)
+            drafts.append(Path(event.drafter.path).name)
         if event.ngram:
             drafts.append(f"n-gram ({event.ngram})")
         self.status_label.setText(
-            f"Loaded {event.target.name or Path(event.target.path).name}"
+            f"Loaded {Path(event.target.path).name}"
             + (f" with {' + '.join(drafts)}" if drafts else " (no drafter)")
             + f" on {event.backend}, context {event.n_ctx}, in {event.load_seconds:.1f} s."
         )
+
+    def set_gpu_offload_available(self, available: bool) -> None:
+        """On a CPU-only llama.cpp build, say that "GPU layers" offloads nothing."""
+        self.gpu_offload_available = available
+        self.gpu_layers_spin.setSpecialValueText("all" if available else "all (CPU-only build: none offloaded)")
+        self.gpu_layers_spin.setToolTip("" if available else
+                                        "This llama.cpp build has no GPU backend: every layer runs on the CPU.")
 
     # --- folders and demo models --------------------------------------------------------------------
 

@@ -1,40 +1,39 @@
-"""Sampling settings typed as text and checked by ``SamplingSettings.validate``, with the reason shown.
-
-Line edits rather than spin boxes: a spin box silently clamps "nan" or "-3" to something else, and the
-user should see that a value was refused and why.
-"""
+"""Sampling settings as spin boxes whose ranges are the ones ``SamplingSettings.validate`` accepts: a value
+out of range cannot be typed, and the range is in each field's tooltip."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields, replace
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QFormLayout, QLabel, QLineEdit, QWidget
+from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QFormLayout, QLabel, QSpinBox, QWidget
 
-from app.engine.params import SamplingSettings
+from app.engine.params import MAX_CTX, SamplingSettings
 from app.errors import SettingsError
 
-# field name -> (label, whole number?)
-FIELDS: dict[str, tuple[str, bool]] = {
-    "temperature": ("Temperature", False),
-    "top_p": ("Top-p", False),
-    "top_k": ("Top-k", True),
-    "min_p": ("Min-p", False),
-    "repeat_penalty": ("Repetition penalty", False),
-    "seed": ("Seed (-1 random)", True),
-    "max_tokens": ("Max tokens", True),
+INT_MAX = 2**31 - 1  # a QSpinBox holds a C int
+
+
+@dataclass(frozen=True)
+class Field:
+    label: str
+    low: float
+    high: float
+    integer: bool = False
+    decimals: int = 2
+    step: float = 0.05
+    special: str = ""  # shown at the minimum (e.g. "random" for seed -1)
+
+
+FIELDS: dict[str, Field] = {
+    "temperature": Field("Temperature", 0.0, 5.0, special="0 (greedy)"),
+    "top_p": Field("Top-p", 0.01, 1.0),
+    "top_k": Field("Top-k", 0, 1_000_000, integer=True, step=1, special="0 (off)"),
+    "min_p": Field("Min-p", 0.0, 1.0, special="0 (off)"),
+    "repeat_penalty": Field("Repetition penalty", 0.5, 3.0),
+    "seed": Field("Seed", -1, INT_MAX, integer=True, step=1, special="random"),
+    "max_tokens": Field("Max tokens", 1, MAX_CTX, integer=True, step=64),
 }
-
-
-def _parse(label: str, text: str, integer: bool) -> float | int:
-    text = text.strip()
-    if not text:
-        raise SettingsError(f"{label} is empty; enter a number.")
-    try:
-        return int(text) if integer else float(text)
-    except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise SettingsError(f"{label} must be {kind}, not {text!r}.") from None
 
 
 class SamplingForm(QWidget):
@@ -43,34 +42,51 @@ class SamplingForm(QWidget):
     def __init__(self, settings: SamplingSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         layout = QFormLayout(self)
-        self.edits: dict[str, QLineEdit] = {}
-        for name, (label, _) in FIELDS.items():
-            edit = QLineEdit(self)
-            edit.setObjectName(f"sampling_{name}")
-            edit.textChanged.connect(self._on_edit_text_changed)
-            layout.addRow(label, edit)
-            self.edits[name] = edit
+        self.spins: dict[str, QSpinBox | QDoubleSpinBox] = {}
+        for name, f in FIELDS.items():
+            spin: QSpinBox | QDoubleSpinBox
+            if f.integer:
+                spin = QSpinBox(self)
+                spin.setRange(int(f.low), int(f.high))
+                spin.setSingleStep(int(f.step))
+            else:
+                spin = QDoubleSpinBox(self)
+                spin.setDecimals(f.decimals)
+                spin.setRange(f.low, f.high)
+                spin.setSingleStep(f.step)
+            spin.setObjectName(f"sampling_{name}")
+            spin.setSpecialValueText(f.special)
+            spin.setToolTip(f"{f.label}: {f.low:g} to {f.high:g}")
+            spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
+            spin.setKeyboardTracking(False)
+            spin.valueChanged.connect(self._on_spin_value_changed)
+            layout.addRow(f.label, spin)
+            self.spins[name] = spin
         self.error_label = QLabel(self)
         self.error_label.setWordWrap(True)
         self.error_label.setObjectName("sampling_error")
+        self.error_label.setVisible(False)
         layout.addRow(self.error_label)
         self._extra = SamplingSettings()  # fields not shown (repeat_last_n) keep their values
         self.set_settings(settings or SamplingSettings())
 
     def set_settings(self, settings: SamplingSettings) -> None:
         self._extra = settings
-        for name, edit in self.edits.items():
-            edit.setText(str(getattr(settings, name)))
+        for name, spin in self.spins.items():
+            spin.blockSignals(True)
+            spin.setValue(getattr(settings, name))
+            spin.blockSignals(False)
         self._check()
 
+    def set_value(self, name: str, value: float) -> None:
+        """Set one field as a user would (clamped to its range)."""
+        self.spins[name].setValue(value)  # type: ignore[arg-type]
+
     def settings(self) -> SamplingSettings:
-        """The settings as typed; raises SettingsError with the reason when a value is refused."""
-        values: dict[str, float | int] = {}
-        for name, (label, integer) in FIELDS.items():
-            values[name] = _parse(label.split(" (")[0], self.edits[name].text(), integer)
-        kept = {f.name: getattr(self._extra, f.name) for f in fields(SamplingSettings)
-                if f.name not in values}
-        return SamplingSettings(**values, **kept).validate()  # type: ignore[arg-type]
+        """The settings shown; raises SettingsError with the reason when validation refuses them."""
+        values = {name: spin.value() for name, spin in self.spins.items()}
+        kept = {f.name: getattr(self._extra, f.name) for f in fields(SamplingSettings) if f.name not in values}
+        return replace(SamplingSettings(**kept), **values).validate()  # type: ignore[arg-type]
 
     def error(self) -> str | None:
         try:
@@ -84,7 +100,7 @@ class SamplingForm(QWidget):
         self.error_label.setText(problem or "")
         self.error_label.setVisible(problem is not None)
 
-    @Slot(str)
-    def _on_edit_text_changed(self, _text: str) -> None:
+    @Slot()
+    def _on_spin_value_changed(self, *_args: object) -> None:
         self._check()
         self.changed.emit()

@@ -1,0 +1,141 @@
+"""Managing chats in the window: rename (F2, context menu), delete with undo (Del), search, the last chat
+reopened on start, titles from the first message, menus, the log view, status messages that clear."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QLineEdit
+from pytestqt.qtbot import QtBot
+
+from app.events import Log
+from ui.chat.panel import NEED_MODEL_MESSAGE, title_from
+
+
+def _window_with_chats(qtbot: QtBot, make_window: object) -> object:
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    store = window.store
+    assert store is not None
+    for title, text in (("Rust lifetimes", "What is 'a?"), ("Bread", "How long to knead dough?")):
+        chat = store.new_chat(title)
+        store.add_message(chat, "user", text)
+        answer = store.begin_answer(chat)
+        store.finish_answer(answer, f"About {title}.", "complete", None, stop_reason="max_tokens")
+    window.chat.refresh_history()
+    window.show()
+    window.activateWindow()
+    qtbot.waitActive(window)
+    return window
+
+
+def _titles(window: object) -> list[str]:
+    lst = window.chat.history_list  # type: ignore[attr-defined]
+    return [lst.item(i).text() for i in range(lst.count())]
+
+
+def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window: object) -> None:
+    window = _window_with_chats(qtbot, make_window)
+    chat = window.chat
+    lst = chat.history_list
+    assert _titles(window) == ["Bread", "Rust lifetimes"]
+    lst.setCurrentRow(1)
+    assert chat.view.toPlainText().count("About Rust lifetimes.") == 1  # choosing a chat shows it
+    assert "cut at Max tokens" in chat.view.stats_lines()[-1]  # the stored stop reason
+    assert chat.continue_button.isVisibleTo(chat)  # offered for an answer cut at Max tokens
+    lst.setFocus()
+    qtbot.waitUntil(lst.hasFocus, timeout=2000)
+    handle = window.windowHandle()  # keys as the platform delivers them, through the shortcut map
+    qtbot.keyClick(handle, Qt.Key.Key_F2)
+    editor = lst.findChild(QLineEdit)
+    assert editor is not None
+    editor.selectAll()
+    qtbot.keyClicks(editor, "Borrow checker")
+    qtbot.keyClick(handle, Qt.Key.Key_Return)
+    assert "Borrow checker" in _titles(window)
+    assert any(c.title == "Borrow checker" for c in window.store.list_chats())
+
+    current = chat.chat_id
+    lst.setFocus()
+    qtbot.waitUntil(lst.hasFocus, timeout=2000)
+    qtbot.keyClick(handle, Qt.Key.Key_Delete)
+    assert chat.chat_id is None  # the deleted chat is no longer on screen
+    assert "Borrow checker" not in _titles(window)
+    assert chat.undo_delete_button.isVisibleTo(chat)
+    chat.undo_delete_button.click()
+    assert "Borrow checker" in _titles(window)
+    assert chat.chat_id == current
+    lst.setFocus()
+    qtbot.waitUntil(lst.hasFocus, timeout=2000)
+    qtbot.keyClick(handle, Qt.Key.Key_Delete)
+    chat.commit_pending_delete()  # what the undo timer (or closing the window) does
+    assert [c.title for c in window.store.list_chats()] == ["Bread"]
+
+
+def test_context_menu_shows_the_clicked_chat_and_offers_rename_and_delete(qtbot: QtBot,
+                                                                          make_window: object) -> None:
+    window = _window_with_chats(qtbot, make_window)
+    chat = window.chat
+    lst = chat.history_list
+    lst.setCurrentRow(0)
+    rect = lst.visualItemRect(lst.item(1))
+    lst.customContextMenuRequested.emit(QPoint(rect.center()))
+    assert chat.context_menu is not None
+    assert [a.text().split("\t")[0] for a in chat.context_menu.actions()] == ["Rename", "Delete"]
+    assert "About Rust lifetimes." in chat.view.toPlainText()  # not the chat that was open before
+    assert "About Bread." not in chat.view.toPlainText()
+    chat.context_menu.close()
+
+
+def test_search_filters_by_title_and_text(qtbot: QtBot, make_window: object) -> None:
+    window = _window_with_chats(qtbot, make_window)
+    window.chat.search_edit.setText("knead")
+    assert _titles(window) == ["Bread"]
+    window.chat.search_edit.clear()
+    assert len(_titles(window)) == 2
+
+
+def test_the_last_chat_reopens_on_start(qtbot: QtBot, make_window: object) -> None:
+    window = _window_with_chats(qtbot, make_window)
+    window.chat.history_list.setCurrentRow(1)
+    chat_id = window.chat.chat_id
+    window.close()
+    again = make_window(start_engine=False)  # type: ignore[operator]
+    assert again.chat.chat_id == chat_id
+    assert "About Rust lifetimes." in again.chat.view.toPlainText()
+
+
+def test_titles_come_from_the_first_message() -> None:
+    assert title_from("  How do I   reverse a list in Python?\nThanks") == "How do I reverse a list in Python?"
+    long = "word " * 40
+    title = title_from(long)
+    assert title.endswith("…")
+    assert len(title) <= 81
+    assert not title[:-1].endswith(" ")
+
+
+def test_menus_log_view_and_status_messages_that_clear(qtbot: QtBot, make_window: object) -> None:
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    menus = {a.text().replace("&", ""): [x.text().replace("&", "") for x in a.menu().actions() if x.text()]
+             for a in window.menuBar().actions()}
+    assert menus["File"] == ["New chat", "Export chat…", "Quit"]
+    assert menus["Edit"] == ["Copy"]
+    assert menus["View"][0] == "Log"
+    assert menus["Model"] == ["Load", "Unload", "Connect to server…"]
+    assert menus["Help"] == ["Keyboard shortcuts", "About SpecDeck"]
+
+    window.bridge.log_received.emit(Log("llama_model_loader: loaded meta data"))
+    assert "llama_model_loader: loaded meta data" in window.log_window.text()
+
+    window.chat.input.setPlainText("hello")
+    assert not window.chat.send()
+    assert window.statusBar().currentMessage() == NEED_MODEL_MESSAGE
+    window.notifier.resolve(NEED_MODEL_MESSAGE)  # what a successful load does
+    assert window.statusBar().currentMessage() == ""
+
+    window.sampling_form.spins["max_tokens"].setValue(1)
+    window.sampling_form._extra = window.sampling_form._extra.__class__(repeat_last_n=-5)  # refused
+    assert window.sampling_form.error() is not None
+    assert not window.chat.send()
+    assert window.statusBar().currentMessage() == window.sampling_form.error()
+    window.sampling_form._extra = window.sampling_form._extra.__class__()
+    window.sampling_form.set_value("max_tokens", 64)  # fixed: the message goes
+    assert window.statusBar().currentMessage() == ""
