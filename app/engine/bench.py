@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
-from app.errors import AppError, SettingsError
+from app.engine.prompts import read_prompts
+from app.errors import AppError
 from app.events import Finished, MessageStats, PassStats, Token
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
@@ -64,27 +65,6 @@ class RunResult:
             "overhead_ms_median": round(statistics.median(self.overheads) * 1000, 3) if self.overheads else 0.0,
             "stop_reason": self.reason,
         }
-
-
-def read_prompts(path: Path) -> list[list[dict[str, str]]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SettingsError(f"Cannot read the prompts file {path}: {exc.strerror}.") from exc
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            messages = json.loads(line)["messages"]
-            prompts.append([{"role": str(m["role"]), "content": str(m["content"])} for m in messages])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SettingsError(
-                f'{path}:{number} is not {{"messages": [{{"role": ..., "content": ...}}]}}: {exc}'
-            ) from exc
-    if not prompts:
-        raise SettingsError(f"{path} holds no prompts.")
-    return prompts
 
 
 def run_once(session: Any, prompt: Sequence[int], sampling: SamplingSettings, plain: bool) -> RunResult:
