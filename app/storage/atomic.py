@@ -117,3 +117,17 @@ def atomic_write_json(path: StrPath, obj: Any) -> None:
     """
     text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
+
+
+def check_destination(path: StrPath, what: str) -> None:
+    """Refuse, before a long run, a file that could not be written at its end: StorageError says why."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise StorageError(f"Cannot write {what} to {target}: it is a folder; name a file inside it.")
+    if not folder.is_dir():
+        raise StorageError(f"Cannot write {what} to {target}: the folder {folder} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise StorageError(f"Cannot write {what} to {target}: you may not write to {folder}.")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise StorageError(f"Cannot write {what} to {target}: the file is read-only.")

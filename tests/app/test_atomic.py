@@ -191,3 +191,13 @@ def test_interrupt_mid_write_leaves_old_file(tmp_path: Path, monkeypatch: pytest
         atomic_write_bytes(target, b"new")
     assert target.read_bytes() == b"old"
     assert _leftovers(tmp_path, {"f"}) == []
+
+
+def test_check_destination_before_a_long_run(tmp_path: Path) -> None:
+    from app.storage.atomic import check_destination
+
+    check_destination(tmp_path / "report.json", "the report")  # a new file in a folder that exists: fine
+    with pytest.raises(StorageError, match=r"the folder .*missing does not exist\."):
+        check_destination(tmp_path / "missing" / "report.json", "the report")
+    with pytest.raises(StorageError, match="it is a folder"):
+        check_destination(tmp_path, "the report")
