@@ -4,10 +4,18 @@
     python3 bootstrap.py          # .venv, llama.cpp built for this machine, demo models, then the app
     python3 bootstrap.py test     # ruff, mypy and the whole test suite
 
+    # The suite against another build of llama.cpp, in its own venv (.venv-avx2 here), built once and cached:
+    python3 bootstrap.py test --build avx2 [--cached-only] [pytest args]
+    python3 bootstrap.py test --build "-DGGML_NATIVE=OFF -DGGML_AVX2=ON ..." [--venv DIR]
+
 Only the standard library is used here: this runs before anything is installed.
+Options:
+    --no-launch           set up without opening the window (also SPECDECK_NO_LAUNCH=1)
+    --venv DIR            set up, or test with, DIR instead of .venv
+    --build FLAGS|PRESET  test: llama.cpp built with these CMake flags (presets: BUILD_PRESETS) in its own venv
+    --cached-only         test --build: skip (exit 0) when that build is not cached yet, never compile (CI)
 Environment:
     SPECDECK_CMAKE_ARGS   replaces the CMake flags chosen for llama.cpp (backend and CPU features)
-    SPECDECK_NO_LAUNCH=1  set up without opening the window (also --no-launch)
 """
 
 from __future__ import annotations
@@ -15,22 +23,36 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-VENV = ROOT / ".venv"
+VENV = ROOT / ".venv"  # rebound by --venv
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-# Tools, examples and tests of llama.cpp are not needed and double the build time.
+# Tools, examples and tests of llama.cpp are not needed and double the build time; nor is the multimodal
+# library (llama_cpp loads it only for image chats, which SpecDeck does not use).
 COMMON_CMAKE = [
+    "-DLLAVA_BUILD=OFF",
     "-DLLAMA_BUILD_TOOLS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
 ]
+
+
+# The portable x86-64 baseline (Haswell, Zen 1 and later): AVX2, FMA and F16C, nothing newer, no BMI2.
+AVX2_PORTABLE = [
+    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+    "-DGGML_BMI2=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF",
+    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+]
+# Named flag sets for `test --build NAME`; each gets the venv .venv-NAME.
+BUILD_PRESETS = {"avx2": AVX2_PORTABLE}
 
 
 def say(message: str) -> None:
@@ -86,15 +108,39 @@ def x86_cpu_cmake(flags: set[str]) -> list[str]:
     return args
 
 
-def has_nvidia_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
+def _probe(cmd: list[str], timeout: float = 30) -> str | None:
+    """A probing tool's stdout, or None when it is missing, fails or hangs."""
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        return None
     try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def nvidia_gpus(smi_list: str | None) -> list[str]:
+    """GPU names from `nvidia-smi -L` ("GPU 0: NVIDIA GeForce RTX 4090 (UUID: GPU-...)")."""
+    return [m.group(1).strip() for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID:.*\))?$", smi_list or "", re.M)]
+
+
+# vulkaninfo's device types; llvmpipe and other software rasterizers report CPU.
+VULKAN_GPU_TYPES = {
+    "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU": "discrete GPU",
+    "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU": "integrated GPU",
+    "PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU": "virtual GPU",
+}
+
+
+def vulkan_devices(summary: str | None) -> list[tuple[str, str]]:
+    """(deviceName, deviceType) per device listed by `vulkaninfo --summary`."""
+    devices: list[tuple[str, str]] = []
+    for block in re.split(r"^GPU\d+:\s*$", summary or "", flags=re.M)[1:]:
+        fields = dict(re.findall(r"^\s+(\w+)\s*=\s*(.*?)\s*$", block, flags=re.M))
+        if "deviceType" in fields:
+            devices.append((fields.get("deviceName", "unnamed device"), fields["deviceType"]))
+    return devices
 
 
 def has_vulkan_sdk() -> bool:
@@ -103,26 +149,89 @@ def has_vulkan_sdk() -> bool:
     )
 
 
-def choose_cmake_args() -> tuple[str, list[str]]:
-    """(backend name, CMake flags) for this machine; SPECDECK_CMAKE_ARGS overrides both."""
-    override = os.environ.get("SPECDECK_CMAKE_ARGS")
+@dataclass
+class Machine:
+    """What setup found: the inputs of the backend choice, probed once."""
+
+    system: str  # sys.platform
+    arch: str  # platform.machine().lower()
+    cpu_flags: set[str] = field(default_factory=set)
+    nvidia_smi_list: str | None = None  # `nvidia-smi -L`, None when missing or failing
+    has_nvcc: bool = False
+    vulkaninfo_summary: str | None = None  # `vulkaninfo --summary`, None when missing or failing
+    has_vulkan_sdk: bool = False
+
+    @classmethod
+    def probe(cls) -> Machine:
+        return cls(
+            system=sys.platform, arch=platform.machine().lower(), cpu_flags=cpu_flags(),
+            nvidia_smi_list=_probe(["nvidia-smi", "-L"]), has_nvcc=shutil.which("nvcc") is not None,
+            vulkaninfo_summary=_probe(["vulkaninfo", "--summary"]), has_vulkan_sdk=has_vulkan_sdk(),
+        )
+
+
+@dataclass
+class BackendChoice:
+    backend: str  # "cpu", "cuda", "vulkan", "metal" or "custom"
+    cmake_args: list[str]
+    found: list[str]  # what was found, one phrase each
+    reason: str  # why this backend, one sentence
+
+
+def choose_backend(machine: Machine, override: str | None = None) -> BackendChoice:
+    """The llama.cpp backend for this machine: a GPU backend only for a real GPU, else the CPU.
+
+    llvmpipe (Mesa's software Vulkan device, type CPU) does not count: a Vulkan build on it is far slower
+    than the CPU backend. SPECDECK_CMAKE_ARGS (``override``) replaces the whole choice.
+    """
+    nvidia = nvidia_gpus(machine.nvidia_smi_list)
+    vulkan = vulkan_devices(machine.vulkaninfo_summary)
+    # Discrete GPUs first: llama.cpp's Vulkan backend also uses only those when there are any.
+    ranked = sorted((d for d in vulkan if d[1] in VULKAN_GPU_TYPES), key=lambda d: list(VULKAN_GPU_TYPES).index(d[1]))
+    vulkan_gpus = [f"{name} ({VULKAN_GPU_TYPES[kind]})" for name, kind in ranked]
+    vulkan_other = [f"{name} (not a GPU: {kind.removeprefix('PHYSICAL_DEVICE_TYPE_').lower()})"
+                    for name, kind in vulkan if kind not in VULKAN_GPU_TYPES]
+    apple_silicon = machine.system == "darwin" and machine.arch in {"arm64", "aarch64"}
+    found = [f"NVIDIA GPU {name}" for name in nvidia]
+    found += [f"Vulkan device {d}" for d in vulkan_gpus + vulkan_other]
+    if apple_silicon:
+        found.append("Apple Silicon (Metal)")
+    if not found:
+        found.append("no GPU")
     if override is not None:
-        return "custom", override.split()
-    machine = platform.machine().lower()
+        return BackendChoice("custom", override.split(), found,
+                             "SPECDECK_CMAKE_ARGS is set, so its flags are used as given.")
+
     cpu: list[str] = []
-    if machine in {"x86_64", "amd64", "i686", "x86"}:
-        cpu = x86_cpu_cmake(cpu_flags()) if sys.platform.startswith("linux") else [
-            # No reliable feature list off Linux: AVX2 is the portable baseline for desktop x86.
-            "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-        ]
-    if sys.platform == "darwin":
-        return "metal", [*cpu, "-DGGML_METAL=ON"]
-    # nvcc alone is not enough: a CUDA build on a machine with no NVIDIA GPU only costs build time.
-    if shutil.which("nvcc") and has_nvidia_gpu():
-        return "cuda", [*cpu, "-DGGML_CUDA=ON"]
-    if has_vulkan_sdk():
-        return "vulkan", [*cpu, "-DGGML_VULKAN=ON"]
-    return "cpu", cpu
+    if machine.arch in {"x86_64", "amd64", "i686", "x86"}:
+        # No reliable feature list off Linux: AVX2 is the portable baseline for desktop x86.
+        cpu = x86_cpu_cmake(machine.cpu_flags) if machine.system.startswith("linux") else list(AVX2_PORTABLE)
+    if apple_silicon:
+        return BackendChoice("metal", [*cpu, "-DGGML_METAL=ON"], found,
+                             "Apple Silicon GPUs run llama.cpp through Metal.")
+    notes: list[str] = []
+    if nvidia and machine.has_nvcc:
+        return BackendChoice("cuda", [*cpu, "-DGGML_CUDA=ON"], found,
+                             f"nvidia-smi lists {nvidia[0]} and the CUDA toolkit (nvcc) is installed.")
+    if nvidia:
+        notes.append("an NVIDIA GPU is present but nvcc is not (install the CUDA toolkit for the CUDA backend)")
+    if vulkan_gpus and machine.has_vulkan_sdk:
+        return BackendChoice("vulkan", [*cpu, "-DGGML_VULKAN=ON"], found,
+                             f"vulkaninfo lists the GPU {vulkan_gpus[0]} and the Vulkan SDK (glslc, headers) is "
+                             "installed" + (f"; {notes[0]}." if notes else "."))
+    if vulkan_gpus:
+        notes.append("a Vulkan GPU is present but not the Vulkan SDK (install glslc and the Vulkan headers)")
+    if vulkan_other and not vulkan_gpus:
+        notes.append("the only Vulkan devices run on the CPU, where llama.cpp's CPU backend is faster")
+    return BackendChoice("cpu", cpu, found, "CPU backend: " + ("; ".join(notes) if notes else "no GPU was found") + ".")
+
+
+def choose_cmake_args() -> tuple[str, list[str]]:
+    """(backend name, CMake flags) for this machine; SPECDECK_CMAKE_ARGS overrides both. Says what it found."""
+    choice = choose_backend(Machine.probe(), os.environ.get("SPECDECK_CMAKE_ARGS"))
+    say("found: " + "; ".join(choice.found))
+    say(f"chose the {choice.backend} backend. {choice.reason}")
+    return choice.backend, choice.cmake_args
 
 
 def wheel_cache_dir(cmake_args: list[str]) -> Path:
@@ -132,13 +241,17 @@ def wheel_cache_dir(cmake_args: list[str]) -> Path:
     return base / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def build_llama_wheel() -> Path:
-    backend, cmake_args = choose_cmake_args()
+def cached_wheel(cmake_args: list[str]) -> Path | None:
+    wheels = sorted(wheel_cache_dir(cmake_args).glob("llama_cpp_python-*.whl"))
+    return wheels[-1] if wheels else None
+
+
+def build_llama_wheel(backend: str, cmake_args: list[str]) -> Path:
+    wheel = cached_wheel(cmake_args)
+    if wheel is not None:
+        say(f"llama.cpp ({backend}) already built: {wheel}")
+        return wheel
     out_dir = wheel_cache_dir(cmake_args)
-    wheels = sorted(out_dir.glob("llama_cpp_python-*.whl"))
-    if wheels:
-        say(f"llama.cpp ({backend}) already built: {wheels[-1].name}")
-        return wheels[-1]
     say(f"building llama.cpp for backend '{backend}' (several minutes, once): {' '.join(cmake_args)}")
     env = dict(os.environ)
     env["CMAKE_ARGS"] = " ".join([*cmake_args, *COMMON_CMAKE])
@@ -160,15 +273,27 @@ def ensure_venv() -> None:
         run([str(venv_python()), "-m", "pip", "install", "-q", "--upgrade", "pip", "wheel", "setuptools"])
 
 
-def install() -> None:
+def installed_wheel_marker() -> Path:
+    return VENV / "specdeck-llama-wheel.txt"
+
+
+def install(backend: str, cmake_args: list[str]) -> None:
+    """VENV with llama.cpp built with ``cmake_args``, SpecDeck (editable) and the demo models."""
     ensure_venv()
-    wheel = build_llama_wheel()
-    run([str(venv_python()), "-m", "pip", "install", "-q", str(wheel), "-e", f"{ROOT}[dev]"])
+    wheel = build_llama_wheel(backend, cmake_args)
+    marker = installed_wheel_marker()
+    # Every cached build has the same version number: without --force-reinstall pip keeps the one installed.
+    same = marker.exists() and marker.read_text() == str(wheel)
+    force = [] if same else ["--force-reinstall", "--no-deps"]
+    run([str(venv_python()), "-m", "pip", "install", "-q", *force, str(wheel)])
+    run([str(venv_python()), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"])
+    marker.write_text(str(wheel))
     run([str(venv_script("specdeck")), "demo-models"])
     check = subprocess.run([str(venv_script("specdeck")), "doctor", "--decode-check"])
     if check.returncode != 0:
         # A trapping build must not stay cached, or every rerun would install it again.
         shutil.rmtree(wheel.parent, ignore_errors=True)
+        marker.unlink(missing_ok=True)
         sys.exit("llama.cpp could not decode one token with this build (see above). The cached build was "
                  "removed; set SPECDECK_CMAKE_ARGS to safer flags (e.g. '-DGGML_NATIVE=OFF -DGGML_AVX2=ON') "
                  "and run this again.")
@@ -180,15 +305,69 @@ def has_display() -> bool:
     return True
 
 
-def test() -> int:
+@dataclass
+class Options:
+    command: str  # "setup" or "test"
+    no_launch: bool = False
+    venv: Path | None = None
+    build: str | None = None
+    cached_only: bool = False
+    rest: list[str] = field(default_factory=list)  # passed on to pytest
+
+
+def parse_args(argv: list[str]) -> Options:
+    opts = Options(command="test" if argv[:1] == ["test"] else "setup")
+    args = argv[1:] if opts.command == "test" else list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("--venv", "--build") and not args:
+            sys.exit(f"{arg} needs a value.")
+        if arg == "--no-launch":
+            opts.no_launch = True
+        elif arg == "--venv":
+            opts.venv = (ROOT / args.pop(0)).resolve()
+        elif arg == "--build" and opts.command == "test":
+            opts.build = args.pop(0)
+        elif arg == "--cached-only" and opts.command == "test":
+            opts.cached_only = True
+        elif opts.command == "test":
+            opts.rest.append(arg)
+        else:
+            sys.exit(f"Unknown option {arg!r}; see the top of bootstrap.py.")
+    return opts
+
+
+def build_flags(build: str) -> tuple[str, list[str]]:
+    """(venv name, CMake flags) for `--build`: a preset's name, or the flags themselves."""
+    if build in BUILD_PRESETS:
+        return f".venv-{build}", list(BUILD_PRESETS[build])
+    if not build.strip().startswith("-D"):
+        sys.exit(f"--build takes CMake flags (-D...) or a preset name ({', '.join(BUILD_PRESETS)}), not {build!r}.")
+    flags = build.split()
+    return ".venv-build-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8], flags
+
+
+def test(opts: Options) -> int:
+    global VENV
+    lint = True
+    if opts.build is not None:
+        name, flags = build_flags(opts.build)
+        VENV = opts.venv or ROOT / name
+        if cached_wheel(flags) is None and opts.cached_only:
+            say(f"llama.cpp built with {' '.join(flags)} is not cached; skipped "
+                "(run without --cached-only to build it)")
+            return 0
+        say(f"testing against llama.cpp built with {' '.join(flags)}, in {VENV}")
+        install("custom", flags)
+        lint = False  # ruff and mypy do not depend on the llama.cpp build
     if not venv_python().exists():
-        sys.exit("No .venv yet: run `python3 bootstrap.py` first.")
+        sys.exit(f"No {VENV.name} yet: run `python3 bootstrap.py` first.")
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     steps = [
         [str(venv_python()), "-m", "ruff", "check", "app", "ui", "tests", "packaging", "benchmarks", "bootstrap.py"],
         [str(venv_python()), "-m", "mypy", "app", "ui"],
-        [str(venv_python()), "-m", "pytest", *sys.argv[2:]],
-    ]
+    ] if lint else []
+    steps.append([str(venv_python()), "-m", "pytest", *opts.rest])
     for step in steps:
         say("$ " + " ".join(step[2:]))
         code = subprocess.run(step, cwd=ROOT, env=env).returncode
@@ -201,15 +380,20 @@ def test() -> int:
 
 
 def main() -> int:
+    global VENV
     os.chdir(ROOT)
-    if len(sys.argv) > 1 and sys.argv[1] == "test":
-        return test()
-    install()
-    if "--no-launch" in sys.argv or os.environ.get("SPECDECK_NO_LAUNCH") or os.environ.get("CI"):
-        say("set up; start SpecDeck with .venv/bin/specdeck")
+    opts = parse_args(sys.argv[1:])
+    if opts.venv is not None:
+        VENV = opts.venv
+    if opts.command == "test":
+        return test(opts)
+    install(*choose_cmake_args())
+    launcher = venv_script("specdeck").relative_to(ROOT) if VENV.is_relative_to(ROOT) else venv_script("specdeck")
+    if opts.no_launch or os.environ.get("SPECDECK_NO_LAUNCH") or os.environ.get("CI"):
+        say(f"set up; start SpecDeck with {launcher}")
         return 0
     if not has_display():
-        say("set up, but there is no display here; start SpecDeck with .venv/bin/specdeck on a desktop")
+        say(f"set up, but there is no display here; start SpecDeck with {launcher} on a desktop")
         return 0
     say("opening SpecDeck")
     return subprocess.run([str(venv_script("specdeck"))]).returncode

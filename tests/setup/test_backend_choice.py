@@ -1,0 +1,140 @@
+"""bootstrap.py's backend choice, from recorded `vulkaninfo --summary` and `nvidia-smi -L` outputs and from
+this machine's own tools; and its option parsing for builds in other venvs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bootstrap
+from bootstrap import AVX2_PORTABLE, Machine, choose_backend
+
+RECORDED = Path(__file__).parent / "vulkaninfo"
+LINUX_AVX2 = {"avx", "avx2", "fma", "f16c", "bmi2"}
+SMI_H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4c1b6f0e-2a57-8d3e-91f0-5e2b7c9d1a63)\n"
+
+
+def linux(**kwargs: object) -> Machine:
+    return Machine(system="linux", arch="x86_64", cpu_flags=set(LINUX_AVX2), **kwargs)  # type: ignore[arg-type]
+
+
+def recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+def test_vulkan_summary_is_parsed_per_device() -> None:
+    devices = bootstrap.vulkan_devices(recorded("intel-nvidia-llvmpipe.txt"))
+    assert devices == [
+        ("Intel(R) UHD Graphics 770 (ADL-S GT1)", "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU"),
+        ("NVIDIA GeForce RTX 4090", "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU"),
+        ("llvmpipe (LLVM 15.0.6, 256 bits)", "PHYSICAL_DEVICE_TYPE_CPU"),
+    ]
+    assert bootstrap.vulkan_devices(None) == []
+    assert bootstrap.vulkan_devices("garbage\nGPU0:\n\tnothing here\n") == []
+
+
+def test_only_llvmpipe_chooses_the_cpu_and_says_why() -> None:
+    choice = choose_backend(linux(vulkaninfo_summary=recorded("llvmpipe.txt"), has_vulkan_sdk=True))
+    assert choice.backend == "cpu"
+    assert "-DGGML_VULKAN=ON" not in choice.cmake_args
+    assert any("llvmpipe" in f and "not a GPU" in f for f in choice.found)
+    assert "run on the CPU" in choice.reason
+
+
+def test_a_real_vulkan_gpu_with_the_sdk_chooses_vulkan_and_names_the_discrete_one() -> None:
+    choice = choose_backend(linux(vulkaninfo_summary=recorded("intel-nvidia-llvmpipe.txt"), has_vulkan_sdk=True))
+    assert choice.backend == "vulkan"
+    assert "-DGGML_VULKAN=ON" in choice.cmake_args
+    assert "NVIDIA GeForce RTX 4090 (discrete GPU)" in choice.reason
+
+
+def test_a_vulkan_gpu_without_the_sdk_falls_back_to_the_cpu_with_advice() -> None:
+    choice = choose_backend(linux(vulkaninfo_summary=recorded("radv.txt"), has_vulkan_sdk=False))
+    assert choice.backend == "cpu"
+    assert "Vulkan SDK" in choice.reason
+    assert any("AMD Radeon RX 7900 XTX" in f for f in choice.found)
+
+
+def test_nvidia_needs_both_a_gpu_and_nvcc() -> None:
+    assert bootstrap.nvidia_gpus(SMI_H100) == ["NVIDIA H100 80GB HBM3"]
+    cuda = choose_backend(linux(nvidia_smi_list=SMI_H100, has_nvcc=True))
+    assert cuda.backend == "cuda"
+    assert "-DGGML_CUDA=ON" in cuda.cmake_args
+    assert "NVIDIA H100 80GB HBM3" in cuda.reason
+    # nvcc on a machine without an NVIDIA GPU (nvidia-smi missing) only costs build time.
+    assert choose_backend(linux(nvidia_smi_list=None, has_nvcc=True)).backend == "cpu"
+    no_toolkit = choose_backend(linux(nvidia_smi_list=SMI_H100, has_nvcc=False))
+    assert no_toolkit.backend == "cpu"
+    assert "nvcc" in no_toolkit.reason
+
+
+def test_metal_only_on_apple_silicon() -> None:
+    arm = choose_backend(Machine(system="darwin", arch="arm64"))
+    assert arm.backend == "metal"
+    assert "-DGGML_METAL=ON" in arm.cmake_args
+    intel = choose_backend(Machine(system="darwin", arch="x86_64"))
+    assert intel.backend == "cpu"
+    assert intel.cmake_args == AVX2_PORTABLE
+
+
+def test_the_override_wins() -> None:
+    choice = choose_backend(linux(nvidia_smi_list=SMI_H100, has_nvcc=True), "-DGGML_NATIVE=OFF -DGGML_AVX2=ON")
+    assert choice.backend == "custom"
+    assert choice.cmake_args == ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON"]
+
+
+def test_this_machine_with_only_software_vulkan_devices_chooses_no_vulkan() -> None:
+    machine = Machine.probe()
+    devices = bootstrap.vulkan_devices(machine.vulkaninfo_summary)
+    if not devices:
+        pytest.skip("vulkaninfo is not installed here, or lists no device")
+    if any(kind in bootstrap.VULKAN_GPU_TYPES for _, kind in devices):
+        pytest.skip(f"this machine has a real Vulkan GPU: {devices}")
+    assert choose_backend(machine).backend != "vulkan"
+
+
+def test_setup_says_what_it_found_and_chose(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECDECK_CMAKE_ARGS", raising=False)
+    backend, _ = bootstrap.choose_cmake_args()
+    out = capsys.readouterr().out
+    assert "[specdeck setup] found: " in out
+    assert f"chose the {backend} backend" in out
+
+
+def test_build_presets_and_flag_strings_get_their_own_venvs() -> None:
+    name, flags = bootstrap.build_flags("avx2")
+    assert name == ".venv-avx2"
+    assert flags == AVX2_PORTABLE
+    assert "-DGGML_BMI2=OFF" in flags
+    assert "-DGGML_AVX512=OFF" in flags
+    name2, flags2 = bootstrap.build_flags("-DGGML_NATIVE=OFF  -DGGML_AVX2=ON")
+    assert name2.startswith(".venv-build-")
+    assert flags2 == ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON"]
+    opts = bootstrap.parse_args(["test", "--build", "avx2", "--cached-only", "tests/build", "-q"])
+    assert (opts.command, opts.build, opts.cached_only, opts.rest) == ("test", "avx2", True, ["tests/build", "-q"])
+
+
+def test_cached_only_skips_an_uncached_build_without_compiling(tmp_path: Path) -> None:
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, str(Path(bootstrap.__file__)), "test", "--build", "-DGGML_NATIVE=OFF -DGGML_SSE42=ON",
+         "--venv", str(tmp_path / "venv"), "--cached-only"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "is not cached; skipped" in out.stdout
+    assert not (tmp_path / "venv").exists()
+    assert not (tmp_path / "specdeck" / "wheels").exists()
+
+
+def test_bad_build_value_is_one_clear_error(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(Path(bootstrap.__file__)), "test", "--build", "fast"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "--build takes CMake flags" in out.stderr
+    assert "Traceback" not in out.stderr
