@@ -1,0 +1,66 @@
+"""`specdeck serve`: an OpenAI-compatible endpoint and Prometheus /metrics on the speculative engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.engine.params import DraftSettings, LoadSettings
+from app.errors import AppError
+from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
+from app.serve.server import DEFAULT_PORT
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
+    parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
+    parser.add_argument("--ngram", type=int, default=3, help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
+    parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; any other needs --api-key)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--max-tokens", type=int, help="most tokens one request may ask for (default: --ctx)")
+    parser.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="largest request body in bytes")
+    parser.add_argument("--queue", type=int, default=4, help="requests that may wait while one is answered")
+    parser.add_argument("--no-history", action="store_true", help="do not save API requests to the chat history")
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.paths import data_dir
+    from app.serve.metrics import ServeMetrics
+    from app.serve.runner import EngineRunner
+    from app.serve.server import ServeOptions, Server
+    from app.storage.history import FILE_NAME
+
+    try:
+        draft = DraftSettings(drafter_path=str(args.drafter) if args.drafter else None, ngram=args.ngram,
+                              adaptive=args.k is None, k=args.k if args.k is not None else 4)
+        settings = LoadSettings(target_path=str(args.target), draft=draft.validate(), n_ctx=args.ctx).validate()
+        options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
+                               limits=Limits(body_bytes=max(args.body_limit, 1024),
+                                             max_tokens=args.max_tokens or args.ctx),
+                               max_waiting=max(args.queue, 0)).check()
+    except (AppError, ValueError) as exc:
+        print(f"specdeck serve: {exc}", file=sys.stderr)
+        return 2
+
+    def log(line: str) -> None:
+        print(f"[specdeck serve] {line}", file=sys.stderr, flush=True)
+
+    metrics = ServeMetrics()
+    runner = EngineRunner(settings, metrics, history_path=None if args.no_history else data_dir() / FILE_NAME,
+                          log=log)
+    server = Server(runner, metrics, options)
+    log(f"serving {runner.model_id} on http://{options.host}:{options.port}/v1 (loading the model; "
+        "/health answers 503 until it is ready)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"specdeck serve: could not listen on {options.host}:{options.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

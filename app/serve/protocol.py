@@ -1,0 +1,345 @@
+"""The OpenAI wire format: request bodies checked into engine settings, and response bodies built from events.
+
+Everything here is pure (no sockets, no engine), so each refusal is testable on its own. Field names follow
+OpenAI's; the extras are llama-server's ``timings`` object and LM Studio's ``stats`` names for drafted and
+accepted tokens (``total_draft_tokens_count``, ``accepted_draft_tokens_count``, ``rejected_draft_tokens_count``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.params import SamplingSettings
+from app.errors import SettingsError
+from app.events import MessageStats
+
+DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about 0.5 MB of text
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+MAX_STOP_LENGTH = 256
+ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """A refusal with its HTTP status, in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    body_bytes: int = DEFAULT_BODY_LIMIT
+    max_tokens: int = 4096  # the most a request may ask for; also the default when it asks for none
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One checked request. ``chat`` is False for /v1/completions (its prompt is sent as one user turn)."""
+
+    messages: tuple[dict[str, str], ...]
+    sampling: SamplingSettings
+    chat: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    timings_per_token: bool = False
+    stop: tuple[str, ...] = ()
+    model: str = ""
+
+
+def parse_json(raw: bytes, limits: Limits) -> dict[str, Any]:
+    if len(raw) > limits.body_bytes:
+        raise ApiError(413, f"The request body is {len(raw)} bytes; this server takes at most {limits.body_bytes}.",
+                       code="body_too_large")
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except ApiError:
+        raise
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "the body is not UTF-8 JSON"
+        raise ApiError(400, f"The request body is not valid JSON: {reason}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON; Python's parser would accept them."""
+    raise ApiError(400, f"{name} is not a number JSON allows; send a finite number.", code="invalid_json")
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(400, f"{where} has a {kind!r} part; this server takes text parts only.",
+                               param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, f"{where} content must be a string or a list of text parts.", param="messages")
+
+
+def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.", param="messages")
+        role = ROLE_ALIASES.get(message.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise ApiError(400, f"messages[{i}] has role {message.get('role')!r}; this server takes system, "
+                           "developer, user and assistant.", param="messages")
+        out.append({"role": role, "content": _text_content(message.get("content"), f"messages[{i}]")})
+    return tuple(out)
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)[:40]}.", param=name)
+    if not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a finite number.", param=name)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, default: int) -> int:
+    value = _number(body, name, default)
+    if not value.is_integer():
+        raise ApiError(400, f"'{name}' must be a whole number, not {value:g}.", param=name)
+    return int(value)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise ApiError(400, "'stop' must be a string or a list of strings.", param="stop")
+    if len(items) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_LENGTH for s in items):
+        raise ApiError(400, f"'stop' takes at most {MAX_STOP_SEQUENCES} strings of at most {MAX_STOP_LENGTH} "
+                       "characters.", param="stop")
+    return tuple(s for s in items if s)
+
+
+def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> CompletionRequest:
+    if chat:
+        messages = parse_messages(body.get("messages"))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise ApiError(400, "'prompt' must be a string (one prompt per request).", param="prompt")
+        messages = ({"role": "user", "content": prompt},)
+    n = _integer(body, "n", 1)
+    if n != 1:
+        raise ApiError(400, f"'n' must be 1; this server answers one choice per request, not {n}.", param="n")
+    for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are given
+        if body.get(name) is not None:
+            max_tokens = _integer(body, name, limits.max_tokens)
+            if not 1 <= max_tokens <= limits.max_tokens:
+                raise ApiError(400, f"'{name}' is {max_tokens}; this server allows 1 to {limits.max_tokens}.",
+                               param=name, code="max_tokens_too_large" if max_tokens > 1 else None)
+            break
+    else:
+        max_tokens = limits.max_tokens
+    seed = body.get("seed")
+    try:
+        sampling = SamplingSettings(
+            temperature=_number(body, "temperature", 1.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=_integer(body, "top_k", SamplingSettings.top_k),
+            min_p=_number(body, "min_p", SamplingSettings.min_p),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0),
+            seed=_integer(body, "seed", -1) if seed is not None else -1,
+            max_tokens=max_tokens,
+        ).validate()
+    except SettingsError as exc:
+        raise ApiError(400, str(exc)) from None
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    return CompletionRequest(
+        messages=messages,
+        sampling=sampling,
+        chat=chat,
+        stream=body.get("stream") is True,
+        include_usage=bool(options and options.get("include_usage") is True),
+        timings_per_token=body.get("timings_per_token") is True,
+        stop=_stop(body.get("stop")),
+        model=str(body.get("model") or ""),
+    )
+
+
+# --- stop sequences -------------------------------------------------------------------------------
+
+
+@dataclass
+class StopMatcher:
+    """Cuts the answer at the first stop sequence; holds back text that may be the start of one."""
+
+    stops: tuple[str, ...]
+    _held: str = ""
+    stopped: bool = False
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        buffer = self._held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            self._held = ""
+            return buffer[: min(hits)]
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buffer)), 0, -1):
+                if buffer.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        self._held = buffer[len(buffer) - keep:] if keep else ""
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length"}
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+
+
+@dataclass
+class Answer:
+    """What one request produced so far: drafted/accepted counts as the passes report them."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    text: list[str] = field(default_factory=list)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _per_second(n: float, seconds: float) -> float:
+    return n / seconds if seconds > 0 else 0.0
+
+
+def timings(prompt_tokens: int, prompt_seconds: float, stats: MessageStats | None, answer: Answer) -> dict[str, Any]:
+    """llama-server's ``timings`` object. The predicted window is the engine's decode window (after the
+    first token), so ``predicted_per_second`` is the decode rate the window and ``specdeck bench`` show."""
+    out: dict[str, Any] = {
+        "prompt_n": prompt_tokens,
+        "prompt_ms": prompt_seconds * 1000,
+        "prompt_per_token_ms": prompt_seconds * 1000 / prompt_tokens if prompt_tokens else 0.0,
+        "prompt_per_second": _per_second(prompt_tokens, prompt_seconds),
+        "draft_n": answer.drafted,
+        "draft_n_accepted": answer.accepted,
+    }
+    if stats is not None:
+        decoded = decode_tokens(stats)
+        out.update({
+            "predicted_n": decoded,
+            "predicted_ms": stats.decode_seconds * 1000,
+            "predicted_per_token_ms": stats.decode_seconds * 1000 / decoded if decoded else 0.0,
+            "predicted_per_second": stats.decode_tps,
+        })
+    return out
+
+
+def decode_tokens(stats: MessageStats) -> int:
+    """Tokens inside the decode window (the answer less what the first pass emitted)."""
+    return round(stats.decode_tps * stats.decode_seconds)
+
+
+def lm_studio_stats(stats: MessageStats, reason: str, drafter: str | None) -> dict[str, Any]:
+    return {
+        "tokens_per_second": stats.decode_tps,
+        "time_to_first_token": stats.ttft_seconds,
+        "generation_time": stats.ttft_seconds + stats.decode_seconds,
+        "stop_reason": reason,
+        "draft_model": drafter,
+        "total_draft_tokens_count": stats.drafted,
+        "accepted_draft_tokens_count": stats.accepted,
+        "rejected_draft_tokens_count": stats.drafted - stats.accepted,
+        "tokens_per_pass": stats.tokens_per_pass,
+    }
+
+
+def completion_body(request: CompletionRequest, response_id: str, model: str, text: str, reason: str,
+                    stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None) -> dict[str, Any]:
+    finish = FINISH_REASONS.get(reason, "stop")
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if request.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": response_id,
+        "object": "chat.completion" if request.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(stats.prompt_tokens, stats.completion_tokens),
+        "timings": timings(stats.prompt_tokens, prompt_seconds, stats, answer),
+        "stats": lm_studio_stats(stats, reason, drafter),
+    }
+
+
+def chunk_body(request: CompletionRequest, response_id: str, model: str, *, text: str | None = None,
+               role: bool = False, finish: str | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if request.chat:
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if text:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk" if request.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, allow_nan=False)
+    return f"data: {payload}\n\n".encode()

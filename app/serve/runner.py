@@ -1,0 +1,272 @@
+"""The engine side of `specdeck serve`: one thread owns the engine client, answers one request at a time.
+
+The HTTP side submits a ``Job`` and reads its events from an asyncio queue; this thread sends the request to
+the worker process, forwards every event, counts it into ``/metrics`` and writes the exchange to the history
+database (marked as an API request). A cancelled job (the client went away) is cancelled in the worker
+within one verify pass. When the worker dies the job gets ``EngineCrashed`` and the worker is restarted
+and the model loaded again; ``/health`` answers 503 meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.engine.client import EngineClient
+from app.engine.params import LoadSettings, SamplingSettings
+from app.errors import AppError
+from app.events import (
+    EngineCrashed,
+    EngineError,
+    Event,
+    Finished,
+    Loaded,
+    LoadProgress,
+    PassStats,
+    PromptProcessed,
+    Token,
+)
+from app.serve.metrics import ServeMetrics
+
+HISTORY_FLUSH_SECONDS = 1.0
+API_TITLE_CHARS = 60
+MAX_LOAD_ATTEMPTS = 3  # a model that crashes the worker at every load is not retried for ever
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """The last item of a job's queue: nothing follows."""
+
+
+@dataclass
+class Job:
+    messages: tuple[dict[str, str], ...]
+    sampling: SamplingSettings
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    history_chat_id: int | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def put(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: the server is going down
+            self.cancel()
+
+
+class EngineRunner:
+    """Loads ``settings`` in a worker process and answers ``Job``s in order, one at a time."""
+
+    def __init__(self, settings: LoadSettings, metrics: ServeMetrics, *, history_path: Path | None = None,
+                 log: Callable[[str], None] | None = None, log_dir: Path | None = None) -> None:
+        self.settings = settings.validate()
+        self.metrics = metrics
+        self.history_path = history_path
+        self.log = log or (lambda line: None)
+        self.log_dir = log_dir
+        self.state = "loading"  # loading, ready, error, stopped
+        self.message = ""
+        self.loaded: Loaded | None = None
+        self.load_fraction = 0.0
+        self.restarts = 0
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="specdeck-serve-engine", daemon=True)
+        self._history: Any = None
+        self._client: EngineClient | None = None
+
+    # --- public, any thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._client.pid if self._client is not None and self._client.alive else None
+
+    @property
+    def model_id(self) -> str:
+        return Path(self.settings.target_path).name
+
+    @property
+    def drafter_name(self) -> str | None:
+        path = self.settings.draft.drafter_path
+        return Path(path).name if path else None
+
+    # --- engine thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        client = self._client = EngineClient(log_dir=self.log_dir)
+        self._open_history()
+        try:
+            self._load(client)
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    break
+                if job.cancelled.is_set():
+                    job.put(JobEnded())
+                    continue
+                if self.state == "ready" and not client.alive:  # died while idle (killed, out of memory)
+                    self.log("the engine was gone while idle; restarting it and loading the model again")
+                    self.restarts += 1
+                    client.restart()
+                    self._load(client)
+                if self.state != "ready":
+                    job.put(EngineError(self._not_ready_message(), kind="not_loaded"))
+                    job.put(JobEnded())
+                    continue
+                try:
+                    self._answer(client, job)
+                finally:
+                    job.put(JobEnded())
+        finally:
+            self.state = "stopped"
+            client.close()
+            if self._history is not None:
+                self._history.close()
+
+    def _not_ready_message(self) -> str:
+        if self.state == "loading":
+            return "The model is still loading; try again in a moment."
+        return f"The model is not loaded: {self.message}"
+
+    def _load(self, client: EngineClient) -> None:
+        for attempt in range(1, MAX_LOAD_ATTEMPTS + 1):
+            self.state, self.loaded, self.load_fraction = "loading", None, 0.0
+            try:
+                client.load(self.settings)
+            except AppError as exc:
+                self.state, self.message = "error", str(exc)
+                return
+            for event in client.events(timeout=3600):
+                if isinstance(event, LoadProgress):
+                    self.load_fraction = event.fraction
+                elif isinstance(event, Loaded):
+                    self.loaded = event
+                    self.metrics.on_loaded(event)
+                    self.state, self.message = "ready", ""
+                    self.log(f"loaded {event.target.name} (context {event.n_ctx}, "
+                             f"{event.plain_tps:.1f} tok/s plain)")
+                    return
+                elif isinstance(event, EngineError):
+                    self.state, self.message = "error", event.message
+                    self.log(f"could not load the model: {event.message}")
+                    return
+                elif isinstance(event, EngineCrashed):
+                    self.message = event.message
+                    self.log(f"the engine died while loading (attempt {attempt}): {event.message}")
+                    client.restart()
+                    break
+        self.state = "error"
+
+    def _answer(self, client: EngineClient, job: Job) -> None:
+        request_id = client.generate(list(job.messages), job.sampling)
+        self.metrics.on_started(request_id)
+        self.metrics.requests_processing.set(1)
+        answer_id = self._history_begin(job)
+        text: list[str] = []
+        last_flush = time.monotonic()
+        sent_cancel = False
+        try:
+            while True:
+                if job.cancelled.is_set() and not sent_cancel:
+                    client.cancel(request_id)
+                    sent_cancel = True
+                event = client.poll(0.05)
+                if event is None:
+                    continue
+                if getattr(event, "request_id", request_id) not in (request_id, None):
+                    continue  # a late event of an earlier request
+                self._observe(event)
+                job.put(event)
+                if isinstance(event, Token):
+                    text.append(event.text)
+                    if answer_id is not None and time.monotonic() - last_flush >= HISTORY_FLUSH_SECONDS:
+                        self._history_call("update_answer", answer_id, "".join(text))
+                        last_flush = time.monotonic()
+                elif isinstance(event, Finished):
+                    status = "cancelled" if event.reason == "cancelled" else "complete"
+                    self._history_finish(answer_id, event.text, status, event.stats, event.reason)
+                    return
+                elif isinstance(event, EngineError):
+                    self.metrics.on_ended("error")
+                    self._history_finish(answer_id, "".join(text), "error", None, "error")
+                    return
+                elif isinstance(event, EngineCrashed):
+                    self.metrics.on_ended("crashed")
+                    self._history_finish(answer_id, "".join(text), "error", None, "crashed")
+                    self.log(f"the engine died: {event.message}; restarting it")
+                    self.restarts += 1
+                    client.restart()
+                    self._load(client)
+                    return
+        finally:
+            self.metrics.requests_processing.set(0)
+
+    def _observe(self, event: Event) -> None:
+        if isinstance(event, PassStats):
+            self.metrics.on_pass(event, self.loaded.n_ctx if self.loaded else 0)
+        elif isinstance(event, PromptProcessed):
+            self.metrics.on_prompt(event)
+        elif isinstance(event, Finished):
+            self.metrics.on_finished(event)
+
+    # --- history (engine thread only: a HistoryStore belongs to the thread that opened it) ------------
+
+    def _open_history(self) -> None:
+        if self.history_path is None:
+            return
+        from app.storage.history import HistoryStore
+
+        try:
+            self._history = HistoryStore(self.history_path)
+        except AppError as exc:
+            self.log(f"API requests will not be saved to the history: {exc}")
+
+    def _history_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._history is None:
+            return None
+        try:
+            return getattr(self._history, name)(*args, **kwargs)
+        except AppError as exc:  # a full disk must not fail the answer the client is waiting for
+            self.log(f"history: {exc}")
+            return None
+
+    def _history_begin(self, job: Job) -> int | None:
+        if self._history is None:
+            return None
+        system = "\n\n".join(m["content"] for m in job.messages if m["role"] == "system")
+        first_user = next((m["content"] for m in job.messages if m["role"] == "user"), "")
+        title = " ".join(first_user.split())[:API_TITLE_CHARS] or "API request"
+        chat_id = self._history_call("new_chat", title, system, origin="api")
+        if chat_id is None:
+            return None
+        job.history_chat_id = chat_id
+        for message in job.messages:
+            if message["role"] != "system":
+                self._history_call("add_message", chat_id, message["role"], message["content"])
+        answer: int | None = self._history_call(
+            "begin_answer", chat_id, model=self.settings.target_path, drafter=self.settings.draft.drafter_path,
+            sampling=job.sampling,
+        )
+        return answer
+
+    def _history_finish(self, answer_id: int | None, text: str, status: str, stats: object, reason: str) -> None:
+        if answer_id is not None:
+            self._history_call("finish_answer", answer_id, text, status, stats, stop_reason=reason)

@@ -1,0 +1,476 @@
+"""The HTTP side of `specdeck serve`: a Starlette app over one ``EngineRunner``, run by uvicorn.
+
+One request is answered at a time. A second client waits in a bounded queue (``max_waiting`` requests, at
+most ``wait_seconds`` each); past either bound it gets 429 with ``Retry-After``. A client that goes away is
+cancelled in the engine within one verify pass. Every refusal is a 4xx in OpenAI's error shape; an engine
+crash is a 500 with its reason, and the worker is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from app.events import EngineCrashed, EngineError, Finished, MessageStats, PassStats, PromptProcessed, Token
+from app.serve import protocol
+from app.serve.metrics import CONTENT_TYPE, ServeMetrics
+from app.serve.protocol import Answer, ApiError, CompletionRequest, Limits
+from app.serve.runner import EngineRunner, Job, JobEnded
+
+DEFAULT_PORT = 8642
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    max_waiting: int = 4
+    wait_seconds: float = 120.0
+    retry_after_seconds: int = 5
+
+    def check(self) -> ServeOptions:
+        if not is_loopback(self.host) and not self.api_key:
+            raise ValueError(f"Serving on {self.host} makes the model reachable from other machines; "
+                             "give an API key (--api-key) to do that.")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"The port must be between 0 and 65535, not {self.port}.")
+        return self
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Admission:
+    """One request at a time; at most ``max_waiting`` wait, each at most ``wait_seconds``."""
+
+    def __init__(self, options: ServeOptions, metrics: ServeMetrics) -> None:
+        self.options = options
+        self.metrics = metrics
+        self.waiting = 0
+        self._lock: asyncio.Lock | None = None
+
+    def _busy(self, why: str) -> ApiError:
+        return ApiError(429, f"The server is answering another request and {why}; retry in "
+                        f"{self.options.retry_after_seconds} s.", kind="rate_limit_error", code="server_busy",
+                        retry_after=self.options.retry_after_seconds)
+
+    async def acquire(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._lock.locked() and self.waiting >= self.options.max_waiting:
+            raise self._busy(f"{self.waiting} more are waiting")
+        self.waiting += 1
+        self.metrics.requests_deferred.set(self.waiting - (0 if self._lock.locked() else 1))
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.options.wait_seconds)
+        except asyncio.TimeoutError:
+            raise self._busy(f"this one waited {self.options.wait_seconds:.0f} s") from None
+        finally:
+            self.waiting -= 1
+            self.metrics.requests_deferred.set(self.waiting)
+
+    def release(self) -> None:
+        if self._lock is not None and self._lock.locked():
+            self._lock.release()
+
+
+class _Streaming(StreamingResponse):
+    """A stream that runs ``on_close`` however it ends (finished, client gone, never started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def engine_error(event: EngineError | EngineCrashed) -> ApiError:
+    if isinstance(event, EngineCrashed):
+        return ApiError(500, f"The engine crashed: {event.message} It is being restarted.", kind="server_error",
+                        code="engine_crashed")
+    if event.kind == "PromptTooLongError":
+        return ApiError(400, event.message, param="messages", code="context_length_exceeded")
+    if event.kind in ("SettingsError", "TemplateError"):
+        return ApiError(400, event.message)
+    if event.kind == "not_loaded":
+        return ApiError(503, event.message, kind="server_error", code="model_not_loaded")
+    return ApiError(500, event.message, kind="server_error", code=event.kind)
+
+
+class ServeApp:
+    """The routes, bound to one runner."""
+
+    def __init__(self, runner: EngineRunner, metrics: ServeMetrics, options: ServeOptions) -> None:
+        self.runner = runner
+        self.metrics = metrics
+        self.options = options
+        self.admission = Admission(options, metrics)
+        self.started = int(time.time())
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/props", self.props, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                                Exception: self._internal_error})
+
+    # --- plumbing -----------------------------------------------------------------------------------
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {exc.detail}.",
+                                       "type": kind, "param": None, "code": None}}, status_code=exc.status_code)
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        message = f"The server failed on this request: {type(exc).__name__}: {exc}"
+        return JSONResponse({"error": {"message": message, "type": "server_error", "param": None, "code": None}},
+                            status_code=500)
+
+    def _authorized(self, request: Request) -> bool:
+        key = self.options.api_key
+        if not key:
+            return True
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        return hmac.compare_digest(token.encode(), key.encode())
+
+    def _unauthorized(self) -> JSONResponse:
+        return error_response(ApiError(401, "A valid API key is required (Authorization: Bearer KEY).",
+                                       code="invalid_api_key"))
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        limit = self.options.limits.body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"The request body is {declared} bytes; this server takes at most {limit}.",
+                           code="body_too_large")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"The request body is over {limit} bytes, the most this server takes.",
+                                   code="body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientGone() from None
+        return protocol.parse_json(b"".join(chunks), self.options.limits)
+
+    # --- informational routes ---------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        state = self.runner.state
+        body: dict[str, Any] = {"status": {"ready": "ok"}.get(state, state)}
+        if state == "loading":
+            body["progress"] = round(self.runner.load_fraction, 3)
+        if state in ("error", "stopped") and self.runner.message:
+            body["message"] = self.runner.message
+        return JSONResponse(body, status_code=200 if state == "ready" else 503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE.split(";")[0],
+                        headers={"Content-Type": CONTENT_TYPE})
+
+    def _model_meta(self) -> dict[str, Any]:
+        loaded = self.runner.loaded
+        draft = self.runner.settings.draft
+        return {
+            "engine": "specdeck",
+            "n_ctx": loaded.n_ctx if loaded else self.runner.settings.n_ctx,
+            "drafter": self.runner.drafter_name,
+            "ngram": draft.ngram,
+            "adaptive_depth": draft.adaptive,
+            "backend": loaded.backend if loaded else None,
+            "plain_tokens_per_second": loaded.plain_tps if loaded else None,
+        }
+
+    async def models(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.runner.model_id, "object": "model", "created": self.started, "owned_by": "specdeck",
+            "meta": self._model_meta(),
+        }]})
+
+    async def props(self, request: Request) -> Response:
+        """A subset of llama-server's /props, so remote-engine discovery reads both the same way."""
+        if not self._authorized(request):
+            return self._unauthorized()
+        meta = self._model_meta()
+        return JSONResponse({
+            "model_path": self.runner.settings.target_path,
+            "total_slots": 1,
+            "default_generation_settings": {"n_ctx": meta["n_ctx"]},
+            "build_info": "specdeck",
+            "specdeck": meta,
+        })
+
+    # --- completions --------------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        try:
+            parsed = protocol.parse_request(await self._body(request), self.options.limits, chat=chat)
+            if self.runner.state != "ready":
+                raise ApiError(503, self.runner._not_ready_message(), kind="server_error", code="model_not_loaded")
+        except ApiError as exc:
+            return error_response(exc)
+        except ClientGone:
+            return Response(status_code=499)
+        try:
+            await self.admission.acquire()
+        except ApiError as exc:
+            return error_response(exc)
+        job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop())
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                job.cancel()
+                self.admission.release()
+
+        try:
+            self.runner.submit(job)
+            first = await self._next(job, request)  # errors before the first token get their own status
+            if isinstance(first, EngineError | EngineCrashed):
+                close()
+                return error_response(engine_error(first))
+            if isinstance(first, JobEnded):
+                close()
+                return error_response(ApiError(500, "The engine ended the request without an answer.",
+                                               kind="server_error"))
+            if parsed.stream:
+                return _Streaming(self._stream(parsed, job, first, request), close)
+            response = await self._collect(parsed, job, first, request)
+            close()
+            return response
+        except ClientGone:
+            close()
+            return Response(status_code=499)
+        except BaseException:
+            close()
+            raise
+
+    async def _next(self, job: Job, request: Request) -> Any:
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    raise ClientGone() from None
+
+    async def _events(self, job: Job, first: Any, request: Request) -> AsyncIterator[Any]:
+        event = first
+        while not isinstance(event, JobEnded):
+            yield event
+            event = await self._next(job, request)
+
+    async def _collect(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> Response:
+        answer = Answer()
+        matcher = protocol.StopMatcher(parsed.stop)
+        async for event in self._events(job, first, request):
+            if isinstance(event, Token):
+                answer.text.append(matcher.feed(event.text))
+                if matcher.stopped:
+                    job.cancel()
+            elif isinstance(event, Finished):
+                answer.text.append(matcher.flush())
+                return JSONResponse(self._final_body(parsed, answer, event, matcher))
+            elif isinstance(event, EngineError | EngineCrashed):
+                return error_response(engine_error(event))
+            else:
+                self._count(answer, event)
+        return error_response(ApiError(500, "The engine ended the request without an answer.", kind="server_error"))
+
+    @staticmethod
+    def _count(answer: Answer, event: object) -> None:
+        if isinstance(event, PromptProcessed):
+            answer.prompt_tokens, answer.prompt_seconds = event.prompt_tokens, event.seconds
+        elif isinstance(event, PassStats):
+            answer.drafted += event.drafted
+            answer.accepted += sum(event.accepted)
+            answer.completion_tokens += event.emitted
+
+    def _final_body(self, parsed: CompletionRequest, answer: Answer, event: Finished,
+                    matcher: protocol.StopMatcher) -> dict[str, Any]:
+        reason = "stop" if matcher.stopped else event.reason
+        return protocol.completion_body(parsed, _response_id(parsed), self.runner.model_id, "".join(answer.text),
+                                        reason, event.stats, answer.prompt_seconds, answer,
+                                        self.runner.drafter_name)
+
+    async def _stream(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> AsyncIterator[bytes]:
+        response_id = _response_id(parsed)
+        model = self.runner.model_id
+        answer = Answer()
+        matcher = protocol.StopMatcher(parsed.stop)
+        if parsed.chat:
+            yield protocol.sse(protocol.chunk_body(parsed, response_id, model, role=True))
+        try:
+            async for event in self._events(job, first, request):
+                if isinstance(event, Token):
+                    text = matcher.feed(event.text)
+                    if matcher.stopped:
+                        job.cancel()
+                    if text:
+                        chunk = protocol.chunk_body(parsed, response_id, model, text=text)
+                        if parsed.timings_per_token:
+                            chunk["timings"] = protocol.timings(answer.prompt_tokens, answer.prompt_seconds,
+                                                                None, answer)
+                        yield protocol.sse(chunk)
+                elif isinstance(event, Finished):
+                    tail = matcher.flush()
+                    if tail:
+                        yield protocol.sse(protocol.chunk_body(parsed, response_id, model, text=tail))
+                    yield protocol.sse(self._last_chunk(parsed, response_id, answer, event, matcher))
+                    if parsed.include_usage:
+                        usage_chunk = protocol.chunk_body(parsed, response_id, model)
+                        usage_chunk["choices"] = []
+                        usage_chunk["usage"] = protocol.usage(event.stats.prompt_tokens, event.stats.completion_tokens)
+                        yield protocol.sse(usage_chunk)
+                    break
+                elif isinstance(event, EngineError | EngineCrashed):
+                    # Headers are out: the error goes in the stream, in the shape OpenAI's clients raise.
+                    yield protocol.sse(engine_error(event).body())
+                    break
+                else:
+                    self._count(answer, event)
+            yield protocol.sse("[DONE]")
+        except ClientGone:
+            return
+
+    def _last_chunk(self, parsed: CompletionRequest, response_id: str, answer: Answer, event: Finished,
+                    matcher: protocol.StopMatcher) -> dict[str, Any]:
+        reason = "stop" if matcher.stopped else event.reason
+        stats: MessageStats = event.stats
+        chunk = protocol.chunk_body(parsed, response_id, self.runner.model_id,
+                                    finish=protocol.FINISH_REASONS.get(reason, "stop"))
+        chunk["timings"] = protocol.timings(stats.prompt_tokens, answer.prompt_seconds, stats, answer)
+        chunk["stats"] = protocol.lm_studio_stats(stats, reason, self.runner.drafter_name)
+        return chunk
+
+
+def _response_id(parsed: CompletionRequest) -> str:
+    return protocol.new_id(parsed.chat)
+
+
+class Server:
+    """A runner and its HTTP app, served by uvicorn on a thread or in the foreground."""
+
+    def __init__(self, runner: EngineRunner, metrics: ServeMetrics, options: ServeOptions) -> None:
+        import uvicorn
+
+        self.options = options.check()
+        self.runner = runner
+        self.web = ServeApp(runner, metrics, options)
+        config = uvicorn.Config(self.web.app, host=options.host, port=options.port, log_level="warning",
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        self.uvicorn = uvicorn.Server(config)
+        self._thread: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0), once started."""
+        servers = getattr(self.uvicorn, "servers", None) or []
+        for server in servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return self.options.port
+
+    @property
+    def base_url(self) -> str:
+        host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
+        return f"http://{host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        self.runner.start()
+        try:
+            self.uvicorn.run()
+        finally:
+            self.runner.stop()
+
+    def start_in_thread(self, timeout: float = 30.0) -> None:
+        """Serve from a thread with its own event loop (``self.loop``), for the window and for tests."""
+        import threading
+
+        self.runner.start()
+        loop = self.loop = asyncio.new_event_loop()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.uvicorn.serve())
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name="specdeck-serve-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.uvicorn.started:
+            if not self._thread.is_alive():
+                self.runner.stop()
+                raise OSError(f"The server could not listen on {self.options.host}:{self.options.port} "
+                              "(is the port in use?).")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start listening in time")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        with contextlib.suppress(Exception):
+            self.runner.stop()
