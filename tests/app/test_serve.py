@@ -348,3 +348,29 @@ def test_api_key_is_required_when_set(tiny_target: Path, tmp_path: Path) -> None
         assert ok.status_code == 200
     finally:
         server.stop()
+
+
+# --- the remote reader on SpecDeck's own server ---------------------------------------------------
+
+
+def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_target: Path) -> None:
+    from app.serve.remote import RemoteEngine, rates
+
+    with RemoteEngine(served[0].base_url) as remote:
+        info = remote.discover()
+        assert info.engine == "SpecDeck"
+        assert info.models == (tiny_target.name,)
+        assert info.n_ctx == CTX
+        assert info.speculation == "n-gram 2"
+        before = remote.scrape()
+        events = list(remote.chat(MESSAGES, max_tokens=48, temperature=0))
+        after = remote.scrape()
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.text and finished.stats.drafted > 0
+    figures = rates(before, after)
+    # The dashboard's acceptance from counter deltas is the answer's own, exactly: the same passes feed both.
+    assert figures.acceptance == finished.stats.accepted / finished.stats.drafted
+    assert figures.tokens_per_second is not None and figures.tokens_per_second > 0
+    assert figures.kv_usage is not None and 0 < figures.kv_usage <= 1
+    assert "specdeck:tokens_predicted_total" in figures.sources["tokens_per_second"]
