@@ -199,6 +199,21 @@ class RemoteRates:
     sources: Mapping[str, str]
 
 
+def reported(scrape: Scrape) -> dict[str, bool]:
+    """Which ``RemoteRates`` figures this server exposes at all. A figure that is exposed but None in an
+    interval had nothing happen in it (idle); one that is not exposed is "not reported by this server"."""
+    c, g = scrape.counters, scrape.gauges
+    return {
+        "tokens_per_second": "tokens" in c or "throughput" in g,
+        "acceptance": "draft_tokens" in c or "accept_rate" in g,
+        "mean_accepted_length": "drafts" in c or "accept_length" in g,
+        "per_position_acceptance": scrape.prefix in PER_POSITION,
+        "kv_usage": "kv_usage" in g,
+        "read_bytes_per_second": "read_bytes" in c,
+        "ceiling_tokens_per_second": "ceiling" in g,
+    }
+
+
 def _delta(before: Scrape, after: Scrape, figure: str) -> float | None:
     if figure not in before.counters or figure not in after.counters:
         return None

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from app.events import Finished, Token
-from app.serve.remote import RemoteEngine, RemoteError, kv_usage_from_slots, parse_metrics, rates, read_scrape
+from app.serve.remote import (
+    RemoteEngine,
+    RemoteError,
+    kv_usage_from_slots,
+    parse_metrics,
+    rates,
+    read_scrape,
+    reported,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -56,6 +64,11 @@ def test_old_vllm_name_and_what_it_does_not_report() -> None:
     assert r.per_position_acceptance is None
     assert r.tokens_per_second is None
     assert r.read_bytes_per_second is None
+    exposed = reported(scrape)
+    assert exposed["tokens_per_second"]
+    assert exposed["acceptance"]
+    assert not exposed["read_bytes_per_second"]
+    assert not exposed["ceiling_tokens_per_second"]
 
 
 def test_sglang_prefers_its_counter_and_reads_speculation_from_gauges() -> None:
@@ -68,6 +81,7 @@ def test_sglang_prefers_its_counter_and_reads_speculation_from_gauges() -> None:
     assert r.mean_accepted_length == pytest.approx(3.0)
     assert "gauge" in r.sources["acceptance"]
     assert r.per_position_acceptance is None  # SGLang has no per-position counter
+    assert not reported(after)["per_position_acceptance"]
     assert r.kv_usage == pytest.approx(0.3)
 
 

@@ -367,10 +367,13 @@ def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_
         after = remote.scrape()
     finished = events[-1]
     assert isinstance(finished, Finished)
-    assert finished.text and finished.stats.drafted > 0
+    assert finished.text
+    assert finished.stats.drafted > 0
     figures = rates(before, after)
     # The dashboard's acceptance from counter deltas is the answer's own, exactly: the same passes feed both.
     assert figures.acceptance == finished.stats.accepted / finished.stats.drafted
-    assert figures.tokens_per_second is not None and figures.tokens_per_second > 0
-    assert figures.kv_usage is not None and 0 < figures.kv_usage <= 1
+    assert figures.tokens_per_second is not None
+    assert figures.tokens_per_second > 0
+    assert figures.kv_usage is not None
+    assert 0 < figures.kv_usage <= 1
     assert "specdeck:tokens_predicted_total" in figures.sources["tokens_per_second"]
