@@ -1,6 +1,10 @@
 """What the engine worker says to the app: frozen dataclasses, picklable, Qt-free.
 
-Requests go the other way (``Load``, ``Generate``, ``Cancel``, ``Unload``, ``Shutdown``).
+Requests go the other way (``Load``, ``Generate``, ``BenchRun``, ``RawDecode``, ``Cancel``, ``Unload``,
+``Shutdown``).
+
+This module also holds the one definition of the run figures (acceptance, τ, decode rate) that the chat's
+stats line, ``specdeck bench`` and the dashboard all derive from (``RunCounts``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,34 @@ class Generate:
     request_id: int
     messages: tuple[dict[str, str], ...]
     sampling: SamplingSettings
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One answer timed inside the worker from an empty cache, for `specdeck bench`.
+
+    The whole answer runs without a message per token, so the pipe costs nothing inside the timed window;
+    the reply is one ``BenchResult``.
+    """
+
+    request_id: int
+    messages: tuple[dict[str, str], ...]
+    sampling: SamplingSettings
+    plain: bool  # True: without speculation (the baseline)
+
+
+@dataclass(frozen=True)
+class RawDecode:
+    """Greedy one-token decodes on the loaded target through llama.cpp alone (no sampling, no drafting).
+
+    Measures the bare decode loop (`specdeck bench --raw`) and checks that decoding works at all (`specdeck
+    doctor --decode-check`). ``text`` is tokenized with the model's own special tokens and prefilled first
+    (empty: the BOS token alone). The reply is one ``RawDecoded``.
+    """
+
+    request_id: int
+    n_tokens: int
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +122,7 @@ class PromptProcessed:
     request_id: int
     prompt_tokens: int
     seconds: float
+    warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
 
 
 @dataclass(frozen=True)
@@ -119,6 +152,56 @@ class PassStats:
     kv_bytes_used: int
     verify_width: int  # tokens in the target decode
     overhead_seconds: float = 0.0  # Python work in the pass outside llama_decode (sampling, acceptance, bookkeeping)
+    accept_seconds: float = 0.0  # the part of the overhead spent building distributions and accepting
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """The counts behind every speed and acceptance figure, and the one place they are turned into rates.
+
+    ``decode_tokens`` and ``decode_seconds`` cover the same window: from the end of the first pass (which
+    carries the time to first token) to the last emitted token. Tokens the first pass emitted are outside
+    it, on the plain and the speculative side alike. Counts add up, so totals over many runs are sums.
+    """
+
+    tokens: int = 0  # emitted
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def __add__(self, other: RunCounts) -> RunCounts:
+        return RunCounts(self.tokens + other.tokens, self.passes + other.passes, self.drafted + other.drafted,
+                         self.accepted + other.accepted, self.decode_tokens + other.decode_tokens,
+                         self.decode_seconds + other.decode_seconds)
+
+    @property
+    def acceptance(self) -> float:
+        return acceptance(self.accepted, self.drafted)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return tokens_per_pass(self.tokens, self.passes)
+
+    @property
+    def decode_tps(self) -> float:
+        return decode_rate(self.decode_tokens, self.decode_seconds)
+
+
+def acceptance(accepted: int | float, drafted: int | float) -> float:
+    """Accepted draft tokens over drafted ones; 0 when nothing was drafted."""
+    return accepted / drafted if drafted else 0.0
+
+
+def tokens_per_pass(tokens: int | float, passes: int | float) -> float:
+    """τ: tokens emitted per target pass; 0 before the first pass."""
+    return tokens / passes if passes else 0.0
+
+
+def decode_rate(tokens: int | float, seconds: float) -> float:
+    """Tokens per second over one window; 0 for an empty window."""
+    return tokens / seconds if seconds > 0 and tokens > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +220,12 @@ class MessageStats:
     per_position_acceptance: tuple[float, ...]
     k_history: tuple[int, ...]
     speedup_estimate: float  # decode tok/s over the measured plain rate (1.0 before one is known)
+    decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
+
+    @property
+    def counts(self) -> RunCounts:
+        return RunCounts(self.completion_tokens, self.passes, self.drafted, self.accepted, self.decode_tokens,
+                         self.decode_seconds)
 
 
 @dataclass(frozen=True)
@@ -145,6 +234,36 @@ class Finished:
     reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error"
     stats: MessageStats
     text: str
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The reply to ``BenchRun``: the answer and its figures, measured in the worker."""
+
+    request_id: int
+    prompt_tokens: int
+    token_ids: tuple[int, ...]
+    text: str
+    reason: str
+    stats: MessageStats
+    seconds: float  # wall time in the worker, prefill included
+    ttft_seconds: float
+    overhead_seconds: tuple[float, ...]  # per pass
+    verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
+
+
+@dataclass(frozen=True)
+class RawDecoded:
+    """The reply to ``RawDecode``."""
+
+    request_id: int
+    prompt_tokens: int
+    tokens: int  # decoded one at a time after the prompt
+    seconds: float  # for those decodes only
+
+    @property
+    def tokens_per_second(self) -> float:
+        return decode_rate(self.tokens, self.seconds)
 
 
 @dataclass(frozen=True)
@@ -173,7 +292,7 @@ class Unloaded:
 
 
 Event = (
-    Log | LoadProgress | Loaded | PromptProcessed | Token | PassStats | Finished
+    Log | LoadProgress | Loaded | PromptProcessed | Token | PassStats | Finished | BenchResult | RawDecoded
     | EngineError | EngineCrashed | Unloaded
 )
-Request = Load | Generate | Cancel | Unload | Shutdown
+Request = Load | Generate | BenchRun | RawDecode | Cancel | Unload | Shutdown

@@ -16,6 +16,8 @@ Vocabularies:
 Drafters: the same ``seed`` and ``perturb=0`` give bit-identical weights; ``perturb > 0`` adds Gaussian
 noise of that relative scale (per tensor, relative to the tensor's RMS) drawn from ``perturb_seed``.
 Every tensor is cast to float32 here: an F64 tensor loads and then aborts llama.cpp at the first decode.
+``aborting=True`` writes the token embeddings as F64 on purpose: a model that loads and then GGML_ABORTs
+(in get_rows) at its first decode, for testing how every command reports a crash.
 """
 
 from __future__ import annotations
@@ -276,6 +278,7 @@ def write_tiny_model(
     perturb_seed: int = 1,
     chat_template: str | None = DEFAULT_TEMPLATE,
     name: str = "tiny",
+    aborting: bool = False,
 ) -> Path:
     """Write a tiny random llama model to `path` (a .gguf file) and return `path`."""
     from gguf import GGUFWriter, LlamaFileType
@@ -327,6 +330,8 @@ def write_tiny_model(
 
     for tensor_name, tensor in weights.items():
         assert tensor.dtype == np.float32, tensor_name
+        if aborting and tensor_name == "token_embd.weight":
+            tensor = tensor.astype(np.float64)
         writer.add_tensor(tensor_name, tensor)
     save(writer)
     return path

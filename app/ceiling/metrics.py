@@ -2,14 +2,14 @@
 
 ``LiveMetrics`` eats ``Loaded``/``PassStats``/``Finished`` and keeps fixed-size numpy ring buffers (time,
 tok/s, acceptance, tokens per pass, k, context) plus per-position and per-k counts; ``snapshot()`` hands the
-painter immutable copies. The ceilings it compares against come from ``app.ceiling.builder``. The same
-numbers can feed ``specdeck bench``.
+painter immutable copies. The ceilings it compares against come from ``app.ceiling.builder``.
 
-Definitions (kept in line with ``app.engine.speculative``'s MessageStats):
-- acceptance = accepted / drafted; per-position acceptance = accepted at j / drafted at j.
+Acceptance, τ and tok/s are ``app.events``' definitions (``acceptance``, ``tokens_per_pass``,
+``decode_rate``), the ones the chat's stats line and ``specdeck bench`` report; ``message`` holds the
+answer's ``RunCounts``, which equal its ``MessageStats.counts``. Here they are also taken over rolling
+windows. Only the dashboard has:
 - α = accepted / positions tested (the flags up to and including the first rejection): the per-position
   acceptance probability of Leviathan et al., so E[τ](k) = (1 − α^(k+1)) / (1 − α) is comparable to τ.
-- τ of a pass = accepted + 1 (what the pass produced before any stop cut it short).
 """
 
 from __future__ import annotations
@@ -24,7 +24,16 @@ import numpy.typing as npt
 
 from app.ceiling import roofline
 from app.ceiling.builder import CeilingInfo
-from app.events import Finished, Loaded, MessageStats, PassStats
+from app.events import (
+    Finished,
+    Loaded,
+    MessageStats,
+    PassStats,
+    RunCounts,
+    acceptance,
+    decode_rate,
+    tokens_per_pass,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -243,6 +252,7 @@ class LiveMetrics:
         self._max_k = 0
         self._accepted_total = 0
         self._tested_total = 0
+        self.message = RunCounts()  # this answer's counts so far
         self._context = 0
         self._kv_used = 0
         self._k_last: int | None = None
@@ -257,7 +267,8 @@ class LiveMetrics:
         self.generating = True
         n_acc = sum(1 for ok in p.accepted if ok)
         tested = len(p.accepted)
-        tau = n_acc + 1
+        tau = p.emitted
+        self.message = self.message + RunCounts(tokens=p.emitted, passes=1, drafted=p.drafted, accepted=n_acc)
         busy = p.draft_seconds + p.verify_seconds + p.overhead_seconds
 
         # The wall time between pass starts is the honest duration of the previous pass (it includes what
@@ -272,16 +283,16 @@ class LiveMetrics:
         while self._recent and self._recent[0][0] < p.t_start - self.smooth_seconds:
             self._recent_sum -= self._recent.popleft()[1]
         if self._recent and p.t_start > self._recent[0][0]:
-            smooth = self._recent_sum / (p.t_start - self._recent[0][0])
+            smooth = decode_rate(self._recent_sum, p.t_start - self._recent[0][0])
         else:
             smooth = tps
         self._recent.append((p.t_start, p.emitted))
         self._recent_sum += p.emitted
 
         self._win.push(n_acc, p.drafted, tested, tau)
-        acc = n_acc / p.drafted if p.drafted else math.nan
-        acc_roll = self._win.accepted / self._win.drafted if self._win.drafted else math.nan
-        tau_roll = self._win.tau / len(self._win.items)
+        acc = acceptance(n_acc, p.drafted) if p.drafted else math.nan
+        acc_roll = acceptance(self._win.accepted, self._win.drafted) if self._win.drafted else math.nan
+        tau_roll = tokens_per_pass(self._win.tau, len(self._win.items))
         self._ring.append((p.t_start - self._t0, tps, smooth, acc, acc_roll, tau, tau_roll, p.k,
                            p.context_tokens))
 
@@ -342,7 +353,7 @@ class LiveMetrics:
     def current(self) -> Current:
         tps = self._ring.last(TPS_SMOOTH)
         tps_v = None if math.isnan(tps) else tps
-        tau = self._win.tau / len(self._win.items) if self._win.items else None
+        tau = tokens_per_pass(self._win.tau, len(self._win.items)) if self._win.items else None
         spec = self.spec_ceiling()
         pct = 100.0 * tps_v / spec if tps_v is not None and spec else None
         pct_spec = 100.0 * tps_v / (spec * tau) if tps_v is not None and spec and tau else None
@@ -351,7 +362,7 @@ class LiveMetrics:
             tps=tps_v,
             pct_of_ceiling=pct,
             pct_of_speculative=pct_spec,
-            acceptance=self._win.accepted / self._win.drafted if self._win.drafted else None,
+            acceptance=acceptance(self._win.accepted, self._win.drafted) if self._win.drafted else None,
             alpha=self.rolling_alpha(),
             tau=tau,
             k=self._k_last,
@@ -378,7 +389,7 @@ class LiveMetrics:
         else:
             ck, ct = np.zeros(0), np.zeros(0)
         spec = self.spec_ceiling()
-        tau = self._win.tau / len(self._win.items) if self._win.items else None
+        tau = tokens_per_pass(self._win.tau, len(self._win.items)) if self._win.items else None
         return MetricsSnapshot(
             t=_frozen(v[T]),
             tps=_frozen(v[TPS]),

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from app.engine.bench import bench
+from app.engine.bench import EngineCrashedError, bench
 from app.errors import AppError
+from app.safe_text import terminal_safe
+from app.storage.atomic import check_destination
+
+EXIT_ERROR = 1  # bad input or a refused model: the message says what to change
+EXIT_ENGINE_CRASHED = 3  # llama.cpp died in the worker: the message names the signal and the phase
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,14 +34,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx", type=int, default=4096, help="context size")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument("--baseline", action="store_true", help="also run each prompt without speculation")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run each prompt N times (speculative and plain alternating, in alternating order); "
+                        "speedups are reported as median, min and max")
     parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
     parser.add_argument("--json", type=Path, help="write the full report here")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        bench(args)
+        if args.json:
+            check_destination(args.json, "the report")  # before the run, not after it
+        report = bench(args, sys.stdout)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+    except EngineCrashedError as exc:
+        print(f"specdeck bench: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
+        return EXIT_ENGINE_CRASHED
     except AppError as exc:
-        print(f"specdeck bench: {exc}", file=sys.stderr)
-        return 1
+        print(f"specdeck bench: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"specdeck bench: cannot write {args.json}: {exc.strerror}.", file=sys.stderr)
+        return EXIT_ERROR
     return 0

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DECAY = 0.85  # weight of the old estimate per observation: recent text matters most
+PRIOR_WEIGHT = 2.0  # the prior counts as this many observations: the first few outcomes move a rate fast
+EXPLORE_DEPTH = 2  # how far past the deepest measured position the policy may draft
 PROBE_EVERY = 12  # fewest passes at k = 0 between probes, so a return of good drafts is noticed
 PROBE_BUDGET = 0.03  # most of the decoding time that probes may take (an expensive drafter probes rarely)
 PROBE_K = 2
@@ -21,10 +23,16 @@ PROBE_K = 2
 
 @dataclass
 class PositionAcceptance:
-    """Decayed acceptance rate per draft position for one drafter."""
+    """Decayed acceptance rate per draft position for one drafter (or one n-gram match-length bucket).
+
+    ``below`` is the bucket of shorter matches: a longer match is at least as reliable, so where this
+    bucket has no outcome yet at a position, it starts from the shorter matches' rate when that is higher
+    than its own prior (a copy in progress passes through every bucket on its way to long matches).
+    """
 
     k_max: int
     prior: float
+    below: PositionAcceptance | None = None
     rates: list[float] = field(default_factory=list)
     seen: list[int] = field(default_factory=list)
 
@@ -32,31 +40,76 @@ class PositionAcceptance:
         self.rates = [self.prior] * self.k_max
         self.seen = [0] * self.k_max
 
+    def rate(self, position: int) -> float:
+        own = self.rates[position]
+        if self.seen[position] == 0 and self.below is not None:
+            return max(own, self.below.rate(position))
+        return own
+
+    def measured(self, position: int) -> bool:
+        return self.seen[position] > 0 or (self.below is not None and self.below.measured(position))
+
     def update_at(self, position: int, ok: bool) -> None:
+        """One outcome at ``position``: a running mean with the prior while there are few, then decayed.
+
+        A plain decayed average would let the prior outweigh the first outcomes for a long time (at
+        DECAY 0.85, moving from a prior of 0.85 to 0.95 takes seven straight hits).
+        """
         if position < self.k_max:
-            self.rates[position] = DECAY * self.rates[position] + (1 - DECAY) * (1.0 if ok else 0.0)
+            if self.seen[position] == 0:
+                self.rates[position] = self.rate(position)
+            weight = max(1 - DECAY, 1.0 / (self.seen[position] + 1 + PRIOR_WEIGHT))
+            self.rates[position] += weight * ((1.0 if ok else 0.0) - self.rates[position])
             self.seen[position] += 1
 
     def update(self, accepted: Sequence[bool]) -> None:
         """``accepted`` holds one flag per drafted position up to and including the first rejection."""
         for i, ok in enumerate(accepted[: self.k_max]):
-            self.rates[i] = DECAY * self.rates[i] + (1 - DECAY) * (1.0 if ok else 0.0)
-            self.seen[i] += 1
+            self.update_at(i, ok)
             if not ok:
                 break
+
+    def measured_depth(self) -> int:
+        """How many leading positions have at least one outcome (here or in a shorter-match bucket)."""
+        depth = 0
+        while depth < self.k_max and self.measured(depth):
+            depth += 1
+        return depth
+
+
+@dataclass
+class _Shadow:
+    """An n-gram proposal, compared token by token with what the target emits from there on."""
+
+    rates: PositionAcceptance
+    tokens: list[int]
+    scored: int = 0
+
+    def score(self, emitted: Sequence[int]) -> bool:
+        """Score the next emitted tokens; True once the outcome is known (first miss or proposal's end)."""
+        for tok in emitted:
+            ok = self.tokens[self.scored] == tok
+            self.rates.update_at(self.scored, ok)
+            self.scored += 1
+            if not ok or self.scored == len(self.tokens):
+                return True
+        return False
 
 
 class CostModel:
     """Seconds per target pass of each width and per drafter step, from recent measurements.
 
     Medians of a short window, not means: on a shared machine one pass in a few is slowed by other
-    work, and a mean would let those outliers talk the policy out of speculating.
+    work, and a mean would let those outliers talk the policy out of speculating. A wide pass is kept
+    relative to the one-token cost of its time, so a width the policy stopped using follows the machine's
+    current speed (measured by every plain pass) instead of going stale.
     """
 
     WINDOW = 15
 
     def __init__(self) -> None:
-        self._samples: dict[int, deque[float]] = {}
+        self._one: deque[float] = deque(maxlen=self.WINDOW)
+        self._samples: dict[int, deque[tuple[float, float | None]]] = {}  # (seconds, one-token cost then)
         self._draft: deque[float] = deque(maxlen=self.WINDOW)
         self._table: dict[int, float] | None = None
 
@@ -71,7 +124,11 @@ class CostModel:
         return statistics.median(self._draft) if self._draft else 0.0
 
     def observe_verify(self, width: int, seconds: float) -> None:
-        self._samples.setdefault(width, deque(maxlen=self.WINDOW)).append(seconds)
+        if width == 1:
+            self._one.append(seconds)
+        else:
+            one = statistics.median(self._one) if self._one else None
+            self._samples.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds, one))
         self._table = None
 
     def observe_draft(self, steps: int, seconds: float) -> None:
@@ -84,8 +141,12 @@ class CostModel:
         Not forced to rise with width: quantized CPU kernels work in row groups (llama.cpp's repacked
         Q4_K handles 4 at a time), so a pass of 8 tokens can cost less than one of 7.
         """
-        table = {width: statistics.median(samples) for width, samples in self._samples.items()}
-        one = table.get(1)
+        one = statistics.median(self._one) if self._one else None
+        table: dict[int, float] = {} if one is None else {1: one}
+        for width, samples in self._samples.items():
+            table[width] = statistics.median(
+                seconds * one / then if one is not None and then else seconds for seconds, then in samples
+            )
         if one is not None:
             table = {w: min(t, w * one) for w, t in table.items()}
         return table
@@ -130,12 +191,31 @@ class DepthController:
     cost: CostModel = field(default_factory=CostModel)
     _idle: int = 0
     history: list[int] = field(default_factory=list)
+    _shadows: list[_Shadow] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # N-gram acceptance is tracked per match length: a long exact match is a copy in progress.
-        self.ngram_buckets = [PositionAcceptance(self.k_max, prior=p) for p in (0.3, 0.5, 0.7, 0.85)]
+        self.ngram_buckets: list[PositionAcceptance] = []
+        for prior in (0.3, 0.5, 0.7, 0.85):
+            below = self.ngram_buckets[-1] if self.ngram_buckets else None
+            self.ngram_buckets.append(PositionAcceptance(self.k_max, prior=prior, below=below))
         self.ngram = self.ngram_buckets[0]
         self.model = PositionAcceptance(self.k_max, prior=0.6)
+
+    def start_answer(self) -> None:
+        """Forget the proposals still being scored (they belong to the previous answer's text)."""
+        self._shadows = []
+
+    def score_proposal(self, proposal: Sequence[int], match_len: int, emitted: Sequence[int]) -> None:
+        """Greedy decoding: score this pass's n-gram proposal, drafted or not, against what the target emits
+        from here on, and the earlier proposals still open against ``emitted``.
+
+        Every proposal is scored, so each position's rate gets about one outcome per emitted token: a copy
+        is recognised within a few tokens, not after several whole proposals.
+        """
+        if proposal:
+            self._shadows.append(_Shadow(self.ngram_buckets[self.bucket(match_len)], list(proposal)))
+        self._shadows = [sh for sh in self._shadows if not sh.score(emitted)]
 
     @staticmethod
     def bucket(match_len: int) -> int:
@@ -144,8 +224,8 @@ class DepthController:
     def choose(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True) -> int:
         """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists.
 
-        ``probe`` allows an occasional shallow draft at k = 0, to notice when drafts start to hit again;
-        not needed where every proposal is scored anyway (greedy n-gram drafting).
+        ``probe`` allows an occasional shallow draft at k = 0, within PROBE_BUDGET of the time: it notices
+        when drafts start to hit again, and keeps the cost of a wide pass measured.
         """
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         if self.fixed is not None:
@@ -153,11 +233,17 @@ class DepthController:
             self.history.append(k)
             return k
         limit = self.k_max if has_model else min(self.k_max, ngram_available)
+        # Never deeper than the evidence: positions no outcome has reached are drafted a few at a time.
+        known = self.ngram.measured_depth()
+        if ngram_available > known:
+            limit = min(limit, known + EXPLORE_DEPTH)
+        elif has_model:
+            limit = min(limit, ngram_available + self.model.measured_depth() + EXPLORE_DEPTH)
         if limit == 0:
             self.history.append(0)
             return 0
         rates = [
-            self.ngram.rates[i] if i < ngram_available else self.model.rates[i - ngram_available]
+            self.ngram.rate(i) if i < ngram_available else self.model.rate(i - ngram_available)
             for i in range(limit)
         ]
         best_k, best = 0, 1.0 / self.cost.verify(1)

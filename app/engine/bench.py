@@ -1,149 +1,226 @@
 """`specdeck bench`: the one way SpecDeck's speed is measured.
 
-Each prompt runs with speculation and, with --baseline, without it, alternating in one process so that a
-noisy machine drifts both the same way. Speedups are ratios of those side-by-side runs. --raw adds a bare
-llama_decode loop, to show what the engine's own Python costs on top of llama.cpp.
+Every decode runs in the engine worker process, as in the app, so a model that aborts llama.cpp ends the
+bench with one sentence instead of taking it down. Each answer is timed inside the worker (one ``BenchRun``
+request, one ``BenchResult`` reply, nothing through the pipe in between), so the pipe costs nothing in the
+timed window. With --baseline each prompt's speculative and plain runs alternate, in alternating order, in
+one worker, so that a noisy machine drifts both the same way; speedups are ratios of those side-by-side
+runs, and --repeat N gives their median and spread. --raw adds a bare llama_decode loop, to show what the
+engine's own Python costs on top of llama.cpp. Every rate comes from ``app.events.RunCounts``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, TypeVar
+
+import numpy as np
 
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts
-from app.errors import AppError
-from app.events import Finished, MessageStats, PassStats, Token
-from app.library.pair_stats import drafter_key
-from app.library.pair_stats import record as record_acceptance
+from app.errors import AppError, SettingsError
+from app.events import (
+    BenchResult,
+    BenchRun,
+    EngineCrashed,
+    EngineError,
+    Finished,
+    Loaded,
+    MessageStats,
+    PassStats,
+    RawDecode,
+    RawDecoded,
+    RunCounts,
+    Token,
+)
 
 JSON_VERSION = 1
+WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
+
+
+class EngineCrashedError(AppError):
+    """The worker died while the bench drove it; the message is the one sentence to show."""
+
+
+# --- in the worker ---------------------------------------------------------------------------------
+
+
+def bench_run(session: Any, request: BenchRun) -> BenchResult:
+    """One answer from an empty cache (so runs are comparable), with or without speculation."""
+    decoder = session.plain_decoder if request.plain else session.decoder
+    decoder.reset_cache()
+    prompt, _ = session.prompt_tokens(request.messages)
+    token_ids: list[int] = []
+    text: list[str] = []
+    overheads: list[float] = []
+    stats: MessageStats | None = None
+    reason = ""
+    t0 = time.perf_counter()
+    t_first = 0.0
+    for event in session.generate(request.request_id, (), request.sampling, prompt=prompt, decoder=decoder):
+        if isinstance(event, Token):
+            if event.token_ids and not token_ids:
+                t_first = time.perf_counter()
+            token_ids += event.token_ids
+            text.append(event.text)
+        elif isinstance(event, PassStats):
+            overheads.append(event.overhead_seconds)
+        elif isinstance(event, Finished):
+            stats, reason = event.stats, event.reason
+    seconds = time.perf_counter() - t0
+    assert stats is not None  # session.generate always ends with Finished
+    cost = session.decoder.controller.cost.widths
+    return BenchResult(
+        request_id=request.request_id, prompt_tokens=len(prompt), token_ids=tuple(token_ids), text="".join(text),
+        reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
+        overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())),
+    )
+
+
+def raw_decode(session: Any, request: RawDecode) -> RawDecoded:
+    """Prefill ``request.text`` (or the BOS token), then ``n_tokens`` bare greedy one-token decodes."""
+    model, ctx = session.target, session.ctx
+    session.decoder.reset_cache()
+    if request.text:
+        prompt = model.tokenize(request.text, add_special=True, parse_special=True)
+    else:
+        prompt = [model.bos if model.bos >= 0 else 0]
+    try:
+        first = int(np.argmax(ctx.prefill(prompt)[-1]))
+        done, seconds = ctx.greedy_loop(first, request.n_tokens)
+    finally:
+        session.decoder.reset_cache()
+    return RawDecoded(request.request_id, len(prompt), done, seconds)
+
+
+# --- in the bench process --------------------------------------------------------------------------
 
 
 @dataclass
 class RunResult:
+    """One answer as the bench saw it."""
+
     tokens: list[int] = field(default_factory=list)
     text: str = ""
-    seconds: float = 0.0  # wall time including prefill
-    decode_seconds: float = 0.0
+    seconds: float = 0.0  # wall time in the worker, prefill included
     ttft: float = 0.0
-    passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    per_position: tuple[float, ...] = ()
-    k_history: tuple[int, ...] = ()
     overheads: list[float] = field(default_factory=list)
     reason: str = ""
     stats: MessageStats | None = None
+    prompt_tokens: int = 0
+
+    @classmethod
+    def of(cls, result: BenchResult) -> RunResult:
+        return cls(list(result.token_ids), result.text, result.seconds, result.ttft_seconds,
+                   list(result.overhead_seconds), result.reason, result.stats, result.prompt_tokens)
+
+    @property
+    def counts(self) -> RunCounts:
+        return self.stats.counts if self.stats is not None else RunCounts()
 
     @property
     def decode_tps(self) -> float:
-        n = len(self.tokens) - 1
-        return n / self.decode_seconds if self.decode_seconds > 0 and n > 0 else 0.0
+        return self.counts.decode_tps
 
     def as_json(self) -> dict[str, Any]:
+        c, s = self.counts, self.stats
         return {
-            "tokens": len(self.tokens),
+            "tokens": c.tokens,
             "seconds": round(self.seconds, 4),
-            "decode_seconds": round(self.decode_seconds, 4),
-            "tok_s": round(self.decode_tps, 2),
+            "decode_seconds": round(c.decode_seconds, 4),
+            "decode_tokens": c.decode_tokens,
+            "tok_s": round(c.decode_tps, 2),
             "ttft_s": round(self.ttft, 4),
-            "passes": self.passes,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
-            "tokens_per_pass": round(len(self.tokens) / self.passes, 3) if self.passes else 0.0,
-            "per_position_acceptance": [round(a, 4) for a in self.per_position],
-            "k_history": list(self.k_history),
-            "overhead_ms_median": round(statistics.median(self.overheads) * 1000, 3) if self.overheads else 0.0,
+            "passes": c.passes,
+            "drafted": c.drafted,
+            "accepted": c.accepted,
+            "acceptance": round(c.acceptance, 4),
+            "tokens_per_pass": round(c.tokens_per_pass, 3),
+            "per_position_acceptance": [round(a, 4) for a in s.per_position_acceptance] if s else [],
+            "k_history": list(s.k_history) if s else [],
+            "overhead_ms_median": _median_ms(self.overheads),
             "stop_reason": self.reason,
         }
 
 
-def run_once(session: Any, prompt: Sequence[int], sampling: SamplingSettings, plain: bool) -> RunResult:
-    """One answer from a fresh cache (so runs are comparable), with or without speculation."""
-    decoder = session.plain_decoder if plain else session.decoder
-    decoder.reset_cache()
-    result = RunResult()
-    t0 = time.perf_counter()
-    t_first = 0.0
-    for event in session.generate(0, (), sampling, prompt=prompt, decoder=decoder):
-        if isinstance(event, Token):
-            if event.token_ids and not result.tokens:
-                t_first = time.perf_counter()
-            result.tokens += event.token_ids
-            result.text += event.text
-        elif isinstance(event, PassStats):
-            result.overheads.append(event.overhead_seconds)
-        elif isinstance(event, Finished):
-            s = event.stats
-            result.stats = s
-            result.decode_seconds = s.decode_seconds
-            result.passes = s.passes
-            result.drafted = s.drafted
-            result.accepted = s.accepted
-            result.per_position = s.per_position_acceptance
-            result.k_history = s.k_history
-            result.reason = event.reason
-    result.seconds = time.perf_counter() - t0
-    result.ttft = t_first - t0 if t_first else 0.0
-    return result
+def _median_ms(values: Sequence[float]) -> float:
+    return round(statistics.median(values) * 1000, 3) if values else 0.0
 
 
-def raw_decode_loop(session: Any, prompt: Sequence[int], n_tokens: int) -> float:
-    """A bare llama_decode + argmax loop on the same context: tokens per second of decode."""
-    import llama_cpp as lc
-    import numpy as np
-
-    ctx = session.ctx
-    session.decoder.reset_cache()
-    ctx.prefill(list(prompt))
-    n_vocab = ctx.n_vocab
-    tok = int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx._ptr, -1), shape=(n_vocab,))))
-    t0 = time.perf_counter()
-    done = 0
-    for _ in range(n_tokens):
-        if ctx.n_past + 1 > ctx.n_ctx:
-            break
-        batch = lc.llama_batch_get_one((lc.llama_token * 1)(tok), 1)
-        if lc.llama_decode(ctx._ptr, batch) != 0:
-            break
-        ctx.n_past += 1
-        tok = int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx._ptr, -1), shape=(n_vocab,))))
-        done += 1
-    lc.llama_synchronize(ctx._ptr)
-    seconds = time.perf_counter() - t0
-    session.decoder.reset_cache()
-    return done / seconds if seconds > 0 else 0.0
-
-
-def _aggregate(runs: list[RunResult]) -> dict[str, Any]:
-    tokens = sum(len(r.tokens) - 1 for r in runs if r.tokens)
-    seconds = sum(r.decode_seconds for r in runs)
-    drafted = sum(r.drafted for r in runs)
-    accepted = sum(r.accepted for r in runs)
-    passes = sum(r.passes for r in runs)
-    overheads = [o for r in runs for o in r.overheads]
+def _totals(runs: Sequence[RunResult]) -> dict[str, Any]:
+    counts = sum((r.counts for r in runs), RunCounts())
     return {
-        "tokens": sum(len(r.tokens) for r in runs),
+        "tokens": counts.tokens,
         "seconds": round(sum(r.seconds for r in runs), 4),
-        "decode_seconds": round(seconds, 4),
-        "tok_s": round(tokens / seconds, 2) if seconds else 0.0,
-        "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
-        "tokens_per_pass": round(sum(len(r.tokens) for r in runs) / passes, 3) if passes else 0.0,
-        "overhead_ms_median": round(statistics.median(overheads) * 1000, 3) if overheads else 0.0,
+        "decode_seconds": round(counts.decode_seconds, 4),
+        "decode_tokens": counts.decode_tokens,
+        "tok_s": round(counts.decode_tps, 2),
+        "acceptance": round(counts.acceptance, 4),
+        "tokens_per_pass": round(counts.tokens_per_pass, 3),
+        "overhead_ms_median": _median_ms([o for r in runs for o in r.overheads]),
     }
 
 
-def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
-    from app.engine.session import EngineSession
+def _ratio(spec: Sequence[RunResult], base: Sequence[RunResult]) -> float:
+    s = sum((r.counts for r in spec), RunCounts()).decode_tps
+    b = sum((r.counts for r in base), RunCounts()).decode_tps
+    return s / b if b else 0.0
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    """The median speedup and its spread over repeats."""
+    return {"speedup": round(statistics.median(values), 3), "speedup_min": round(min(values), 3),
+            "speedup_max": round(max(values), 3)}
+
+
+E = TypeVar("E")
+
+
+def crash_sentence(event: EngineCrashed) -> str:
+    """One sentence for a worker that died: signal or status, phase, llama.cpp's last words, advice."""
+    how = f"was killed by {event.signal_name}" if event.signal_name else f"exited with status {event.exit_code}"
+    phase = {"load": "while loading the model", "generate": "while decoding"}.get(event.during, "while idle")
+    said = [line.strip() for line in event.last_log_lines if line.strip()][-2:]
+    last = f" (llama.cpp's last lines: {' / '.join(said)})" if said else ""
+    advice = ("the model file may be damaged or of a kind this llama.cpp build cannot run: check it with "
+              "`specdeck doctor --decode-check`, or try another model")
+    return f"llama.cpp {how} {phase}{last}; {advice}."
+
+
+def _await(client: Any, kind: type[E]) -> E:
+    """The reply of type ``kind`` to the request just sent; an engine error or crash raises."""
+    for event in client.events(timeout=WATCHDOG_SECONDS):
+        if isinstance(event, EngineCrashed):
+            raise EngineCrashedError(crash_sentence(event))
+        if isinstance(event, EngineError):
+            raise AppError(event.message)
+        if isinstance(event, kind):
+            return event
+    raise AppError("The engine ended the request without an answer.")  # pragma: no cover - events() raises
+
+
+def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
+    """Which run goes first, as (plain?, plain?): the order flips every repeat and every prompt."""
+    return (False, True) if (prompt_index + repeat) % 2 == 0 else (True, False)
+
+
+def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
+    """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
+    from app.ceiling.report import ceiling_summary
+
+    try:
+        return ceiling_summary(target, n_ctx)
+    except AppError:
+        return None
+
+
+def bench(args: Any, out: TextIO, *, client: Any = None) -> dict[str, Any]:
+    """Run the benchmark that ``args`` (the CLI's namespace) describes; print a table; return the report."""
+    from app.engine.client import EngineClient
 
     draft = DraftSettings(
         drafter_path=str(args.drafter) if args.drafter else None,
@@ -152,46 +229,96 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         k=args.k if args.k is not None else 4,
         k_max=args.k_max if args.k is None else max(args.k, 1),
     )
-    settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads)
+    settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx,
+                            n_threads=args.threads).validate()
     sampling = SamplingSettings(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p).validate()
+    repeats = getattr(args, "repeat", 1)
+    if repeats < 1:
+        raise SettingsError(f"--repeat must be at least 1, not {repeats}.")
     prompts = read_prompts(Path(args.prompts))
-    session = EngineSession(settings)
-    loaded = session.loaded_event()
+    own_client = client is None
+    client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+    try:
+        client.load(settings)
+        loaded = _await(client, Loaded)
+        return _measure(client, args, draft, sampling, prompts, repeats, loaded, out)
+    finally:
+        if own_client:
+            client.close()
+
+
+def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSettings,
+             prompts: list[list[dict[str, str]]], repeats: int, loaded: Loaded, out: TextIO) -> dict[str, Any]:
+    from app.library.pair_stats import drafter_key
+    from app.library.pair_stats import record as record_acceptance
+
+    verify_cost: list[tuple[int, float]] = []
+
+    def run(messages: list[dict[str, str]], plain: bool) -> RunResult:
+        client.bench_run(messages, sampling, plain)
+        result = _await(client, BenchResult)
+        verify_cost[:] = result.verify_cost  # what the cost model holds after the latest run
+        return RunResult.of(result)
+
     print(f"target {loaded.target.name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
           f"drafter {loaded.drafter.name if loaded.drafter else 'none'}, n-gram {draft.ngram or 'off'}, "
-          f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}", file=out)
+          f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}"
+          + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
+    print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "
+          f"{'τ':>5} {'same':>5}", file=out)
     rows: list[dict[str, Any]] = []
-    spec_runs: list[RunResult] = []
-    base_runs: list[RunResult] = []
-    header = f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'accept':>6} {'τ':>5} {'same':>5}"
-    print(header, file=out)
+    spec_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
+    base_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
+    key = drafter_key(draft.drafter_path, draft.ngram)
     for index, messages in enumerate(prompts):
-        prompt, _ = session.prompt_tokens(messages)
-        base = run_once(session, prompt, sampling, plain=True) if args.baseline else None
-        spec = run_once(session, prompt, sampling, plain=False)
-        spec_runs.append(spec)
-        if spec.stats is not None and (key := drafter_key(draft.drafter_path, draft.ngram)) is not None:
-            record_acceptance(str(args.target), key, spec.stats)
-        row: dict[str, Any] = {"index": index, "prompt_tokens": len(prompt), **spec.as_json()}
-        if base is not None:
-            base_runs.append(base)
+        specs: list[RunResult] = []
+        bases: list[RunResult] = []
+        firsts: list[str] = []
+        for r in range(repeats):
+            order = alternating_order(index, r) if args.baseline else (False,)
+            firsts.append("plain" if order[0] else "speculative")
+            for plain in order:
+                result = run(messages, plain)
+                (bases if plain else specs).append(result)
+        spec = specs[0]
+        for r in range(repeats):
+            spec_by_repeat[r].append(specs[r])
+            if bases:
+                base_by_repeat[r].append(bases[r])
+        for s in specs:
+            if s.stats is not None and key is not None:
+                record_acceptance(str(args.target), key, s.stats)
+        # The run fields are the first repeat's; "runs" has every repeat, "speedup" their median.
+        row: dict[str, Any] = {"index": index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
+        row["runs"] = [{"tok_s": round(s.decode_tps, 2), "first": first} for s, first in zip(specs, firsts,
+                                                                                             strict=True)]
+        spread = ""
+        if bases:
+            base = bases[0]
             n = min(len(base.tokens), len(spec.tokens))
-            agree = next((i for i in range(n) if base.tokens[i] != spec.tokens[i]), n)
             row["baseline"] = base.as_json()
-            row["speedup"] = round(spec.decode_tps / base.decode_tps, 3) if base.decode_tps else 0.0
-            row["identical"] = base.tokens == spec.tokens
-            row["agree_prefix"] = agree
+            ratios = [_ratio([s], [b]) for s, b in zip(specs, bases, strict=True)]
+            for run_json, b, ratio in zip(row["runs"], bases, ratios, strict=True):
+                run_json.update(baseline_tok_s=round(b.decode_tps, 2), speedup=round(ratio, 3))
+            row.update(_spread(ratios))
+            row["identical"] = all(b.tokens == s.tokens for s, b in zip(specs, bases, strict=True))
+            row["agree_prefix"] = next((i for i in range(n) if base.tokens[i] != spec.tokens[i]), n)
+            if repeats > 1:
+                spread = f"{row['speedup_min']:.2f}–{row['speedup_max']:.2f}"
         rows.append(row)
-        print(f"{index:>2} {len(spec.tokens):>6} {spec.decode_tps:>8.1f} "
-              f"{(base.decode_tps if base else 0):>8.1f} {row.get('speedup', 0):>7.2f} "
+        print(f"{index:>2} {len(spec.tokens):>6} {statistics.median(s.decode_tps for s in specs):>8.1f} "
+              f"{statistics.median(b.decode_tps for b in bases) if bases else 0:>8.1f} "
+              f"{row.get('speedup', 0):>7.2f} {spread:>11} "
               f"{row['acceptance']:>6.2f} {row['tokens_per_pass']:>5.2f} {row.get('identical', '-')!s:>5}",
               file=out)
-    total: dict[str, Any] = _aggregate(spec_runs)
-    if base_runs:
-        base_total = _aggregate(base_runs)
-        total["baseline"] = base_total
-        total["speedup"] = round(total["tok_s"] / base_total["tok_s"], 3) if base_total["tok_s"] else 0.0
+    all_spec = [s for runs in spec_by_repeat for s in runs]
+    total: dict[str, Any] = _totals(all_spec)
+    if args.baseline:
+        total["baseline"] = _totals([b for runs in base_by_repeat for b in runs])
+        per_repeat = [_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)]
+        total["speedups"] = [round(v, 3) for v in per_repeat]
+        total.update(_spread(per_repeat))
         total["identical"] = all(r.get("identical") for r in rows)
     report: dict[str, Any] = {
         "version": JSON_VERSION,
@@ -204,47 +331,38 @@ def bench(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         "temperature": sampling.temperature,
         "seed": sampling.seed,
         "max_tokens": sampling.max_tokens,
+        "repeat": repeats,
         "backend": loaded.backend,
-        "verify_cost_ms": {
-            str(w): round(t * 1000, 3) for w, t in sorted(session.decoder.controller.cost.widths.items())
-        },
+        "verify_cost_ms": {str(w): round(t * 1000, 3) for w, t in verify_cost},
         "prompts": rows,
         "total": total,
-        "ceiling": ceiling_for(session),
+        "ceiling": ceiling(str(args.target), loaded.n_ctx),
     }
     if args.raw:
-        prompt, _ = session.prompt_tokens(prompts[0])
-        raw_rates, eng_rates = [], []
-        plain = SamplingSettings(temperature=0.0, max_tokens=args.max_tokens)
-        for _ in range(3):
-            raw_rates.append(raw_decode_loop(session, prompt, args.max_tokens))
-            eng_rates.append(run_once(session, prompt, plain, plain=True).decode_tps)
-        raw, eng = statistics.median(raw_rates), statistics.median(eng_rates)
-        report["raw"] = {"bare_loop_tok_s": round(raw, 2), "engine_plain_tok_s": round(eng, 2),
-                         "ratio": round(eng / raw, 3) if raw else 0.0}
-        print(f"plain decode through the engine: {eng:.1f} tok/s; bare llama_decode loop: {raw:.1f} tok/s; "
-              f"ratio {eng / raw if raw else 0:.3f}", file=out)
+        report["raw"] = _raw(client, prompts[0], args.max_tokens, out)
     summary = (f"total: {total['tok_s']:.1f} tok/s, acceptance {total['acceptance']:.2f}, "
                f"τ {total['tokens_per_pass']:.2f}")
-    if base_runs:
-        summary += f", baseline {total['baseline']['tok_s']:.1f} tok/s, speedup {total['speedup']:.2f}x, " \
-                   f"identical {total['identical']}"
+    if args.baseline:
+        summary += f", baseline {total['baseline']['tok_s']:.1f} tok/s, speedup {total['speedup']:.2f}x"
+        if repeats > 1:
+            summary += f" (median of {repeats}; {total['speedup_min']:.2f}–{total['speedup_max']:.2f})"
+        summary += f", identical {total['identical']}"
     summary += f", Python overhead per pass {total['overhead_ms_median']:.3f} ms (median)"
     print(summary, file=out)
-    session.close()
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
     return report
 
 
-def ceiling_for(session: Any) -> dict[str, Any] | None:
-    """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
-    try:
-        from app.ceiling.report import ceiling_summary
-    except ImportError:
-        return None
-    try:
-        result: dict[str, Any] | None = ceiling_summary(session.settings.target_path, session.ctx.n_ctx)
-        return result
-    except AppError:
-        return None
+def _raw(client: Any, messages: list[dict[str, str]], max_tokens: int, out: TextIO) -> dict[str, Any]:
+    """The bare llama_decode loop against plain decoding through the engine, alternating, three times."""
+    plain = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
+    raw_rates, eng_rates = [], []
+    for _ in range(3):
+        client.raw_decode(max_tokens)
+        raw_rates.append(_await(client, RawDecoded).tokens_per_second)
+        client.bench_run(messages, plain, True)
+        eng_rates.append(RunResult.of(_await(client, BenchResult)).decode_tps)
+    raw, eng = statistics.median(raw_rates), statistics.median(eng_rates)
+    print(f"plain decode through the engine: {eng:.1f} tok/s; bare llama_decode loop: {raw:.1f} tok/s; "
+          f"ratio {eng / raw if raw else 0:.3f}", file=out)
+    return {"bare_loop_tok_s": round(raw, 2), "engine_plain_tok_s": round(eng, 2),
+            "ratio": round(eng / raw, 3) if raw else 0.0}

@@ -19,6 +19,8 @@ from typing import Any
 
 from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
+    BenchResult,
+    BenchRun,
     Cancel,
     EngineCrashed,
     EngineError,
@@ -28,6 +30,8 @@ from app.events import (
     Load,
     Loaded,
     LoadProgress,
+    RawDecode,
+    RawDecoded,
     Request,
     Shutdown,
     Unload,
@@ -60,6 +64,7 @@ class EngineClient:
         self.state = "stopped"  # stopped, idle, load, generate
         self._last_heard = time.monotonic()
         self.crashes_on_load = 0
+        self.gpu_offload = False  # from the last Loaded: crash advice mentions the GPU only when one is used
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -135,6 +140,24 @@ class EngineClient:
         self._send(Generate(request_id, tuple(messages), sampling))
         return request_id
 
+    def bench_run(self, messages: list[dict[str, str]], sampling: SamplingSettings, plain: bool) -> int:
+        """Time one answer inside the worker (`specdeck bench`); the reply is one ``BenchResult``."""
+        sampling.validate()
+        request_id = next(self._ids)
+        self.start()
+        self.state = "generate"
+        self._send(BenchRun(request_id, tuple(messages), sampling, plain))
+        return request_id
+
+    def raw_decode(self, n_tokens: int, text: str = "") -> int:
+        """Bare greedy decodes on the loaded target (bench --raw, the decode check); the reply is one
+        ``RawDecoded``."""
+        request_id = next(self._ids)
+        self.start()
+        self.state = "generate"
+        self._send(RawDecode(request_id, n_tokens, text))
+        return request_id
+
     def cancel(self, request_id: int) -> None:
         if self.alive:
             self._send(Cancel(request_id))
@@ -169,13 +192,13 @@ class EngineClient:
             signal_name=sig,
             during=during,
             last_log_lines=self.log_tail(),
-            message=message or self._explain(code, sig, during),
+            message=message or self._explain(code, sig, during, self.gpu_offload),
         )
         self.kill()
         return event
 
     @staticmethod
-    def _explain(code: int | None, sig: str | None, during: str) -> str:
+    def _explain(code: int | None, sig: str | None, during: str, gpu: bool = False) -> str:
         what = {"load": "while loading the model", "generate": "while generating", "idle": "while idle"}.get(
             during, ""
         )
@@ -184,7 +207,8 @@ class EngineClient:
             "load": "The model may be damaged, or there was not enough memory: try fewer GPU layers, a smaller "
             "context or a smaller KV cache type.",
             "generate": "This is often the GPU running out of memory: try a smaller context, fewer GPU layers, "
-            "or close other programs using the GPU.",
+            "or close other programs using the GPU." if gpu else "This is often the computer running out of "
+            "memory: try a smaller context or model, or close other programs.",
         }.get(during, "")
         return f"The engine {how} {what}. {advice} Your chat is safe; restart the engine to go on.".replace(
             "  ", " "
@@ -216,19 +240,24 @@ class EngineClient:
         if isinstance(event, Loaded):
             self.state = "idle"
             self.crashes_on_load = 0
-        elif isinstance(event, Finished | Unloaded) or (isinstance(event, EngineError) and self.state != "idle"):
+            self.gpu_offload = event.gpu_offload
+        elif isinstance(event, Finished | BenchResult | RawDecoded | Unloaded) or (
+            isinstance(event, EngineError) and self.state != "idle"
+        ):
             self.state = "idle"
         return event
 
     def events(self, timeout: float = 600.0) -> Iterator[Event]:
-        """Events until the current request ends (Loaded, Finished, EngineError, EngineCrashed)."""
+        """Events until the current request ends (Loaded, Finished, BenchResult, RawDecoded, EngineError,
+        EngineCrashed, Unloaded)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             event = self.poll(0.1)
             if event is None:
                 continue
             yield event
-            if isinstance(event, Loaded | Finished | EngineError | EngineCrashed | Unloaded):
+            if isinstance(event, Loaded | Finished | BenchResult | RawDecoded | EngineError | EngineCrashed
+                          | Unloaded):
                 return
         raise TimeoutError(f"no answer from the engine within {timeout:.0f} s")
 

@@ -1,8 +1,8 @@
 """Drafters propose tokens for the target to verify.
 
 ``NGramDrafter`` looks the last n tokens up in a map of what followed them earlier (prompt and output);
-``ModelDrafter`` runs a small GGUF with the same vocabulary in its own context; ``StackedDrafter`` lets
-the free n-gram draft go first and the model fill the rest.
+``ModelDrafter`` runs a small GGUF with the same vocabulary in its own context. The decoder lets the
+free n-gram draft go first and the model fill the rest.
 """
 
 from __future__ import annotations
@@ -10,15 +10,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from app.engine.params import SamplingSettings
 from app.engine import sampling
-from app.engine.llama import Context, Model
+from app.engine.params import SamplingSettings
 from app.engine.sampling import Dist
 from app.events import FROM_MODEL, FROM_NGRAM
+
+if TYPE_CHECKING:  # the n-gram drafter is plain Python; only the model drafter drives llama.cpp
+    from app.engine.llama import Context, Model
 
 
 @dataclass
@@ -96,7 +99,14 @@ class NGramDrafter:
             if not spots:
                 continue
             reach, start = max((self._reach(i, m), i) for i in spots)
-            cont = seq[start : start + k]
+            cont = list(seq[start : start + k])
+            period = len(seq) - start
+            if reach >= period:
+                # The text repeats with this period (at least one whole period matched): past the end of what
+                # is known the continuation goes on with itself, so "aye, aye, ..." is drafted to full
+                # depth instead of being cut where the text ends.
+                while len(cont) < k:
+                    cont.append(cont[len(cont) - period])
             return Draft(tokens=list(cont), q=[None] * len(cont), sources=[FROM_NGRAM] * len(cont), match_len=reach)
         return Draft()
 
@@ -109,31 +119,28 @@ class ModelDrafter:
         self.model = model
         self.ctx = ctx
         self.p_min = p_min
-        self._cached: list[int] = []  # tokens whose KV is in ctx
-        self._next_row: npt.NDArray[np.float32] | None = None  # logits after _cached (copied)
+        self._next_row: npt.NDArray[np.float32] | None = None  # logits after ctx.tokens (copied)
 
     def reset(self) -> None:
         self.ctx.clear()
-        self._cached = []
         self._next_row = None
 
-    def _sync(self, tokens: Sequence[int]) -> None:
-        """Roll back to the common prefix with ``tokens`` and decode what is missing (catch-up)."""
-        common = 0
-        cached = self._cached
-        limit = min(len(cached), len(tokens))
-        while common < limit and cached[common] == tokens[common]:
-            common += 1
-        if common == len(tokens) and common == len(cached) and self._next_row is not None:
-            return
+    def _sync(self, tokens: Sequence[int]) -> bool:
+        """Roll back to the common prefix with ``tokens`` and decode what is missing (catch-up).
+
+        True when a catch-up decode ran (one drafter step: a few tokens in one batch cost about one).
+        """
+        common = self.ctx.common_prefix(tokens)
+        if common == len(tokens) == self.ctx.n_past and self._next_row is not None:
+            return False
         if common == len(tokens):  # the whole context is cached but we need its last logits again
             common -= 1
         self.ctx.truncate(common)
-        del cached[common:]
-        missing = list(tokens[common:])
-        row = self.ctx.prefill(missing)
-        cached.extend(missing)
+        if common == 0:
+            self.ctx.clear()
+        row = self.ctx.prefill(list(tokens[common:]))
         self._next_row = np.array(row[-1], copy=True)
+        return True
 
     def propose(
         self,
@@ -151,7 +158,8 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return draft
-        self._sync(tokens)
+        if self._sync(tokens):
+            draft.model_steps += 1
         row = self._next_row
         assert row is not None
         history = list(recent) if recent is not None else []
@@ -161,7 +169,7 @@ class ModelDrafter:
             # Decide to stop before sampling, from the row alone: stopping on the probability of the token
             # just sampled would drop unlikely draws and skew the output towards confident tokens (no
             # longer lossless: the acceptance test assumes the draft was drawn from q itself).
-            conf = _top_prob(row) if settings.greedy else float(dist.probs[0])
+            conf = _top_prob(row) if settings.greedy else float(dist.probs.max())
             if i > 0 and conf < self.p_min:
                 break
             tok = dist.top if settings.greedy else dist.sample(rng)
@@ -171,28 +179,12 @@ class ModelDrafter:
             history.append(tok)
             if i + 1 < k:
                 row = np.array(self.ctx.decode([tok])[-1], copy=True)
-                self._cached.append(tok)
                 self._next_row = row
                 draft.model_steps += 1
         draft.model_seconds = time.perf_counter() - t0
-        draft.model_steps = max(draft.model_steps, 1)
         return draft
 
 
 def _top_prob(row: npt.NDArray[np.float32]) -> float:
     m = float(row.max())
     return float(1.0 / np.exp(row - m, dtype=np.float32).sum(dtype=np.float64))
-
-
-class StackedDrafter:
-    """N-gram first (free), the model drafter fills what is left of the depth."""
-
-    def __init__(self, ngram: NGramDrafter | None, model: ModelDrafter | None) -> None:
-        self.ngram = ngram
-        self.model = model
-
-    def reset(self) -> None:
-        if self.ngram:
-            self.ngram.reset()
-        if self.model:
-            self.model.reset()

@@ -11,6 +11,7 @@ import codecs
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,10 @@ KV_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 # llama.cpp's vocab type enum, named as GGUF's tokenizer.ggml.model spells it.
 VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "bert", 4: "t5", 5: "rwkv", 6: "plamo2"}
+
+# Sliding-window layers keep every position's cells: rolling back rejected drafts and reusing an earlier
+# turn's prefix need the cells a trimmed window would already have dropped.
+SWA_FULL = True
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -223,8 +228,9 @@ class ContextParams:
 class Context:
     """One llama.cpp context (KV cache) on a model, sequence 0 only.
 
-    ``n_past`` is the number of tokens in the KV cache; the caller keeps it honest through
-    ``decode`` and ``truncate``.
+    ``tokens`` records which tokens are in the KV cache, kept by ``decode``, ``truncate`` and ``clear``
+    themselves: every user of the context (both decoders of a session, a drafter) reads the same record,
+    so none can reuse a prefix another one has since overwritten.
     """
 
     def __init__(self, model: Model, params: ContextParams) -> None:
@@ -241,6 +247,7 @@ class Context:
         cp.type_k = KV_GGML_TYPES[params.kv_type]
         cp.type_v = KV_GGML_TYPES[params.kv_type]
         cp.no_perf = True
+        cp.swa_full = SWA_FULL
         self._ptr = lc.llama_init_from_model(model._ptr, cp)
         if not self._ptr:
             raise EngineLoadError(
@@ -251,7 +258,7 @@ class Context:
         self.n_ctx = int(lc.llama_n_ctx(self._ptr))
         self.n_batch = int(lc.llama_n_batch(self._ptr))
         self.n_vocab = model.n_vocab
-        self.n_past = 0
+        self.tokens: list[int] = []
         self._mem = lc.llama_get_memory(self._ptr)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._tok = self._batch.token
@@ -288,7 +295,7 @@ class Context:
                 f"llama.cpp failed to decode a batch of {n} tokens (code {rc}): "
                 + ("no room in the KV cache." if rc == 1 else "the backend reported an error.")
             )
-        self.n_past += n
+        self.tokens.extend(tokens)
         rows = n if all_logits else 1
         ptr = lc.llama_get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
@@ -302,6 +309,22 @@ class Context:
             raise ValueError("prefill needs at least one token")
         return out
 
+    def greedy_loop(self, first: int, n_tokens: int) -> tuple[int, float]:
+        """Decode one token at a time, each the argmax of the one before, starting with ``first``.
+
+        The bare llama_decode loop (no sampling, no bookkeeping): llama.cpp's own decode speed, and the
+        decode check. Returns (tokens decoded, seconds); stops early when the context is full.
+        """
+        tok, done = first, 0
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            if self.n_past + 1 > self.n_ctx:
+                break
+            tok = int(np.argmax(self.decode([tok])[-1]))
+            done += 1
+        self.synchronize()
+        return done, time.perf_counter() - t0
+
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position from ``n_keep`` on (rollback after rejected drafts)."""
         if n_keep >= self.n_past:
@@ -311,11 +334,32 @@ class Context:
                 "This model's cache cannot be rolled back (recurrent or hybrid architecture); "
                 "speculative decoding is not possible with it."
             )
-        self.n_past = n_keep
+        del self.tokens[n_keep:]
 
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
-        self.n_past = 0
+        self.tokens = []
+
+    @property
+    def n_past(self) -> int:
+        """How many tokens the KV cache holds."""
+        return len(self.tokens)
+
+    def common_prefix(self, wanted: Sequence[int]) -> int:
+        """How many leading tokens of ``wanted`` the cache already holds."""
+        have, common = self.tokens, 0
+        limit = min(len(have), len(wanted))
+        while common < limit and have[common] == wanted[common]:
+            common += 1
+        return common
+
+    def reuse_prefix(self, wanted: Sequence[int]) -> None:
+        """Keep the cached prefix shared with ``wanted`` and drop the rest (a new turn of the same chat)."""
+        common = self.common_prefix(wanted)
+        if common == 0:
+            self.clear()
+        else:
+            self.truncate(common)
 
     def synchronize(self) -> None:
         lc.llama_synchronize(self._ptr)
@@ -328,16 +372,3 @@ class Context:
 
     def __del__(self) -> None:
         self.close()
-
-
-def kv_bytes_per_token(model: Model, kv_type: str = "f16") -> int:
-    """Bytes the KV cache takes per token of context, read from the model (SWA layers counted fully)."""
-    n_layer = model.n_layer
-    n_head_kv = int(lc.llama_model_n_head_kv(model._ptr))
-    n_head = max(int(lc.llama_model_n_head(model._ptr)), 1)
-    n_embd = int(lc.llama_model_n_embd(model._ptr))
-    arch = model.meta("general.architecture") or ""
-    k_dim = int(model.meta(f"{arch}.attention.key_length") or n_embd // n_head)
-    v_dim = int(model.meta(f"{arch}.attention.value_length") or n_embd // n_head)
-    per_elem = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}[kv_type]
-    return int(n_layer * n_head_kv * (k_dim + v_dim) * per_elem)

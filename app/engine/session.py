@@ -11,16 +11,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from app.library.compat import CompatResult, VocabInfo, check_compatible
-from app.engine.params import LoadSettings, SamplingSettings
-from app.engine.adaptive import DepthController
-from app.engine.chat_template import builtin_template, clean_messages, render_chat
-from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.ceiling.backend import backend_name
-from app.engine.llama import Context, ContextParams, Model, init_backend, kv_bytes_per_token
+from app.ceiling.roofline import ModelShape, kv_bytes_per_token, kv_cache_bytes
+from app.engine.adaptive import DepthController
+from app.engine.chat_template import clean_messages, render_chat
+from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
+from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
+from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
 from app.library.model_file import check_model_file
 
@@ -157,10 +158,17 @@ class EngineSession:
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         self.decoder = SpeculativeDecoder(self.target, self.ctx, ngram=ngram, drafter=model_drafter,
                                           controller=controller)
-        self.kv_per_token = kv_bytes_per_token(self.target, settings.kv_type)
+        # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.
+        shapes = [ModelShape.from_gguf(self.target_info)]
+        if model_drafter is not None:
+            shapes.append(ModelShape.from_gguf(drafter_info) if drafter_info is not None else shapes[0])
+        self.kv_per_token = kv_bytes_per_token(shapes[0], settings.kv_type)
         self.decoder.kv_bytes_per_token = self.kv_per_token
-        self.drafter_kv_per_token = (
-            kv_bytes_per_token(self.drafter_model, settings.kv_type) if self.drafter_model else 0
+        self.drafter_kv_per_token = kv_bytes_per_token(shapes[1], settings.kv_type) if len(shapes) > 1 else 0
+        self.kv_bytes_total = sum(
+            kv_cache_bytes(shape, self.ctx.n_ctx, settings.kv_type, swa_full=SWA_FULL, n_ubatch=self.ctx.n_batch,
+                           n_batch=self.ctx.n_batch)
+            for shape in shapes
         )
         # Every width the policy may choose is timed: on a CPU the cost is far from linear in width.
         self.decoder.calibrate(widths=range(1, k_max + 2))
@@ -180,7 +188,7 @@ class EngineSession:
             backend=backend_name(),
             gpu_offload=backend_name() != "cpu" and self.settings.n_gpu_layers != 0,
             kv_bytes_per_token=per_token,
-            kv_bytes_total=per_token * self.ctx.n_ctx,
+            kv_bytes_total=self.kv_bytes_total,
             load_seconds=self.load_seconds,
             plain_tps=self.decoder.plain_tps or 0.0,
         )
@@ -198,21 +206,18 @@ class EngineSession:
         eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
         messages, clean_notes = clean_messages(messages)  # the renderer sees clean text: keep its notes
         template = model.chat_template()
-        note = None
-        if not template:
-            template = builtin_template(model.meta("general.architecture") or "")
-            if template:
-                note = "The model file has no chat template; its architecture's known format was used."
-        rendered = render_chat(template, messages, bos_text, eos_text)
+        architecture = model.meta("general.architecture") or ""
+        rendered = render_chat(template, messages, bos_text, eos_text, architecture=architecture)
         text = rendered.text
         tokens: list[int] = []
         if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
             tokens.append(model.bos)
         for piece, is_content in split_contents(
-            text, messages, lambda msgs: render_chat(template, msgs, bos_text, eos_text).text
+            text, messages,
+            lambda msgs: render_chat(template, msgs, bos_text, eos_text, architecture=architecture).text,
         ):
             tokens += model.tokenize(piece, parse_special=not is_content)
-        return tokens, " ".join(w for w in (note, rendered.warning, *clean_notes) if w) or None
+        return tokens, " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -222,7 +227,7 @@ class EngineSession:
                  decoder: SpeculativeDecoder | None = None) -> Iterator[Event]:
         sampling.validate()
         decoder = decoder or self.decoder
-        tokens = list(prompt) if prompt is not None else self.prompt_tokens(messages)[0]
+        tokens, warning = (list(prompt), None) if prompt is not None else self.prompt_tokens(messages)
         if len(tokens) >= self.ctx.n_ctx:
             raise PromptTooLongError(
                 f"The prompt is {len(tokens)} tokens but the context holds {self.ctx.n_ctx}; "
@@ -236,7 +241,7 @@ class EngineSession:
                                        cancelled=cancelled):
             if not announced:
                 announced = True
-                yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds)
+                yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds, warning)
             if hasattr(event, "text"):
                 pieces.append(event.text)
             yield event

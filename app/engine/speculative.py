@@ -15,13 +15,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.engine.params import SamplingSettings
 from app.engine import sampling
-from app.engine.adaptive import DepthController, PositionAcceptance
+from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, Detokenizer, Model
+from app.engine.params import SamplingSettings
 from app.errors import PromptTooLongError
-from app.events import FROM_MODEL, FROM_NGRAM, FROM_TARGET, MessageStats, PassStats, Token
+from app.events import (
+    FROM_MODEL,
+    FROM_NGRAM,
+    FROM_TARGET,
+    MessageStats,
+    PassStats,
+    RunCounts,
+    Token,
+    acceptance,
+    decode_rate,
+)
 
 
 @dataclass
@@ -33,6 +43,7 @@ class RunTotals:
     t_request: float = 0.0
     t_first_token: float = 0.0
     t_last_token: float = 0.0
+    first_pass_tokens: int = 0  # emitted by the first pass, which ends at t_first_token
     tokens: int = 0
     passes: int = 0
     drafted: int = 0
@@ -52,47 +63,36 @@ class RunTotals:
                 break
             self.pos_accepted[i] += 1
 
+    def counts(self) -> RunCounts:
+        """The answer's counts; its decode window runs from the end of the first pass to the last token."""
+        return RunCounts(
+            tokens=self.tokens, passes=self.passes, drafted=self.drafted, accepted=self.accepted,
+            decode_tokens=max(self.tokens - self.first_pass_tokens, 0),
+            decode_seconds=max(self.t_last_token - self.t_first_token, 0.0),
+        )
+
     def summary(self, plain_tps: float | None) -> MessageStats:
-        decode_s = max(self.t_last_token - self.t_first_token, 0.0)
-        decode_tokens = max(self.tokens - 1, 0)
-        decode_tps = decode_tokens / decode_s if decode_s > 0 else 0.0
+        counts = self.counts()
+        decode_tps = counts.decode_tps
         return MessageStats(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.tokens,
             ttft_seconds=max(self.t_first_token - self.t_request, 0.0) if self.tokens else 0.0,
-            prefill_tps=self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0,
+            prefill_tps=decode_rate(self.prompt_tokens, self.prefill_seconds),
             decode_tps=decode_tps,
-            decode_seconds=decode_s,
+            decode_seconds=counts.decode_seconds,
             passes=self.passes,
             drafted=self.drafted,
             accepted=self.accepted,
-            acceptance=self.accepted / self.drafted if self.drafted else 0.0,
-            tokens_per_pass=self.tokens / self.passes if self.passes else 0.0,
+            acceptance=counts.acceptance,
+            tokens_per_pass=counts.tokens_per_pass,
             per_position_acceptance=tuple(
-                a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted, strict=True)
+                acceptance(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted, strict=True)
             ),
             k_history=tuple(self.k_history),
             speedup_estimate=decode_tps / plain_tps if plain_tps and decode_tps else 1.0,
+            decode_tokens=counts.decode_tokens,
         )
-
-
-@dataclass
-class _Shadow:
-    """An n-gram proposal, compared token by token with what the target emits from there on."""
-
-    rates: PositionAcceptance
-    tokens: list[int]
-    scored: int = 0
-
-    def score(self, emitted: Sequence[int]) -> bool:
-        """Score the next emitted tokens; True once the outcome is known (first miss or proposal's end)."""
-        for tok in emitted:
-            ok = self.tokens[self.scored] == tok
-            self.rates.update_at(self.scored, ok)
-            self.scored += 1
-            if not ok or self.scored == len(self.tokens):
-                return True
-        return False
 
 
 @dataclass
@@ -120,7 +120,6 @@ class SpeculativeDecoder:
         self.k_cap = max(0, ctx.n_batch - 1)
         self.plain_tps: float | None = None  # measured plain decode rate, for the speedup estimate
         self.kv_bytes_per_token = 0
-        self._ctx_tokens: list[int] = []
 
     def plain_rate(self) -> float | None:
         """Tokens per second of plain decoding here, from the recent one-token passes (or calibration)."""
@@ -130,7 +129,6 @@ class SpeculativeDecoder:
     def reset_cache(self) -> None:
         """Forget every cached token (target and drafters), as before a fresh, comparable run."""
         self.ctx.clear()
-        self._ctx_tokens = []
         if self.drafter is not None:
             self.drafter.reset()
         if self.ngram is not None:
@@ -207,18 +205,17 @@ class SpeculativeDecoder:
         totals.prompt_tokens = len(prompt)
         # Reuse the KV cache of a shared prefix (an earlier turn of the same chat).
         tokens: list[int] = list(prompt)
-        self._reuse_prefix(tokens[:-1])
+        ctx.reuse_prefix(tokens[:-1])
         t0 = time.perf_counter()
         if ctx.n_past < len(tokens) - 1:
             ctx.prefill(tokens[ctx.n_past : -1])
         ctx.synchronize()
         totals.prefill_seconds = time.perf_counter() - t0
-        self._ctx_tokens = tokens[:-1]
         if self.ngram is not None:
             self.ngram.observe(tokens)
 
         produced = 0
-        shadows: list[_Shadow] = []  # n-gram proposals still being scored against the output
+        controller.start_answer()
         while True:
             if cancelled is not None and cancelled():
                 stop.reason = "cancelled"
@@ -234,8 +231,9 @@ class SpeculativeDecoder:
             t_pass = time.perf_counter()
             # --- draft ---
             ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
-            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len,
-                                  probe=self.drafter is not None or not greedy)
+            # Probes also run in greedy n-gram mode, where acceptance is scored without drafting: they keep
+            # the cost of a wide pass measured.
+            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len)
             k = max(0, min(k, self.k_cap, room - 1, remaining - 1))
             draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
             if self.drafter is not None and len(draft) < k:
@@ -249,6 +247,7 @@ class SpeculativeDecoder:
             t_verified = time.perf_counter()
             # --- accept ---
             emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize)
+            t_accepted = time.perf_counter()
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
             # --- bookkeeping ---
@@ -256,15 +255,10 @@ class SpeculativeDecoder:
                 # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
                 # is scored against what the target emits: acceptance at every depth stays measured,
                 # also while the policy drafts little or nothing.
-                # One proposal per match-length bucket at a time: consecutive proposals in a copy overlap,
-                # and scoring them all would count the same tokens many times over.
-                if ng_draft.tokens:
-                    bucket = controller.ngram_buckets[controller.bucket(ng_draft.match_len)]
-                    if all(sh.rates is not bucket for sh in shadows):
-                        shadows.append(_Shadow(bucket, ng_draft.tokens))
-                shadows = [sh for sh in shadows if not sh.score(emitted)]
+                controller.score_proposal(ng_draft.tokens, ng_draft.match_len, emitted)
             controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy)
-            controller.cost.observe_verify(len(draft) + 1, t_verified - t_drafted)
+            # A pass of this width costs its decode plus building a distribution per row to accept from.
+            controller.cost.observe_verify(len(draft) + 1, t_accepted - t_drafted)
             if draft.model_steps:
                 controller.cost.observe_draft(draft.model_steps, draft.model_seconds)
             stop_now = False
@@ -285,6 +279,7 @@ class SpeculativeDecoder:
             if out_ids:
                 if totals.tokens == 0:
                     totals.t_first_token = now
+                    totals.first_pass_tokens = len(out_ids)
                 totals.t_last_token = now
             totals.tokens += len(out_ids)
             totals.passes += 1
@@ -310,6 +305,7 @@ class SpeculativeDecoder:
                 kv_bytes_used=ctx.n_past * self.kv_bytes_per_token,
                 verify_width=len(draft) + 1,
                 overhead_seconds=overhead,
+                accept_seconds=t_accepted - t_verified,
             )
             if stop_now:
                 stop.reason = "eog"
@@ -319,17 +315,6 @@ class SpeculativeDecoder:
             yield Token(request_id, tail, (), (), ())
         # Keep the KV of every token but the last emitted one, ready for the next turn's prefix reuse.
         ctx.truncate(min(ctx.n_past, len(tokens) - 1))
-        self._ctx_tokens = tokens[: ctx.n_past]
-
-    def _reuse_prefix(self, wanted: list[int]) -> None:
-        have = self._ctx_tokens
-        common = 0
-        limit = min(len(have), len(wanted), self.ctx.n_past)
-        while common < limit and have[common] == wanted[common]:
-            common += 1
-        self.ctx.truncate(common)
-        if common == 0:
-            self.ctx.clear()
 
     def _accept(
         self,

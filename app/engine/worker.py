@@ -14,12 +14,14 @@ from typing import Any
 
 from app.errors import AppError
 from app.events import (
+    BenchRun,
     Cancel,
     EngineError,
     Generate,
     Load,
     LoadProgress,
     Log,
+    RawDecode,
     Shutdown,
     Unload,
     Unloaded,
@@ -67,6 +69,8 @@ class Worker:
                     self.load(request)
                 elif isinstance(request, Generate):
                     self.generate(request)
+                elif isinstance(request, BenchRun | RawDecode):
+                    self.measure(request)
                 elif isinstance(request, Unload):
                     self.unload()
                     self.send(Unloaded())
@@ -101,6 +105,18 @@ class Worker:
         if self.session is not None:
             self.session.close()
             self.session = None
+
+    def measure(self, request: BenchRun | RawDecode) -> None:
+        """A timed run for `specdeck bench` or a decode check: one request, one reply, no chatter."""
+        from app.engine.bench import bench_run, raw_decode
+
+        if self.session is None:
+            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
+                                  request_id=request.request_id))
+        elif isinstance(request, BenchRun):
+            self.send(bench_run(self.session, request))
+        else:
+            self.send(raw_decode(self.session, request))
 
     def generate(self, request: Generate) -> None:
         if self.session is None:

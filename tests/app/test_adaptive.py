@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from app.engine.adaptive import CostModel, DepthController, expected_tokens
+import random
+
+from app.engine.adaptive import (
+    EXPLORE_DEPTH,
+    PROBE_BUDGET,
+    PROBE_K,
+    CostModel,
+    DepthController,
+    PositionAcceptance,
+    expected_tokens,
+)
+from app.engine.drafters import NGramDrafter
+from app.events import FROM_MODEL, FROM_NGRAM
 
 
 def controller(costs: dict[int, float], k_max: int = 8) -> DepthController:
@@ -47,10 +59,16 @@ def test_backs_off_to_zero_when_drafts_miss_and_comes_back_when_they_hit() -> No
     assert c.choose(8, False, match_len=20, probe=False) >= 4
 
 
+def measured(c: DepthController, bucket: int, rate: float) -> None:
+    """Give a bucket ``rate`` at every position, as if each had been measured."""
+    c.ngram_buckets[bucket].rates = [rate] * c.k_max
+    c.ngram_buckets[bucket].seen = [10] * c.k_max
+
+
 def test_the_same_acceptance_drafts_deeper_where_wide_passes_are_cheap() -> None:
     cpu, gpu = controller(cpu_costs()), controller(gpu_costs())
     for c in (cpu, gpu):
-        c.ngram_buckets[2].rates = [0.6] * 8
+        measured(c, 2, 0.6)
     k_cpu = cpu.choose(8, False, match_len=10, probe=False)
     k_gpu = gpu.choose(8, False, match_len=10, probe=False)
     assert k_cpu <= 1  # 0.6 acceptance barely pays for one more token at 1.57x the cost
@@ -61,13 +79,13 @@ def test_prefers_a_cheap_width_over_a_slightly_shorter_expensive_one() -> None:
     costs = cpu_costs()
     costs[8] = costs[5]  # like llama.cpp's repacked Q4_K: 8 rows cost about what 5 do
     c = controller(costs)
-    c.ngram_buckets[3].rates = [0.95] * 8
+    measured(c, 3, 0.95)
     assert c.choose(8, False, match_len=30, probe=False) == 7
 
 
 def test_never_drafts_more_than_the_ngram_offers_without_a_model() -> None:
     c = controller(gpu_costs())
-    c.ngram_buckets[3].rates = [0.99] * 8
+    measured(c, 3, 0.99)
     assert c.choose(3, False, match_len=30, probe=False) == 3
 
 
@@ -83,3 +101,135 @@ def test_fixed_depth_ignores_the_measurements() -> None:
     assert c.choose(8, False) == 5
     assert c.choose(2, False) == 2  # an n-gram draft of two tokens cannot be made longer
     assert c.choose(0, True) == 5
+
+
+# --- evidence, priors and the slow start -----------------------------------------------------------
+
+# Target pass cost by width on a 2-core AVX2 CPU (Gemma-3-270M, issue 12), in seconds; widths between are
+# interpolated by the cost model, as for a width that was never measured.
+SLOW_CPU = {1: 0.0191, 2: 0.0361, 4: 0.0592, 8: 0.0962, 16: 0.164}
+
+
+def simulate(stream: list[int], prompt_len: int, costs: dict[int, float], k_max: int = 16) -> list[int]:
+    """Greedy n-gram decoding of ``stream`` (the target's answer is fixed, as greedy output is), one pass at
+    a time, with the decoder's bookkeeping; returns the depth chosen at each pass."""
+    c = controller(costs, k_max=k_max)
+    ngram = NGramDrafter(3)
+    tokens = list(stream[:prompt_len])
+    ks: list[int] = []
+    c.start_answer()
+    while len(tokens) < len(stream):
+        proposal = ngram.propose(tokens, c.k_max)
+        k = c.choose(len(proposal), False, proposal.match_len, probe=False)
+        at = len(tokens)
+        accepted: list[bool] = []
+        for i, tok in enumerate(proposal.tokens[:k]):
+            accepted.append(at + i < len(stream) and stream[at + i] == tok)
+            if not accepted[-1]:
+                break
+        emitted = stream[at : at + sum(accepted) + 1]
+        c.score_proposal(proposal.tokens, proposal.match_len, emitted)
+        c.observe(proposal.sources[: len(accepted)], accepted, proposal.match_len, ngram_scored_elsewhere=True)
+        tokens += emitted
+        ks.append(k)
+    return ks
+
+
+def test_first_outcomes_outweigh_the_prior() -> None:
+    rates = PositionAcceptance(4, prior=0.3)
+    for _ in range(3):
+        rates.update_at(0, True)
+    assert rates.rate(0) > 0.7  # a decayed mean alone would still be at 0.57
+    for _ in range(40):
+        rates.update_at(0, False)
+    assert rates.rate(0) < 0.05  # and later outcomes still decay the old ones away
+
+
+def test_a_long_match_starts_from_the_shorter_matches_evidence() -> None:
+    c = DepthController(k_max=4)
+    feed(c, match_len=10, hits=True, times=6, depth=4)
+    long_match = c.ngram_buckets[c.bucket(30)]
+    assert long_match.seen == [0] * 4
+    assert long_match.rate(0) >= c.ngram_buckets[c.bucket(10)].rate(0) > long_match.prior
+    assert long_match.measured_depth() == 4
+    feed(c, match_len=30, hits=False, times=1, depth=4)
+    assert long_match.rate(0) < c.ngram_buckets[c.bucket(10)].rate(0)  # its own outcomes count from then on
+
+
+def test_no_history_never_drafts_deep_blindly() -> None:
+    c = controller(gpu_costs(16), k_max=16)
+    first = c.choose(16, False, match_len=40, probe=False)
+    assert 1 <= first <= EXPLORE_DEPTH  # the prior says a long match is a copy, but nothing was measured
+    c.ngram_buckets[3].update([True] * 16)
+    assert c.choose(16, False, match_len=40, probe=False) == 16  # one all-accepted draft of 16 is evidence
+
+
+def test_a_copy_starts_drafting_within_a_few_tokens_on_a_slow_cpu() -> None:
+    rng = random.Random(5)
+    code = [rng.randrange(100, 400) for _ in range(150)]
+    instruction = list(range(10, 20))
+    stream = code + instruction + code  # the answer copies the code whole
+    ks = simulate(stream, len(code) + len(instruction), SLOW_CPU)
+    first_draft = next(i for i, k in enumerate(ks) if k > 0)
+    assert first_draft <= 15, ks[:40]
+    assert max(ks) >= 8  # wide drafts once the copy is measured
+    assert len(ks) < len(code) / 3  # the whole copy took few passes
+
+
+def test_an_endless_repetition_is_drafted_to_full_depth() -> None:
+    aye, comma = 500, 501
+    prompt = list(range(10, 30))
+    stream = prompt + [aye, comma] * 200
+    ks = simulate(stream, len(prompt), SLOW_CPU)
+    first_draft = next(i for i, k in enumerate(ks) if k > 0)
+    assert first_draft <= 15, ks[:40]
+    assert ks[-5:] == [16] * 5, ks[-20:]  # the proposal repeats the period to full depth, every pass
+
+
+def test_ngram_proposal_continues_a_short_period_to_full_depth() -> None:
+    ngram = NGramDrafter(3)
+    tokens = [7, 8, 9] + [1, 2] * 4
+    draft = ngram.propose(tokens, 6)
+    assert draft.tokens == [1, 2, 1, 2, 1, 2]
+    # Without a whole period matched, nothing is invented past the end of what is known.
+    assert NGramDrafter(2).propose([5, 6, 1, 2, 3, 1, 2], 6).tokens == [3, 1, 2]
+
+
+def test_a_stale_width_follows_the_one_token_cost() -> None:
+    cost = CostModel()
+    for _ in range(cost.WINDOW):
+        cost.observe_verify(1, 0.010)
+    for _ in range(3):
+        cost.observe_verify(5, 0.030)
+    for _ in range(cost.WINDOW):  # the machine got twice as slow; only plain passes ran since
+        cost.observe_verify(1, 0.020)
+    assert abs(cost.verify(5) - 0.060) < 1e-9
+    assert abs(cost.verify(3) - (0.020 + 0.040) / 2 - 0.010) < 1e-9  # interpolated between measured widths
+
+
+def test_probes_at_k0_within_their_time_budget() -> None:
+    c = controller(cpu_costs())
+    feed(c, match_len=20, hits=False, times=30)
+    ks = [c.choose(8, False, match_len=20) for _ in range(200)]
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    assert probes
+    assert all(ks[i] == PROBE_K for i in probes)
+    spent = len(probes) * (c.cost.verify(PROBE_K + 1) - c.cost.verify(1))
+    assert spent <= PROBE_BUDGET * len(ks) * c.cost.verify(1) + c.cost.verify(PROBE_K + 1)
+    assert all(c.choose(8, False, match_len=20, probe=False) == 0 for _ in range(200))
+
+
+def test_observe_updates_the_drafter_that_drafted() -> None:
+    c = DepthController(k_max=4)
+    model_before = c.model.rate(0)
+    for _ in range(5):
+        c.observe([FROM_MODEL] * 3, [True, True, True])
+    assert c.model.rate(0) > model_before
+    assert c.model.seen[:3] == [5, 5, 5]
+    bucket = c.ngram_buckets[c.bucket(4)]
+    c.observe([FROM_NGRAM, FROM_MODEL], [False], match_len=4)
+    assert bucket.seen[0] == 1
+    assert bucket.rate(0) < bucket.prior
+    assert c.model.seen[0] == 5  # a model position behind a rejected n-gram token was never tested
+    c.observe([FROM_NGRAM], [True], match_len=4, ngram_scored_elsewhere=True)
+    assert bucket.seen[0] == 1  # greedy: the n-gram proposal was already scored against the output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from app.library.pair_stats import MIN_DRAFTED, load_measured
 from app.library.recommend import NGRAM_KEY
+from tests.gguf_fixtures import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +33,7 @@ def report(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS) + "\n")
     out = folder / "out.json"
-    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--ngram", "2",
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--ngram", "2", "--repeat", "2",
            "--prompts", str(prompts), "--baseline", "--max-tokens", "40", "--threads", "1", "--json", str(out)]
     # A scratch SPECDECK_HOME: bench records the measured acceptance there, not in the user's data folder.
     env = dict(os.environ, SPECDECK_HOME=str(folder / "home"))
@@ -71,24 +73,39 @@ def test_report_header(report: dict, tiny_target: Path) -> None:  # type: ignore
     assert all(number(v) and v > 0 for v in report["verify_cost_ms"].values())
 
 
+def rate_of(run: dict) -> float:  # type: ignore[type-arg]
+    """A run's decode rate recomputed from its own window."""
+    return run["decode_tokens"] / run["decode_seconds"]
+
+
 def test_report_per_prompt(report: dict) -> None:  # type: ignore[type-arg]
     rows = report["prompts"]
+    assert report["repeat"] == 2
     assert [r["index"] for r in rows] == list(range(len(PROMPTS)))
     for row in rows:
         assert isinstance(row["tokens"], int)
         assert 0 < row["tokens"] <= 40
-        assert number(row["tok_s"])
-        assert row["tok_s"] > 0
         base = row["baseline"]
-        assert number(base["tok_s"])
-        assert base["tok_s"] > 0
         assert base["tokens"] == row["tokens"]
         assert base["drafted"] == 0
-        assert number(row["speedup"])
-        assert row["speedup"] > 0
+        # One window on both sides: the plain first pass emits one token, a speculative one at least one.
+        assert base["decode_tokens"] == base["tokens"] - 1
+        assert row["decode_tokens"] <= row["tokens"] - 1
+        for run in (row, base):
+            assert run["tok_s"] == pytest.approx(rate_of(run), rel=0.01, abs=0.01)
+        assert len(row["runs"]) == 2
+        assert row["runs"][0]["tok_s"] == row["tok_s"]
+        assert row["runs"][0]["baseline_tok_s"] == base["tok_s"]
+        for run in row["runs"]:
+            assert run["speedup"] == pytest.approx(run["tok_s"] / run["baseline_tok_s"], rel=0.01)
+        speedups = [run["speedup"] for run in row["runs"]]
+        assert row["speedup_min"] == min(speedups)
+        assert row["speedup_max"] == max(speedups)
+        assert row["speedup"] == pytest.approx(statistics.median(speedups), abs=0.002)
         assert 0.0 <= row["acceptance"] <= 1.0
-        assert row["tokens_per_pass"] >= 1.0
-        assert row["passes"] >= 1
+        assert row["acceptance"] == pytest.approx(row["accepted"] / row["drafted"] if row["drafted"] else 0.0,
+                                                  abs=1e-4)
+        assert row["tokens_per_pass"] == pytest.approx(row["tokens"] / row["passes"], abs=1e-3)
         assert row["accepted"] <= row["drafted"]
         assert isinstance(row["per_position_acceptance"], list)
         assert all(0.0 <= a <= 1.0 for a in row["per_position_acceptance"])
@@ -100,24 +117,47 @@ def test_report_per_prompt(report: dict) -> None:  # type: ignore[type-arg]
         assert row["identical"] is True  # greedy: speculation changes the speed, never the text
         assert row["agree_prefix"] == row["tokens"]
         assert row["stop_reason"] in ("max_tokens", "eog")
+    # The speculative and plain runs alternate in alternating order, within a prompt and across prompts.
+    assert [run["first"] for run in rows[0]["runs"]] == ["speculative", "plain"]
+    assert [run["first"] for run in rows[1]["runs"]] == ["plain", "speculative"]
     # The repetitive prompt gave the n-gram drafter something to draft.
     assert rows[0]["drafted"] > 0
     assert rows[0]["per_position_acceptance"]
 
 
 def test_report_totals(report: dict) -> None:  # type: ignore[type-arg]
-    total = report["total"]
-    assert total["tokens"] == sum(r["tokens"] for r in report["prompts"])
-    assert number(total["tok_s"])
-    assert total["tok_s"] > 0
-    assert number(total["speedup"])
-    assert total["speedup"] > 0
-    assert total["baseline"]["tok_s"] > 0
+    total, rows = report["total"], report["prompts"]
+    # Totals are over every repeat: sums of counts, and rates of those sums.
+    assert total["tokens"] == 2 * sum(r["tokens"] for r in rows)
+    assert total["tok_s"] == pytest.approx(rate_of(total), rel=0.01)
+    assert total["baseline"]["tok_s"] == pytest.approx(rate_of(total["baseline"]), rel=0.01)
+    assert len(total["speedups"]) == 2
+    assert total["speedup_min"] == min(total["speedups"])
+    assert total["speedup_max"] == max(total["speedups"])
+    assert total["speedup"] == pytest.approx(statistics.median(total["speedups"]), abs=0.002)
     assert total["identical"] is True
     assert 0.0 <= total["acceptance"] <= 1.0
     assert total["tokens_per_pass"] >= 1.0
     assert number(total["overhead_ms_median"])
     assert "ceiling" in report
+
+
+def test_a_model_that_aborts_llama_cpp_is_one_sentence(tmp_path: Path) -> None:
+    """The decode runs in the worker: llama.cpp's abort ends the bench with one line and a small exit code."""
+    bad = write_tiny_model(tmp_path / "tiny-aborts.gguf", name="tiny-aborts", aborting=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    env.pop("GGML_NO_BACKTRACE", None)
+    proc = subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(bad), "--prompts", str(prompts),
+                           "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert 1 <= proc.returncode <= 123, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "SIGABRT" in lines[0]
+    assert "GGML" in lines[0] or "llama.cpp" in lines[0]
+    for noise in ("Traceback", "gdb", "#0 ", "backtrace"):
+        assert noise not in proc.stderr + proc.stdout
 
 
 def test_bad_prompts_file_is_a_clear_error(tiny_target: Path, tmp_path: Path) -> None:

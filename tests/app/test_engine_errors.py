@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.llama import Detokenizer, Model, init_backend
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.errors import IncompatibleDrafterError, PromptTooLongError
 from app.events import Finished, Token

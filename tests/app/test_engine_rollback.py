@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.engine.params import SamplingSettings
 from app.engine.adaptive import DepthController
 from app.engine.drafters import ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
+from app.engine.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder, StopReason
 from app.events import PassStats, Token
 
@@ -64,15 +64,17 @@ def next_logits(ctx: Context, cached: list[int], last: int) -> F64:
 
 
 def numeric_floor(ctx: Context, tokens: list[int]) -> float:
-    """Largest logit difference between two honest ways of caching ``tokens[:-1]``: one batch vs one by one."""
+    """Largest logit difference between honest ways of caching ``tokens[:-1]`` on this machine's kernels:
+    in batches as large as the context takes, one by one, and in chunks of the widths a speculative run
+    decodes (a pass of k + 1)."""
+    rows = []
+    for chunk in (ctx.n_batch, 1, 2, 3, 5):
+        ctx.clear()
+        for start in range(0, len(tokens) - 1, chunk):
+            ctx.decode(tokens[start : min(start + chunk, len(tokens) - 1)])
+        rows.append(np.array(ctx.decode([tokens[-1]])[-1], dtype=np.float64))
     ctx.clear()
-    batched = next_logits(ctx, tokens[:-1], tokens[-1])
-    ctx.clear()
-    for tok in tokens[:-1]:
-        ctx.decode([tok])
-    single = np.array(ctx.decode([tokens[-1]])[-1], dtype=np.float64)
-    ctx.clear()
-    return float(np.abs(batched - single).max())
+    return max(float(np.abs(a - b).max()) for a in rows for b in rows)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
@@ -115,17 +117,18 @@ def test_kv_holds_exactly_the_emitted_tokens(pair: Pair, temperature: float) -> 
     pair.fresh_ctx.clear()
     assert np.abs(stale - fresh).max() > 10 * tol
 
-    # The drafter's cache, after it catches up on the final text, matches a fresh drafter context too.
+    # The drafter's cache, after it catches up on the final text, matches a fresh drafter context too, within
+    # the drafter's own floor (its weights differ from the target's, and so does its rounding).
     drafter = decoder.drafter
     assert drafter is not None
-    assert drafter.ctx.n_past == len(drafter._cached)
     drafter._sync(tokens)
-    assert drafter._cached == tokens
+    assert drafter.ctx.tokens == tokens
     assert drafter._next_row is not None
     pair.fresh_draft_ctx.clear()
     fresh_draft = np.array(pair.fresh_draft_ctx.prefill(tokens)[-1], dtype=np.float64)
-    pair.fresh_draft_ctx.clear()
-    assert np.allclose(drafter._next_row, fresh_draft, rtol=0, atol=tol)
+    draft_tol = 2 * numeric_floor(pair.fresh_draft_ctx, tokens) + 1e-4
+    assert np.allclose(drafter._next_row, fresh_draft, rtol=0, atol=draft_tol), \
+        (np.abs(drafter._next_row - fresh_draft).max(), draft_tol)
 
 
 def test_truncate_then_decode_equals_fresh(pair: Pair) -> None:

@@ -20,16 +20,17 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.engine.params import SamplingSettings
 from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
+from app.engine.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder
 from app.events import PassStats, Token
 
@@ -140,14 +141,15 @@ class AcceptEverything(SpeculativeDecoder):
 # --- the statistics -----------------------------------------------------------------------------
 
 
-def exact_bins(m: Models, prompt: list[int], n: int) -> dict[tuple[int, ...], float]:
+def exact_bins(m: Models, prompt: list[int], n: int, options: dict[str, Any] = FULL) -> dict[tuple[int, ...], float]:
     """The target's probability of every full-length continuation expected at least MIN_EXPECTED times."""
-    settings = SamplingSettings(**FULL)
+    settings = SamplingSettings(**options)
 
     def dist_after(prefix: list[int]) -> sampling.Dist:
         m.exact_ctx.clear()
         row = m.exact_ctx.prefill(prefix)
-        return sampling.distribution(np.array(row[-1]), settings)
+        recent = np.array(prefix[-settings.repeat_last_n :], dtype=np.int64) if settings.repeat_penalty != 1.0 else None
+        return sampling.distribution(np.array(row[-1]), settings, recent)
 
     bins: dict[tuple[int, ...], float] = {}
 
@@ -166,20 +168,23 @@ def exact_bins(m: Models, prompt: list[int], n: int) -> dict[tuple[int, ...], fl
     return bins
 
 
-def sample_answers(decoder: SpeculativeDecoder, prompt: list[int], n: int) -> tuple[Counter[tuple[int, ...]], int]:
-    """n answers of LENGTH tokens with seeds 0..n-1; also the number of draft tokens the target verified."""
+def sample_answers(decoder: SpeculativeDecoder, prompt: list[int], n: int,
+                   options: dict[str, Any] = FULL) -> tuple[Counter[tuple[int, ...]], int, int]:
+    """n answers of LENGTH tokens with seeds 0..n-1; also the number of draft tokens the target verified and
+    the number of passes that verified two draft tokens or more."""
     counts: Counter[tuple[int, ...]] = Counter()
-    drafted = 0
+    drafted = deep = 0
     decoder.reset_cache()
     for seed in range(n):
         out: list[int] = []
-        for event in decoder.generate(prompt, SamplingSettings(**FULL, seed=seed)):
+        for event in decoder.generate(prompt, SamplingSettings(**options, seed=seed)):
             if isinstance(event, Token):
                 out += event.token_ids
             elif isinstance(event, PassStats):
                 drafted += event.drafted
+                deep += event.drafted >= 2
         counts[tuple(out)] += 1
-    return counts, drafted
+    return counts, drafted, deep
 
 
 def goodness_of_fit(
@@ -215,7 +220,7 @@ def test_target_alone_fits_its_exact_distribution(models: Models) -> None:
     prompt = models.target.tokenize(PROSE, add_special=True)
     bins = exact_bins(models, prompt, N_SAMPLES)
     assert len(bins) > 50  # a spread-out distribution, not a near point mass
-    counts, drafted = sample_answers(SpeculativeDecoder(models.target, models.ctx), prompt, N_SAMPLES)
+    counts, drafted, _ = sample_answers(SpeculativeDecoder(models.target, models.ctx), prompt, N_SAMPLES)
     assert drafted == 0
     stat, df, p = goodness_of_fit(counts, bins, N_SAMPLES)
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
@@ -224,17 +229,40 @@ def test_target_alone_fits_its_exact_distribution(models: Models) -> None:
 def test_model_drafter_is_lossless(models: Models) -> None:
     prompt = models.target.tokenize(PROSE, add_special=True)
     bins = exact_bins(models, prompt, N_SAMPLES)
-    counts, drafted = sample_answers(model_decoder(models), prompt, N_SAMPLES)
+    counts, drafted, deep = sample_answers(model_decoder(models), prompt, N_SAMPLES)
     # Most answers had their 2nd (and often 3rd) token drafted, so acceptance and the residual both mattered.
     assert drafted > N_SAMPLES
+    # Drafts of two and three tokens were verified too: the drafter's stop rule reads its most likely
+    # token's probability (with top-p 1 a Dist's ids are unordered, and its first probability is arbitrary).
+    assert deep > N_SAMPLES // 4
     stat, df, p = goodness_of_fit(counts, bins, N_SAMPLES)
+    assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
+
+
+# Every filter on, and a repetition penalty over the prompt and the answer.
+FILTERED = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.02, "repeat_penalty": 1.3,
+            "repeat_last_n": 8, "max_tokens": LENGTH}
+N_FILTERED = 10_000
+
+
+def test_model_drafter_is_lossless_with_every_filter_and_penalties(models: Models) -> None:
+    prompt = models.target.tokenize(PROSE, add_special=True)
+    bins = exact_bins(models, prompt, N_FILTERED, FILTERED)
+    assert len(bins) > 20
+    drafter = ModelDrafter(models.drafter, models.draft_ctx, p_min=0.3)
+    decoder = SpeculativeDecoder(models.target, models.ctx, drafter=drafter,
+                                 controller=DepthController(k_max=8, fixed=3))
+    counts, drafted, deep = sample_answers(decoder, prompt, N_FILTERED, FILTERED)
+    assert drafted > N_FILTERED
+    assert deep > N_FILTERED // 4  # drafts of depth 2 and 3 were verified
+    stat, df, p = goodness_of_fit(counts, bins, N_FILTERED)
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
 
 
 def test_ngram_drafter_is_lossless(models: Models) -> None:
     prompt = models.target.tokenize(REPETITIVE, add_special=True)
     bins = exact_bins(models, prompt, N_SAMPLES)
-    counts, drafted = sample_answers(ngram_decoder(models), prompt, N_SAMPLES)
+    counts, drafted, _ = sample_answers(ngram_decoder(models), prompt, N_SAMPLES)
     assert drafted >= N_SAMPLES  # the first pass of every answer carried an n-gram draft
     stat, df, p = goodness_of_fit(counts, bins, N_SAMPLES)
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
@@ -245,7 +273,7 @@ def test_ngram_drafter_is_lossless(models: Models) -> None:
 def test_broken_acceptance_rule_is_detected(models: Models, text: str, make) -> None:  # type: ignore[no-untyped-def]
     prompt = models.target.tokenize(text, add_special=True)
     bins = exact_bins(models, prompt, N_BROKEN)
-    counts, drafted = sample_answers(make(models, AcceptEverything), prompt, N_BROKEN)
+    counts, drafted, _ = sample_answers(make(models, AcceptEverything), prompt, N_BROKEN)
     assert drafted > 0
     stat, df, p = goodness_of_fit(counts, bins, N_BROKEN)
     assert p < ALPHA, f"the broken rule went unnoticed: chi2 {stat:.1f}, df {df}, p {p:.3g}"

@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.client import EngineClient
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import EngineCrashed, Event, Finished, Loaded, LoadProgress, PassStats, Token
 from tests.gguf_fixtures import write_tiny_model
 
@@ -141,27 +140,8 @@ def test_worker_aborted_during_load(client: EngineClient, demo_models: tuple[Pat
     assert client.crashes_on_load == 0
 
 
-def write_f64_model(path: Path) -> Path:
-    """The tiny model with its token embeddings stored as F64: llama.cpp loads it, then GGML_ABORTs in get_rows
-    at the first decode (RESEARCH.md). The writer stores whatever dtype it is given."""
-    import gguf
-
-    original = gguf.GGUFWriter.add_tensor
-
-    def add_tensor(self: gguf.GGUFWriter, name: str, tensor: np.ndarray, *args: object, **kwargs: object) -> None:
-        if name == "token_embd.weight":
-            tensor = tensor.astype(np.float64)
-        original(self, name, tensor, *args, **kwargs)  # type: ignore[arg-type]
-
-    gguf.GGUFWriter.add_tensor = add_tensor  # type: ignore[method-assign]
-    try:
-        return write_tiny_model(path, name="tiny-f64")
-    finally:
-        gguf.GGUFWriter.add_tensor = original  # type: ignore[method-assign]
-
-
 def test_model_that_aborts_llama_cpp(client: EngineClient, tmp_path: Path, tiny_target: Path) -> None:
-    bad = write_f64_model(tmp_path / "tiny-f64.gguf")
+    bad = write_tiny_model(tmp_path / "tiny-f64.gguf", name="tiny-f64", aborting=True)
     client.load(load_settings(bad))
     # Loading measures a few target passes, so the first decode, and the abort, already happen while loading.
     crashed = until(client, lambda e: isinstance(e, Loaded | Finished))[-1]

@@ -8,6 +8,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import gguf
+import jinja2.sandbox
+import llama_cpp as L
 import numpy as np
 import pytest
 
@@ -23,9 +26,6 @@ from tests.gguf_fixtures import (
     gpt2_byte_to_unicode,
     write_tiny_model,
 )
-
-L = pytest.importorskip("llama_cpp")
-gguf = pytest.importorskip("gguf")
 
 PROMPTS = (
     "Hello, how are you today?",
@@ -193,8 +193,7 @@ def test_bytes_vocab_metadata(tiny_target: Path) -> None:
 
 
 def test_chat_template_renders_to_control_tokens(tiny_target: Path) -> None:
-    jinja2 = pytest.importorskip("jinja2.sandbox")
-    env = jinja2.ImmutableSandboxedEnvironment()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
     text = env.from_string(DEFAULT_TEMPLATE).render(
         messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True
     )

@@ -1,4 +1,4 @@
-"""LiveMetrics: the numbers the dashboard plots, fed with synthetic engine events."""
+"""LiveMetrics: the numbers the dashboard plots, fed with synthetic engine events and with a real answer's."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import MemoryProbe
 from app.ceiling.metrics import LiveMetrics, leviathan_curve
 from app.ceiling.roofline import Device, make_calibration
+from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
 
 
 def loaded(path: str = "/nowhere/model.gguf", n_ctx: int = 4096) -> Loaded:
@@ -204,3 +204,32 @@ def test_memory_probe_reads_ram_and_injected_gpus() -> None:
     assert r.gpus[0].total == 8 << 30
     probe = MemoryProbe(lambda: ())
     assert probe.read().gpus == ()
+
+
+def test_the_dashboards_counts_are_the_answers_own(tiny_target: Path) -> None:
+    """One definition: the dashboard's acceptance and τ for an answer equal the Finished stats that the
+    chat's stats line and `specdeck bench` report, computed from the same PassStats."""
+    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+    from app.engine.session import EngineSession
+
+    settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, adaptive=False, k=3, k_max=4), n_ctx=512,
+                            n_threads=1)
+    session = EngineSession(settings)
+    try:
+        live = LiveMetrics()
+        live.on_loaded(session.loaded_event())
+        messages = [{"role": "user", "content": "Count: one two three, one two three, one two"}]
+        for event in session.generate(7, messages, SamplingSettings(temperature=0.0, max_tokens=60)):
+            if isinstance(event, PassStats):
+                live.on_pass(event)
+            elif isinstance(event, Finished):
+                stats = event.stats
+    finally:
+        session.close()
+    assert stats.drafted > 0
+    counts = live.message
+    assert (counts.tokens, counts.passes, counts.drafted, counts.accepted) == (
+        stats.completion_tokens, stats.passes, stats.drafted, stats.accepted)
+    assert counts.acceptance == stats.acceptance
+    assert counts.tokens_per_pass == stats.tokens_per_pass
+    assert stats.counts.decode_tps == stats.decode_tps
