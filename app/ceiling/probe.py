@@ -2,11 +2,10 @@
 
     python -m app.ceiling.probe cpu --threads N --bytes B   the CPU's bandwidth and peak (one JSON line)
     python -m app.ceiling.probe backend                     llama.cpp's build, backend and devices
-    python -m app.ceiling.probe decode PATH [--gpu-layers N]  load a model and time a few decodes
 
 Inside the frozen app the executable takes ``--ceiling-probe`` instead of ``-m app.ceiling.probe``
-(packaging/entry.py). Each prints one JSON object on stdout and exits 0 (the decode check exits 3 when
-llama.cpp reports a failure).
+(packaging/entry.py). Each prints one JSON object on stdout and exits 0. (The decode check runs in the
+engine worker, like every other decode: ``app.ceiling.decode_check``.)
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,14 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu.add_argument("--threads", type=int, default=1)
     cpu.add_argument("--bytes", type=int, default=128 << 20)
     sub.add_parser("backend", help="describe llama.cpp's build, backend and devices")
-    decode = sub.add_parser("decode", help="load a model and time a few single-token decodes")
-    decode.add_argument("model", type=Path)
-    decode.add_argument("--gpu-layers", type=int, default=-1)
     args = parser.parse_args(argv)
-    if args.probe == "decode":
-        from app.ceiling.decode_check import decode_worker
-
-        return decode_worker(args.model, args.gpu_layers)
     if args.probe == "cpu":
         from app.ceiling.cpu import measure_cpu_rates
 

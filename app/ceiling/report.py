@@ -120,6 +120,14 @@ def compatibility(target: GGUFInfo, drafter: GGUFInfo) -> dict[str, Any]:
             "message": one_line(result.reason)}
 
 
+def chat_template_block(info: GGUFInfo) -> dict[str, Any]:
+    """Whether the target's own chat template is used, or refused for a fallback format (and why)."""
+    from app.engine.template_status import template_status
+
+    status = template_status(info.path)
+    return {"ok": status.ok, "fallback": status.fallback, "message": one_line(status.message)}
+
+
 def build_report(args: DoctorOptions,
                  check: Callable[[Path, int], dict[str, Any]] | None = None) -> tuple[dict[str, Any], bool]:
     """The whole report as plain JSON values, and whether the decode check (if asked for) passed. Raises
@@ -151,11 +159,12 @@ def build_report(args: DoctorOptions,
     report["settings"] = {"ctx": ctx, "kv_type": args.kv_type, "gpu_layers": args.gpu_layers,
                           "draft_k": args.draft_k}
     report.update({"target": None, "drafter": None, "ceiling": None, "speculative": None, "fit": None,
-                   "compatibility": None, "decode_check": None})
+                   "compatibility": None, "chat_template": None, "decode_check": None})
     plain: PassEstimate | None = None
     if target is not None:
         shape = ModelShape.from_gguf(target)
         report["target"] = model_block(target, shape, ctx, args.kv_type)
+        report["chat_template"] = chat_template_block(target)
         plain = estimate_pass(shape, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers)
         report["ceiling"] = pass_block(plain)
         d_shape = ModelShape.from_gguf(drafter) if drafter is not None else None

@@ -38,6 +38,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, open_window: Callable[[], int] | None = None) -> int:
     """Run a subcommand; without one, ``open_window`` (the GUI layer passes it in: app never imports ui)."""
+    from app.logs import setup_logging
+
+    setup_logging()  # once per process: the window and every subcommand log to the same rotating file
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else None)

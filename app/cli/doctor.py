@@ -134,6 +134,9 @@ def render_text(r: dict[str, Any]) -> str:
         add(f"speculative  k={spec['draft_k']}: {p['passes_per_second']:.1f} passes/s; beats plain decoding "
             f"above {spec['break_even_tokens_per_pass']:.2f} tokens per pass; " + ", ".join(
                 f"α {x['alpha']}: {x['tokens_per_second']:.0f} tok/s" for x in spec["leviathan"]))
+    template = r.get("chat_template")
+    if template:
+        add(f"chat template {template['message']}")
     compat = r.get("compatibility")
     if compat:
         verdict = "yes" if compat["compatible"] else ("no" if compat["checked"] else "not checked")
