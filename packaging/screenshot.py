@@ -2,6 +2,7 @@
 """Start SpecDeck in a real X window (Xvfb) on a demo model, send a prompt, save a screenshot.
 
     .venv/bin/python packaging/screenshot.py [--out resources/screenshot.png] [--model gemma|smollm2]
+        [--size 1366x768]
 
 Needs Xvfb and Qt's X11 libraries (Debian: apt-get install xvfb libxcb-cursor0 libxkbcommon-x11-0
 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0 libxcb-image0 libegl1 libgl1).
@@ -33,6 +34,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "screenshot.png")
     parser.add_argument("--model", choices=("gemma", "smollm2"), default="gemma")
     parser.add_argument("--max-tokens", type=int, default=320)
+    parser.add_argument("--size", default="1800x1000", help="screen and window size, WIDTHxHEIGHT")
     args = parser.parse_args()
     xvfb = shutil.which("Xvfb")
     if xvfb is None:
@@ -41,7 +43,8 @@ def main() -> int:
     smollm2, gemma = install_demo_models()
     target = gemma if args.model == "gemma" else smollm2
     display = ":93"
-    server = subprocess.Popen([xvfb, display, "-screen", "0", "1800x1000x24", "-nolisten", "tcp"],
+    width, height = (int(x) for x in args.size.lower().split("x"))
+    server = subprocess.Popen([xvfb, display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)
@@ -51,7 +54,7 @@ def main() -> int:
                        QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
             env["SPECDECK_AUTOPILOT"] = json.dumps({
                 "target": str(target), "ngram": 3, "prompts": [PROMPT], "max_tokens": args.max_tokens,
-                "screenshot": str(shot),
+                "screenshot": str(shot), "window_size": [width, height],
             })
             done = subprocess.run([sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],
                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

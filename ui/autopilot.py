@@ -4,7 +4,7 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
 
     {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
      "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
-     "report": PATH | null, "quit": true, "hide_dashboard": false}
+     "report": PATH | null, "quit": true, "hide_dashboard": false, "window_size": [W, H] | null}
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -49,6 +49,9 @@ class Autopilot(QObject):
         bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
         if spec.get("hide_dashboard"):
             window.dashboard_dock.hide()
+        size = spec.get("window_size")
+        if size:
+            window.resize(int(size[0]), int(size[1]))
         QTimer.singleShot(0, self._load)
 
     def _load(self) -> None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QSize, Qt, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -171,6 +171,7 @@ class MainWindow(QMainWindow):
         self.store = self._open_store()
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
+        self._default_docks_pending = False
         self._build()
         self.notifier.attach(self)
         if warning:
@@ -215,7 +216,9 @@ class MainWindow(QMainWindow):
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(SIDE_DOCK_MIN_WIDTH)
+        # Never narrower than what its widgets need: below that they would be cut, not wrapped.
+        scroll.setMinimumWidth(max(SIDE_DOCK_MIN_WIDTH, side.minimumSizeHint().width()
+                                   + scroll.verticalScrollBar().sizeHint().width() + 2 * scroll.frameWidth()))
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
         self.models_dock.setWidget(scroll)
@@ -245,7 +248,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self.statusBar()
 
-    def _action(self, menu: QMenu, text: str, slot: Callable[[], None],
+    def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
         action = QAction(text, self)
         if keys is not None:
@@ -316,8 +319,8 @@ class MainWindow(QMainWindow):
         # Docks first, then geometry: restoring the geometry last keeps the saved size even when the
         # docks' state would have asked for another (it did: 1600×1000 came back as 1545×433).
         state = qs.value("state") if saved else None
-        if state is None or not self.restoreState(state, WINDOW_STATE_VERSION):
-            self._default_layout()
+        # Default dock widths wait for the first show: before it the docks have no size to share out.
+        self._default_docks_pending = state is None or not self.restoreState(state, WINDOW_STATE_VERSION)
         if geometry is None or not self.restoreGeometry(geometry):
             self._default_size()
         splitter = qs.value("chat_splitter") if saved else None
@@ -332,10 +335,16 @@ class MainWindow(QMainWindow):
         size = default_window_size(screen.availableGeometry().size()) if screen else QSize(1280, 800)
         self.resize(size)
 
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if self._default_docks_pending:
+            self._default_docks_pending = False
+            self._default_layout()
+
     def _default_layout(self) -> None:
-        width = self.width() if self.width() > 200 else 1280
-        self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 4),
-                         max(DashboardPanel.MIN_WIDTH, width * 3 // 8)], Qt.Orientation.Horizontal)
+        width = self.width()
+        self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 5),
+                         max(DashboardPanel.MIN_WIDTH, width * 3 // 10)], Qt.Orientation.Horizontal)
 
     def _save_window_state(self) -> None:
         qs = self._qsettings()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +15,13 @@ from ui.main_window import MainWindow
 from ui.notifier import Notifier
 
 LOAD_TIMEOUT_MS = 60_000
+# The offscreen platform's screen is 800×800 by default, smaller than any real one: window sizes would be
+# clamped to it. One 1920×1200 screen instead (set before pytest-qt creates the QApplication).
+if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+    _screen = Path(tempfile.gettempdir()) / "specdeck-test-screen.json"
+    _screen.write_text(json.dumps({"screens": [{"name": "test", "x": 0, "y": 0, "width": 1920,
+                                                "height": 1200, "logicalDpi": 96}]}))
+    os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={_screen}"
 
 
 @pytest.fixture

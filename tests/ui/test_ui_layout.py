@@ -65,7 +65,7 @@ def test_geometry_and_docks_come_back_as_saved(qtbot: QtBot, make_window: object
     window = make_window(start_engine=False)  # type: ignore[operator]
     window.show()
     qtbot.waitExposed(window)
-    window.resize(760, 640)  # inside the offscreen platform's 800×800 screen: nothing is clamped
+    window.resize(1200, 720)
     window.dashboard_dock.hide()
     window.chat.splitter.setSizes([300, 600])
     qtbot.wait(50)
@@ -74,7 +74,7 @@ def test_geometry_and_docks_come_back_as_saved(qtbot: QtBot, make_window: object
     again = make_window(start_engine=False)  # type: ignore[operator]
     again.show()
     qtbot.waitExposed(again)
-    assert (again.width(), again.height()) == (760, 640)
+    assert (again.width(), again.height()) == (1200, 720)
     assert again.dashboard_dock.isHidden()
     assert not again.models_dock.isHidden()
     assert again.chat.splitter.sizes()[0] == history_width

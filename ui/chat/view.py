@@ -39,6 +39,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QWidget
 
 from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
+from ui.figures import acceptance_text, decode_text, prefill_text, tau_text
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -89,18 +90,14 @@ def _stat(stats: MessageStats | Mapping[str, Any], name: str) -> float:
 
 def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
     """The line under an answer: TTFT, prefill and decode rates, acceptance, tokens per pass, speedup."""
-    prefill = _stat(stats, "prefill_tps")
-    ttft = _stat(stats, "ttft_seconds")
-    # A prompt found in the cache is "processed" in no time: its rate would be a meaningless huge number.
-    cached = prefill <= 0 or (ttft > 0 and _stat(stats, "prompt_tokens") / prefill < 0.002)
     parts = [
-        f"TTFT {ttft * 1000:.0f} ms",
-        "prefill cached" if cached else f"prefill {prefill:.0f} tok/s",
-        f"decode {_stat(stats, 'decode_tps'):.1f} tok/s",
+        f"TTFT {_stat(stats, 'ttft_seconds') * 1000:.0f} ms",
+        prefill_text(_stat(stats, "prefill_tps")),
+        f"decode {decode_text(_stat(stats, 'decode_tps'))}",
     ]
     if _stat(stats, "drafted") > 0:
-        parts.append(f"acceptance {_stat(stats, 'acceptance') * 100:.0f}%")
-    parts.append(f"{_stat(stats, 'tokens_per_pass'):.2f} tokens/pass")
+        parts.append(f"acceptance {acceptance_text(_stat(stats, 'acceptance'))}")
+    parts.append(f"{tau_text(_stat(stats, 'tokens_per_pass'))} tokens/pass")
     parts.append(f"{_stat(stats, 'speedup_estimate'):.2f}× vs plain")
     return " · ".join(parts)
 
@@ -414,9 +411,7 @@ class ChatView(QTextBrowser):
         """Each code block gets a tinted background, a monospace font and a header line with its language
         and a Copy link."""
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-        background = self.palette().color(QPalette.ColorRole.AlternateBase)
-        if background == self.palette().color(QPalette.ColorRole.Base):
-            background = background.darker(108)
+        background = code_background(self.palette())
         runs: list[tuple[QTextBlock, QTextBlock]] = []
         block = doc.begin()
         while block.isValid():
@@ -612,6 +607,14 @@ def _block_marker(block: QTextBlock) -> object:
     """The marker our own lines carry in their first fragment ("stats", "code_header"), or None."""
     it = block.begin()
     return None if it.atEnd() else it.fragment().charFormat().property(QTextFormat.Property.UserProperty)
+
+
+def code_background(palette: QPalette) -> QColor:
+    """The base colour moved 8 % towards the text colour: visible on a light or a dark palette."""
+    base, text = palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text)
+    mix = 0.08
+    return QColor(*(round(b + (t - b) * mix) for b, t in ((base.red(), text.red()), (base.green(), text.green()),
+                                                           (base.blue(), text.blue()))))
 
 
 def source_colours(palette: QPalette) -> dict[str, QColor]:

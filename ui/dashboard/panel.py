@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
-from PySide6.QtGui import QBrush, QColor, QPalette, QPen
+from PySide6.QtGui import QBrush, QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QGraphicsItem,
@@ -30,12 +30,15 @@ from app.ceiling.memory import MemoryProbe, MemoryReading
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 from app.events import EngineCrashed, Finished, Loaded, PassStats
 from ui.bridge import EngineBridge
+from ui.figures import acceptance_text, decode_text, tau_text
 from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
 REPAINT_MS = 100  # 10 Hz: a frame costs ~7 ms of software rendering with the axes cached
 PLOTS_MIN_WIDTH = 300
 PLOTS_MIN_HEIGHT = 560  # below this the plots scroll rather than squash (titles and ticks stay readable)
+PLOTS_MIN_HEIGHT_ONE_COLUMN = 900
+TWO_COLUMNS_MIN_WIDTH = 600  # narrower: the plots stack in one column
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
 GB = 1e9
@@ -125,6 +128,7 @@ class DashboardPanel(QWidget):
         self.timer.timeout.connect(self._on_timer_timeout)
 
         self._build()
+        self.setMinimumWidth(self.MIN_WIDTH)  # narrower would cut the plots (they scroll only vertically)
         self._apply_palette()
         self._paint()
 
@@ -232,10 +236,12 @@ class DashboardPanel(QWidget):
         strip = FlowLayout(self.strip, h_spacing=14, v_spacing=2)
         self.labels: dict[str, QLabel] = {}
         tips = {
-            "tps": "Decode speed over the last second (wall clock)",
-            "pct": "Speed as a share of the spec-sheet ceiling at one token per pass: above 100% is only "
-                   "possible with speculation",
-            "acceptance": "Draft tokens accepted / drafted, last 32 passes",
+            "scope": "While an answer streams: the last second and the last 32 passes. After it: the "
+                     "answer's totals, as in its stats line in the chat",
+            "tps": "Decode speed (tokens per second of wall clock)",
+            "pct": "Speed as a share of the spec-sheet roof: memory bandwidth ÷ bytes read per token, at one "
+                   "token per pass. Above 100% is only possible by speculating",
+            "acceptance": "Draft tokens accepted / drafted",
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
             "k": "Draft depth the controller chose for the last pass",
@@ -347,10 +353,31 @@ class DashboardPanel(QWidget):
         self.mem_label.setWordWrap(True)
         self.mem_label.setTextFormat(Qt.TextFormat.PlainText)
         outer.addWidget(self.mem_label)
-        g.ci.layout.setRowStretchFactor(0, 3)
-        for r in (1, 2):
-            g.ci.layout.setRowStretchFactor(r, 2)
-        g.ci.layout.setRowStretchFactor(3, 1)
+        self._columns = 2
+        self._arrange_plots(1)
+
+    def _arrange_plots(self, columns: int) -> None:
+        """Two columns when the dock is wide enough, one (and a taller, scrolling area) when narrow."""
+        if columns == self._columns:
+            return
+        self._columns = columns
+        ci = self.graphics.ci
+        for item in list(ci.items):
+            ci.removeItem(item)
+        two = [(self.p_tps, 0, 0, 2, 3), (self.p_acc, 1, 0, 1, 2), (self.p_pos, 1, 1, 1, 2),
+               (self.p_tau, 2, 0, 1, 2), (self.p_k, 2, 1, 1, 2), (self.p_mem, 3, 0, 2, 1)]
+        one = [(self.p_tps, 0, 0, 1, 3), (self.p_acc, 1, 0, 1, 2), (self.p_pos, 2, 0, 1, 2),
+               (self.p_tau, 3, 0, 1, 2), (self.p_k, 4, 0, 1, 2), (self.p_mem, 5, 0, 1, 1)]
+        for r in range(6):
+            ci.layout.setRowStretchFactor(r, 0)
+        for item, row, col, colspan, stretch in (two if columns == 2 else one):
+            ci.addItem(item, row=row, col=col, colspan=colspan)
+            ci.layout.setRowStretchFactor(row, stretch)
+        self.graphics.setMinimumHeight(PLOTS_MIN_HEIGHT if columns == 2 else PLOTS_MIN_HEIGHT_ONE_COLUMN)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        self._arrange_plots(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
+        super().resizeEvent(event)
 
     def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
                at: float = 0.02) -> pg.InfiniteLine:
@@ -469,19 +496,37 @@ class DashboardPanel(QWidget):
         self.y_k.fit(float(np.nanmax(s.k)) + 1 if len(s.k) else 0.0)
 
     def _paint_strip(self, s: MetricsSnapshot) -> None:
+        """Live figures (last second, last 32 passes) while an answer streams; the answer's own totals, as
+        its stats line in the chat reads them, once it has ended."""
         c = s.current
         lab = self.labels
-        lab["tps"].setText(f"{c.tps:.1f} tok/s" if c.tps is not None else "– tok/s")
-        if c.pct_of_ceiling is not None:
-            above = c.pct_of_ceiling > 100.0
-            lab["pct"].setText(f"{c.pct_of_ceiling:.0f}% of 1-token ceiling" + (" ▲" if above else ""))
+        totals = s.last_stats if not s.generating else None
+        spec = s.spec_ceiling
+        if totals is not None:
+            lab["scope"].setText("answer:")
+            tps: float | None = totals.decode_tps
+            lab["tps"].setText(decode_text(totals.decode_tps))
+            lab["acceptance"].setText(f"accept {acceptance_text(totals.acceptance)}" if totals.drafted
+                                      else "accept –")
+            lab["tau"].setText(f"τ {tau_text(totals.tokens_per_pass)}")
+            alpha = s.message_alpha
+        else:
+            lab["scope"].setText("last second:" if s.generating else "")
+            tps = c.tps
+            lab["tps"].setText(decode_text(c.tps) if c.tps is not None else "– tok/s")
+            lab["acceptance"].setText(f"accept {acceptance_text(c.acceptance)}" if c.acceptance is not None
+                                      else "accept –")
+            lab["tau"].setText(f"τ {tau_text(c.tau)}" if c.tau is not None else "τ –")
+            alpha = c.alpha
+        pct = 100.0 * tps / spec if tps is not None and spec else None
+        if pct is not None:
+            above = pct > 100.0
+            lab["pct"].setText(f"{pct:.0f}% of the spec-sheet roof" + (" ▲" if above else ""))
             lab["pct"].setStyleSheet(f"color: {GREEN.name()}; font-weight: bold" if above else "")
         else:
-            lab["pct"].setText("ceiling unknown" if self.metrics.loaded else "–")
+            lab["pct"].setText("roof unknown" if self.metrics.loaded else "–")
             lab["pct"].setStyleSheet("")
-        lab["acceptance"].setText(f"accept {c.acceptance:.0%}" if c.acceptance is not None else "accept –")
-        lab["alpha"].setText(f"α {c.alpha:.2f}" if c.alpha is not None else "α –")
-        lab["tau"].setText(f"τ {c.tau:.2f}" if c.tau is not None else "τ –")
+        lab["alpha"].setText(f"α {alpha:.2f}" if alpha is not None else "α –")
         lab["k"].setText(f"k {c.k}" if c.k is not None else "k –")
         lab["context"].setText(c.context_text if c.n_ctx else "no model")
         lab["device"].setText(" · ".join(x for x in (c.backend, c.device) if x) or "–")

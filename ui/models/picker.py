@@ -32,6 +32,7 @@ from app.library.gguf_reader import GGUFInfo
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.storage.settings import AppSettings
+from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
 NO_DRAFTER = "(no drafter model)"
@@ -138,16 +139,18 @@ class ModelPicker(QWidget):
         form.addRow("", self.drafter_info)
         form.addRow("", self.compat_badge)
         ngram_row = QHBoxLayout()
-        self.ngram_check = QCheckBox("N-gram drafter (prompt lookup), key length", models)
+        self.ngram_check = QCheckBox("N-gram drafter, key", models)
         self.ngram_check.setToolTip(
-            "Free to run; stacks with a drafter model (n-gram first, model fills the rest).")
+            "Prompt lookup, with this key length. Free to run; stacks with a drafter model (n-gram first, "
+            "model fills the rest).")
         self.ngram_spin = QSpinBox(models)
         self.ngram_spin.setRange(1, 16)
         self.ngram_spin.setValue(3)
         ngram_row.addWidget(self.ngram_check)
         ngram_row.addWidget(self.ngram_spin)
         form.addRow(ngram_row)
-        folder_row = QHBoxLayout()
+        folder_buttons = QWidget(models)
+        folder_row = FlowLayout(folder_buttons, h_spacing=6, v_spacing=4)
         self.add_folder_button = QPushButton("Add folder…", models)
         self.add_folder_button.clicked.connect(self._on_add_folder_button_clicked)
         self.demo_button = QPushButton("Install demo models", models)
@@ -156,7 +159,7 @@ class ModelPicker(QWidget):
         self.rescan_button.clicked.connect(self._on_rescan_button_clicked)
         for button in (self.add_folder_button, self.demo_button, self.rescan_button):
             folder_row.addWidget(button)
-        form.addRow(folder_row)
+        form.addRow(folder_buttons)
         outer.addWidget(models)
 
         draft = QGroupBox("Drafting", self)
@@ -194,8 +197,13 @@ class ModelPicker(QWidget):
         self.threads_spin.setSpecialValueText("auto")
         self.fit_label = QLabel(load)
         self.fit_label.setWordWrap(True)
-        self.reload_check = QCheckBox("Load these models when SpecDeck starts", load)
+        self.reload_check = QCheckBox("Load these on start", load)
+        self.reload_check.setToolTip("Load these models when SpecDeck starts")
+        self.gpu_note = QLabel(load)
+        self.gpu_note.setWordWrap(True)
+        self.gpu_note.setVisible(False)
         lform.addRow("GPU layers", self.gpu_layers_spin)
+        lform.addRow(self.gpu_note)
         lform.addRow("Context size", self.ctx_spin)
         lform.addRow("KV cache type", self.kv_combo)
         lform.addRow("Flash attention", self.flash_combo)
@@ -220,6 +228,12 @@ class ModelPicker(QWidget):
         lform.addRow(self.status_label)
         outer.addWidget(load)
         outer.addStretch(1)
+        for combo in (self.target_combo, self.drafter_combo):
+            # Long file names must not widen the dock: the combo shows what fits, the list shows all.
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(12)
+        for f in (form, dform, lform):
+            f.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
 
         for spin in (self.ctx_spin, self.gpu_layers_spin):
             spin.valueChanged.connect(self._on_setting_changed)
@@ -514,9 +528,9 @@ class ModelPicker(QWidget):
     def set_gpu_offload_available(self, available: bool) -> None:
         """On a CPU-only llama.cpp build, say that "GPU layers" offloads nothing."""
         self.gpu_offload_available = available
-        self.gpu_layers_spin.setSpecialValueText("all" if available else "all (CPU-only build: none offloaded)")
-        self.gpu_layers_spin.setToolTip("" if available else
-                                        "This llama.cpp build has no GPU backend: every layer runs on the CPU.")
+        self.gpu_note.setText("" if available else
+                              "This llama.cpp build is CPU-only: no layer will be offloaded to a GPU.")
+        self.gpu_note.setVisible(not available)
 
     # --- folders and demo models --------------------------------------------------------------------
 
