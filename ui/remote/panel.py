@@ -1,0 +1,158 @@
+"""A dashboard on a remote engine: tok/s and acceptance from the deltas of its own counters.
+
+It scrapes ``/metrics`` once a second off the GUI thread (``app.serve.remote``). The header says which engine
+it watches, the server's model and where each number comes from; what the server does not expose reads "not
+reported by this server", never 0. All text from the server is shown as plain text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Slot
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
+
+from app.serve.remote import NOT_REPORTED, RemoteEngine, RemoteInfo, RemoteRates, Scrape, rates, reported
+from ui.tasks import TaskRunner
+
+SCRAPE_MS = 1000
+HISTORY_POINTS = 600
+BLUE = QColor(31, 119, 180)
+GREEN = QColor(44, 160, 44)
+
+FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("tokens_per_second", "Decode tok/s", lambda v: f"{v:.1f}"),
+    ("acceptance", "Acceptance", lambda v: f"{v:.0%}"),
+    ("mean_accepted_length", "Tokens per pass", lambda v: f"{v:.2f}"),
+    ("kv_usage", "KV cache in use", lambda v: f"{v:.0%}"),
+    ("read_bytes_per_second", "Memory read per GPU", lambda v: f"{v / 1e9:.1f} GB/s"),
+    ("ceiling_tokens_per_second", "Plain-decoding ceiling", lambda v: f"{v:.1f} tok/s"),
+)
+
+
+def _plain(text: str) -> QLabel:
+    label = QLabel(text)
+    label.setTextFormat(Qt.TextFormat.PlainText)  # server text is untrusted: never rich text
+    label.setWordWrap(True)
+    return label
+
+
+class RemoteDashboard(QWidget):
+    def __init__(self, tasks: TaskRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.tasks = tasks
+        self.engine: RemoteEngine | None = None
+        self.info: RemoteInfo | None = None
+        self._last: Scrape | None = None
+        self._in_flight = False
+        self._t0 = time.monotonic()
+        self._tps: deque[tuple[float, float]] = deque(maxlen=HISTORY_POINTS)
+        self._acc: deque[tuple[float, float]] = deque(maxlen=HISTORY_POINTS)
+        self.latest: RemoteRates | None = None
+
+        layout = QVBoxLayout(self)
+        self.header = _plain("Not connected to a server. Model → Connect to server… watches one.")
+        layout.addWidget(self.header)
+        form = QFormLayout()
+        self.values: dict[str, QLabel] = {}
+        for key, title, _ in FIGURES:
+            self.values[key] = _plain("—")
+            form.addRow(title, self.values[key])
+        layout.addLayout(form)
+        self.tps_plot = pg.PlotWidget(title="Decode tok/s (from counter deltas)")
+        self.tps_plot.setLabel("bottom", "seconds")
+        self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(BLUE, width=2))
+        self.acc_plot = pg.PlotWidget(title="Acceptance (accepted / drafted)")
+        self.acc_plot.setYRange(0, 1)
+        self.acc_plot.setLabel("bottom", "seconds")
+        self.acc_curve = self.acc_plot.plot(pen=pg.mkPen(GREEN, width=2))
+        for plot in (self.tps_plot, self.acc_plot):
+            plot.setMinimumHeight(160)
+            plot.setMouseEnabled(False, False)
+            layout.addWidget(plot)
+        self.sources = _plain("")
+        self.sources.setStyleSheet("color: gray")
+        layout.addWidget(self.sources)
+        self.status = _plain("")
+        layout.addWidget(self.status)
+        self.timer = QTimer(self)
+        self.timer.setInterval(SCRAPE_MS)
+        self.timer.timeout.connect(self._on_timer_timeout)
+
+    # --- control ------------------------------------------------------------------------------------
+
+    def watch(self, engine: RemoteEngine, info: RemoteInfo) -> None:
+        self.stop()
+        self.engine, self.info = engine, info
+        self._last, self.latest = None, None
+        self._tps.clear()
+        self._acc.clear()
+        self._t0 = time.monotonic()
+        models = ", ".join(info.models) or "no model listed"
+        self.header.setText(
+            f"Watching {info.engine} at {info.base_url}. Model (remote): {models}. Speculation is the server's "
+            f"own, configured there: {info.speculation}. Figures come from the server's /metrics counters, "
+            "read once a second, as rates between two readings."
+            + ("" if info.has_metrics else " This server has no /metrics (llama-server needs --metrics).")
+        )
+        for label in self.values.values():
+            label.setText("waiting for two readings…")
+        self.status.setText("")
+        self.timer.start()
+        self._on_timer_timeout()
+
+    def stop(self) -> None:
+        self.timer.stop()
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = None
+
+    # --- scraping -----------------------------------------------------------------------------------
+
+    @Slot()
+    def _on_timer_timeout(self) -> None:
+        if self._in_flight or self.engine is None:
+            return
+        self._in_flight = True
+        self.tasks.run(self.engine.scrape, self._on_scraped, self._on_scrape_failed)
+
+    def _on_scraped(self, scrape: Scrape) -> None:
+        self._in_flight = False
+        if self.engine is None:
+            return
+        self.status.setText("")
+        before, self._last = self._last, scrape
+        if before is None:
+            return
+        self.show_rates(rates(before, scrape), reported(scrape), scrape.t - self._t0)
+
+    def _on_scrape_failed(self, exc: Exception) -> None:
+        self._in_flight = False
+        if self.engine is not None:
+            self.status.setText(f"Last reading failed: {exc}")
+
+    def show_rates(self, figures: RemoteRates, exposed: dict[str, bool], t: float) -> None:
+        self.latest = figures
+        for key, _title, fmt in FIGURES:
+            value = getattr(figures, key)
+            if value is not None:
+                text = fmt(value)
+            elif exposed.get(key):
+                text = "idle (nothing new since the last reading)"
+            else:
+                text = NOT_REPORTED
+            self.values[key].setText(text)
+        if figures.tokens_per_second is not None:
+            self._tps.append((t, figures.tokens_per_second))
+            self.tps_curve.setData([p[0] for p in self._tps], [p[1] for p in self._tps])
+        if figures.acceptance is not None:
+            self._acc.append((t, figures.acceptance))
+            self.acc_curve.setData([p[0] for p in self._acc], [p[1] for p in self._acc])
+        self.acc_plot.setTitle("Acceptance (accepted / drafted)" if exposed.get("acceptance")
+                               else f"Acceptance: {NOT_REPORTED}")
+        self.sources.setText("Sources: " + "; ".join(f"{k}: {v}" for k, v in figures.sources.items())
+                             if figures.sources else "")
