@@ -258,7 +258,8 @@ def build_llama_wheel(backend: str, cmake_args: list[str]) -> Path:
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    run([str(venv_python()), "-m", "pip", "wheel", "--no-deps", "--no-binary", "llama-cpp-python",
+    # --no-cache-dir: pip's own wheel cache knows nothing of CMAKE_ARGS and would hand back the first build.
+    run([str(venv_python()), "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python",
          "-w", str(tmp_dir), LLAMA_CPP_PYTHON], env=env)
     tmp_dir.replace(out_dir)
     return sorted(out_dir.glob("llama_cpp_python-*.whl"))[-1]
@@ -277,17 +278,48 @@ def installed_wheel_marker() -> Path:
     return VENV / "specdeck-llama-wheel.txt"
 
 
+# CMake option -> the name llama_print_system_info() lists when that instruction set is compiled in.
+SYSTEM_INFO_FEATURES = {
+    "GGML_AVX": "AVX", "GGML_AVX2": "AVX2", "GGML_FMA": "FMA", "GGML_F16C": "F16C", "GGML_BMI2": "BMI2",
+    "GGML_AVX_VNNI": "AVX_VNNI", "GGML_AVX512": "AVX512", "GGML_AVX512_VBMI": "AVX512_VBMI",
+    "GGML_AVX512_VNNI": "AVX512_VNNI", "GGML_AVX512_BF16": "AVX512_BF16", "GGML_AMX_INT8": "AMX_INT8",
+}
+
+
+def build_mismatches(cmake_args: list[str], system_info: str) -> list[str]:
+    """CPU options of ``cmake_args`` that the installed build does not show in its system info."""
+    if "-DGGML_BACKEND_DL=ON" in cmake_args:
+        return []  # the CPU variant is chosen at run time
+    shown = set(re.findall(r"(\w+) = 1", system_info))
+    wrong = []
+    for arg in cmake_args:
+        m = re.fullmatch(r"-D(GGML_\w+)=(ON|OFF)", arg, flags=re.I)
+        if m and m.group(1) in SYSTEM_INFO_FEATURES:
+            want = m.group(2).upper() == "ON"
+            if (SYSTEM_INFO_FEATURES[m.group(1)] in shown) != want:
+                wrong.append(arg)
+    return wrong
+
+
 def install(backend: str, cmake_args: list[str]) -> None:
     """VENV with llama.cpp built with ``cmake_args``, SpecDeck (editable) and the demo models."""
     ensure_venv()
     wheel = build_llama_wheel(backend, cmake_args)
     marker = installed_wheel_marker()
     # Every cached build has the same version number: without --force-reinstall pip keeps the one installed.
-    same = marker.exists() and marker.read_text() == str(wheel)
+    stamp = f"{wheel} {wheel.stat().st_mtime_ns}"  # a rebuilt wheel has the same path
+    same = marker.exists() and marker.read_text() == stamp
     force = [] if same else ["--force-reinstall", "--no-deps"]
     run([str(venv_python()), "-m", "pip", "install", "-q", *force, str(wheel)])
     run([str(venv_python()), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"])
-    marker.write_text(str(wheel))
+    info = subprocess.run([str(venv_python()), "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info()"
+                           ".decode(errors='replace'))"], capture_output=True, text=True).stdout
+    wrong = build_mismatches(cmake_args, info)
+    if wrong:
+        shutil.rmtree(wheel.parent, ignore_errors=True)
+        sys.exit(f"The installed llama.cpp does not match its flags ({' '.join(wrong)}; it reports: {info.strip()}). "
+                 "The cached build was removed; run this again to rebuild it.")
+    marker.write_text(stamp)
     run([str(venv_script("specdeck")), "demo-models"])
     check = subprocess.run([str(venv_script("specdeck")), "doctor", "--decode-check"])
     if check.returncode != 0:

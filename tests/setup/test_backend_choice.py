@@ -138,3 +138,32 @@ def test_bad_build_value_is_one_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "--build takes CMake flags" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# llama_print_system_info() of the default build on an AVX2 + BMI2 machine (AMD EPYC, Debian 12).
+SYSTEM_INFO_AVX2_BMI2 = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+                         "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
+
+
+def test_an_installed_build_is_checked_against_its_flags() -> None:
+    native = bootstrap.x86_cpu_cmake(LINUX_AVX2)
+    assert bootstrap.build_mismatches(native, SYSTEM_INFO_AVX2_BMI2) == []
+    # The portable flag set turns BMI2 off: a build that still has it is some other build.
+    assert bootstrap.build_mismatches(AVX2_PORTABLE, SYSTEM_INFO_AVX2_BMI2) == ["-DGGML_BMI2=OFF"]
+    assert bootstrap.build_mismatches(["-DGGML_BACKEND_DL=ON", "-DGGML_AVX512=ON"], SYSTEM_INFO_AVX2_BMI2) == []
+
+
+def test_this_venv_runs_the_build_its_flags_describe() -> None:
+    import llama_cpp
+
+    marker = Path(sys.prefix) / "specdeck-llama-wheel.txt"
+    if not marker.exists():
+        pytest.skip("this venv was not set up by bootstrap.py")
+    wheel = Path(marker.read_text().split()[0])
+    flags = next((f for f in (bootstrap.build_flags(p)[1] for p in bootstrap.BUILD_PRESETS)
+                  if bootstrap.wheel_cache_dir(f) == wheel.parent), None)
+    flags = flags or bootstrap.x86_cpu_cmake(bootstrap.cpu_flags())
+    if bootstrap.wheel_cache_dir(flags) != wheel.parent:
+        pytest.skip("this venv's build used flags from SPECDECK_CMAKE_ARGS that are not known here")
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    assert bootstrap.build_mismatches(flags, info) == []
