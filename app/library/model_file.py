@@ -70,5 +70,8 @@ def check_model_file(path: str | Path, role: str = "target") -> GGUFInfo:
         info = read_gguf_info(p)
     except GGUFError as exc:
         raise ModelFileError(f"The {role} model {p.name} cannot be used: {exc}") from exc
-    ensure_model(info)
+    try:
+        ensure_model(info)
+    except MissingShardError as exc:  # one kind for every refusal a user sees, as for the reader's errors
+        raise ModelFileError(str(exc)) from exc
     return info
