@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import models as models_cmd
+from app.errors import ModelFileError
 from app.library.discovery import (
     FOLDER,
     HUGGINGFACE,
@@ -400,3 +401,34 @@ def test_bad_target_is_one_line_and_exit_1(fake_user: dict[str, Path], tmp_path:
 def _w(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+# --- one model-file check, one sentence everywhere ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lora", "second-part", "missing-part"])
+def test_a_refused_model_file_reads_the_same_in_every_command(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str], specdeck_home: Path
+) -> None:
+    from app.cli import doctor
+    from app.library.model_file import check_model_file
+    from tests.app.test_bad_input import write_header
+
+    if kind == "lora":
+        path = write_header(tmp_path / "lora.gguf", "llama", general__type="adapter", adapter__type="lora")
+    elif kind == "second-part":
+        write_header(tmp_path / "z-00001-of-00002.gguf", "llama", split__no=0, split__count=2)
+        path = write_header(tmp_path / "z-00002-of-00002.gguf", "llama", split__no=1, split__count=2)
+    else:
+        path = write_header(tmp_path / "x-00001-of-00002.gguf", "llama", split__no=0, split__count=2)
+    with pytest.raises(ModelFileError) as caught:
+        check_model_file(path, "target")
+    sentence = str(caught.value)
+    assert path.name in sentence
+
+    assert _run_cmd(["--target", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == f"specdeck models: {sentence}"
+    parser = argparse.ArgumentParser()
+    doctor.add_arguments(parser)
+    assert doctor.run(parser.parse_args(["--model", str(path)])) == 2
+    assert capsys.readouterr().err.strip() == f"specdeck doctor: {sentence}"
