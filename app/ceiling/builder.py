@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +40,12 @@ def saved_gpu_bandwidth() -> float | None:
 
 
 def probe_machine(*, backend: BackendInfo | None = None, gpu_bandwidth_override: float | None = None,
-                  refresh: bool = False) -> tuple[HardwareReport, list[Device]]:
+                  refresh: bool = False, nvml: Any = None) -> tuple[HardwareReport, list[Device]]:
     """The hardware report and the devices the roofline sees. Without an explicit override (bytes/s) the
     saved setting applies. ``backend`` None: llama.cpp was not asked, so every GPU with a known bandwidth
-    counts."""
+    counts. ``nvml``: the pynvml module (a recorded stand-in in tests of machines without a GPU)."""
     override = gpu_bandwidth_override if gpu_bandwidth_override is not None else saved_gpu_bandwidth()
-    report = probe_hardware(backend=backend, gpu_bandwidth_override=override, refresh=refresh)
+    report = probe_hardware(backend=backend, nvml=nvml, gpu_bandwidth_override=override, refresh=refresh)
     return report, roofline_devices(report)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ from app.ceiling.backend import (
     probe_backend_isolated,
 )
 from app.ceiling.child import SIGILL_MESSAGE, describe_exit
-from app.ceiling.cpu import probe_cpu
+from app.ceiling.cpu import SINGLE_THREAD_ENV, probe_cpu
 from app.ceiling.gpus import lookup_gpu, nvml_bandwidth, probe_nvidia
 from app.ceiling.hardware import probe_hardware, roofline_devices
 
@@ -383,3 +384,54 @@ def test_this_build_describes_itself() -> None:
     assert info.cpu_features  # every build lists the CPU features it was compiled for
     isolated = probe_backend_isolated()
     assert isolated == info  # the child process sees the same build
+
+
+# --- the saved bandwidth override is applied ------------------------------------------------------------
+
+
+def test_the_saved_bandwidth_override_sets_the_gpu_ceiling(specdeck_home: Path) -> None:
+    from app.ceiling.builder import probe_machine, saved_gpu_bandwidth
+    from app.storage.settings import AppSettings, save_settings
+
+    fake = FakeNVML([card("NVIDIA GeForce RTX 4090", 384, 10501, 24, 1, [])])
+    assert saved_gpu_bandwidth() is None
+    _, devices = probe_machine(nvml=fake)
+    assert [d.bandwidth for d in devices if d.kind == "gpu"] == [pytest.approx(1.008e12, rel=1e-3)]
+
+    save_settings(AppSettings(bandwidth_override_gbps=850.0))
+    assert saved_gpu_bandwidth() == 850 * GB
+    report, devices = probe_machine(nvml=fake)
+    assert [d.bandwidth for d in devices if d.kind == "gpu"] == [850 * GB]
+    assert report.gpus[0].bandwidth_source == "override"
+    # An explicit figure (doctor --gpu-bandwidth) wins over the saved one.
+    _, devices = probe_machine(nvml=fake, gpu_bandwidth_override=700 * GB)
+    assert [d.bandwidth for d in devices if d.kind == "gpu"] == [700 * GB]
+
+
+def test_an_unknown_card_names_the_setting_to_set() -> None:
+    backend = BackendInfo(available=True, backend="vulkan", gpu_offload=True, devices=(
+        BackendDevice("Vulkan0", "Matrox Millennium G200", "gpu", "Vulkan", 2**30, 2**31),))
+    report = probe_hardware(backend=backend, nvml=FakeNVML([]))
+    assert any("bandwidth_override_gbps" in note and "settings.json" in note for note in report.notes)
+
+
+# --- the probes' own entry point --------------------------------------------------------------------------
+
+
+def test_the_frozen_app_runs_the_probe_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.ceiling import child
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    cmd = child.probe_command("cpu", "--threads", "1")
+    assert cmd == [sys.executable, child.PROBE_FLAG, "cpu", "--threads", "1"]
+    monkeypatch.delattr(sys, "frozen")
+    # What the frozen executable runs: packaging/entry.py, given that flag, answers as the probe module does.
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "packaging" / "entry.py"), *cmd[1:], "--bytes",
+                           str(32 << 20)], capture_output=True, text=True, timeout=120,
+                          env={**child.specdeck_env(), **SINGLE_THREAD_ENV})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["bandwidth_single"] > 0
+    assert answer["peak_flops_core"] > 0
+    assert "PySide6" not in done.stderr
