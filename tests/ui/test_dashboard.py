@@ -126,8 +126,15 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     mem = panel.findChild(type(lab["tps"]), "dashboard_memory")
     assert mem is not None
     assert "GPU0 Test GPU: 6.00 GB of 24.0 GB" in mem.text()
-    assert "drafter 0.20 GB" in mem.text()
-    assert f"({ctx} of 4,096 tokens)" in mem.text()
+    assert f"context {ctx} of 4,096 tokens" in mem.text()
+    # One bar per part, in MB: a small model is as readable as a large one.
+    rows = dict(panel.memory_rows())
+    assert rows["target weights"] == 2e9
+    assert rows["drafter weights"] == 2e8
+    assert rows["KV used"] == ctx * 100_000
+    ticks = [label for _, label in panel.p_mem.getAxis("left")._tickLevels[0]]
+    assert "drafter weights 200" in ticks
+    assert "window process" in " ".join(ticks)
 
 
 def test_timer_runs_only_while_generating(qtbot: QtBot, panel: DashboardPanel) -> None:

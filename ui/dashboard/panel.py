@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import psutil
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
 from PySide6.QtGui import QBrush, QColor, QPalette, QPen, QResizeEvent
@@ -42,6 +43,7 @@ TWO_COLUMNS_MIN_WIDTH = 600  # narrower: the plots stack in one column
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
 GB = 1e9
+MB = 1e6
 
 # Hues readable on light and dark backgrounds; the neutral colours come from the palette.
 BLUE = QColor(31, 119, 180)
@@ -61,6 +63,16 @@ def _alpha(c: QColor, a: int) -> QColor:
 
 def _gb(n: float) -> str:
     return f"{n / GB:.2f} GB" if n < 10 * GB else f"{n / GB:.1f} GB"
+
+
+def decode_axis_top(data_top: float, ceilings: dict[str, float | None]) -> tuple[float, dict[str, float]]:
+    """The decode chart's top: the data plus the nearest ceiling above it (or all ceilings below it).
+    Returns it with the ceilings left off the scale, which the title names instead."""
+    known = {n: v for n, v in ceilings.items() if v is not None and np.isfinite(v) and v > 0}
+    above = [v for v in known.values() if v >= data_top]
+    top = max(data_top, min(above) if above else 0.0, *(v for v in known.values() if v < data_top))
+    off = {n: v for n, v in known.items() if v > top * 1.02}
+    return top, off
 
 
 class _XRange:
@@ -119,6 +131,8 @@ class DashboardPanel(QWidget):
         self._memory_probe = memory_probe
         self._memory: MemoryReading | None = None
         self._memory_at = 0.0
+        self._bridge: EngineBridge | None = None
+        self._engine_rss: int | None = None  # the engine worker's resident memory
         self._last_pass_at = 0.0
         self._ceiling_serial = 0  # a ceiling computed for an earlier model is dropped when it arrives
         self.repaints = 0
@@ -136,6 +150,7 @@ class DashboardPanel(QWidget):
 
     def attach(self, bridge: EngineBridge) -> None:
         """Follow the engine: models loaded and gone, every pass, every finished answer."""
+        self._bridge = bridge
         bridge.model_loaded.connect(self.on_loaded)
         bridge.model_unloaded.connect(self.on_unloaded)
         bridge.load_cancelled.connect(self.on_unloaded)
@@ -305,11 +320,18 @@ class DashboardPanel(QWidget):
         self.c_tps_smooth = self.p_tps.plot(pen=pg.mkPen(BLUE, width=2.5), connect="finite",
                                             name="1 s average")
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
-        self.l_spec = self._hline(self.p_tps, RED, solid, "ceiling, 1 token/pass (spec): {value:.0f}")
-        self.l_measured = self._hline(self.p_tps, ORANGE, dash,
-                                      "ceiling, 1 token/pass (measured): {value:.0f}", at=0.42)
-        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "speculative ceiling (τ × spec): {value:.0f}",
-                                      at=0.55)
+        self.l_spec = self._hline(self.p_tps, RED, solid, "spec-sheet roof: {value:.0f}")
+        self.l_measured = self._hline(self.p_tps, ORANGE, dash, "measured here: {value:.0f}", at=0.42)
+        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.55)
+        # What the lines mean. The two ceilings differ by design: the roof is the spec sheet's bandwidth
+        # over the bytes each token reads; "measured" is plain one-token decoding timed on this machine.
+        self.tps_legend = self._legend(self.p_tps, [
+            (pg.mkPen(_alpha(BLUE, 110), width=1), "each pass"),
+            (pg.mkPen(BLUE, width=2.5), "1 s average"),
+            (pg.mkPen(RED, width=1.5), "spec-sheet roof: bandwidth ÷ bytes per token"),
+            (pg.mkPen(ORANGE, width=1.5, style=dash), "measured: plain decode on this machine"),
+            (pg.mkPen(GREEN, width=1.5, style=dot), "τ × roof: best case when speculating"),
+        ])
         self.y_tps = _YRange(self.p_tps, 10.0)
         self._tps_title = "Decode speed"
 
@@ -339,14 +361,14 @@ class DashboardPanel(QWidget):
         self.p_k = plot(2, 1, "Draft depth k chosen", "k", "seconds")
         self.c_k = self.p_k.plot(pen=pg.mkPen(ORANGE, width=1.5))
         self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(_alpha(BLUE, 160), width=1.5))
+        self.k_legend = self._legend(self.p_k, [(pg.mkPen(ORANGE, width=1.5), "k chosen"),
+                                                (pg.mkPen(_alpha(BLUE, 160), width=1.5), "τ, last 32 passes")])
         self.y_k = _YRange(self.p_k, 4.0)
         self.x_time = _XRange((self.p_tps, self.p_acc, self.p_k))
 
-        # Memory: horizontal bars in GB.
-        self.p_mem = plot(3, 0, "Memory", "", "GB", colspan=2)
-        self.bars_mem_bg = pg.BarGraphItem(x0=np.zeros(0), y=np.zeros(0), width=np.zeros(0), height=0.6)
+        # Memory: one bar per part of the loaded model and per process, in MB (a 0.1 GB model stays visible).
+        self.p_mem = plot(3, 0, "Memory (MB)", "", "MB", colspan=2)
         self.bars_mem = pg.BarGraphItem(x0=np.zeros(0), y=np.zeros(0), width=np.zeros(0), height=0.6)
-        self.p_mem.addItem(self.bars_mem_bg)
         self.p_mem.addItem(self.bars_mem)
         self.mem_label = QLabel("", self)
         self.mem_label.setObjectName("dashboard_memory")
@@ -378,6 +400,15 @@ class DashboardPanel(QWidget):
     def resizeEvent(self, event: QResizeEvent) -> None:
         self._arrange_plots(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
         super().resizeEvent(event)
+
+    def _legend(self, p: pg.PlotItem, entries: list[tuple[QPen, str]]) -> pg.LegendItem:
+        """A small legend in the plot's top-left corner, drawn from a cache (it never changes)."""
+        legend = pg.LegendItem(offset=(4, 2), labelTextSize="7pt", verSpacing=-6, brush=_alpha(QColor(0, 0, 0), 0))
+        legend.setParentItem(p.vb)
+        for pen, name in entries:
+            legend.addItem(pg.PlotDataItem(pen=pen), name)
+        legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        return legend
 
     def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
                at: float = 0.02) -> pg.InfiniteLine:
@@ -417,6 +448,11 @@ class DashboardPanel(QWidget):
             self._memory_probe = MemoryProbe()
         with contextlib.suppress(Exception):  # psutil/NVML hiccup: keep the last reading
             self._memory = self._memory_probe.read()
+        pid = self._bridge.worker_pid if self._bridge is not None else None
+        self._engine_rss = None
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                self._engine_rss = int(psutil.Process(pid).memory_info().rss)
         self._paint_memory()
 
     def _paint(self) -> None:
@@ -437,8 +473,12 @@ class DashboardPanel(QWidget):
             self.x_time.fit(0.0, 0.0)
 
         spec, measured, spec_tau = s.spec_ceiling, s.measured_ceiling, s.speculative_ceiling
-        for line, value in ((self.l_spec, spec), (self.l_measured, measured), (self.l_spec_tau, spec_tau)):
-            if value is None or not np.isfinite(value):
+        data_top = float(np.nanmax(s.tps_smooth)) if len(t) and np.isfinite(s.tps_smooth).any() else 0.0
+        top, off_scale = decode_axis_top(data_top, {"measured": measured, "spec-sheet roof": spec,
+                                                    "τ × roof": spec_tau})
+        for line, name, value in ((self.l_spec, "spec-sheet roof", spec), (self.l_measured, "measured", measured),
+                                  (self.l_spec_tau, "τ × roof", spec_tau)):
+            if value is None or not np.isfinite(value) or name in off_scale:
                 line.setVisible(False)
             else:
                 # Shown first: pyqtgraph leaves a hidden line's label text as it was. Moving the line
@@ -448,17 +488,9 @@ class DashboardPanel(QWidget):
                 if abs(line.value() - value) > 0.005 * max(abs(value), 1e-9) or not was_visible:
                     line.setValue(value)
                     line.label.valueChanged()
-        top = max([v for v in (spec, measured) if v is not None] + [0.0])
-        if len(t):
-            top = max(top, float(np.nanmax(s.tps_smooth)) if np.isfinite(s.tps_smooth).any() else 0.0)
-        # A speculative ceiling far above everything else would flatten the measured curve: then it is
-        # named in the title instead of drawn.
-        off_scale = spec_tau is not None and np.isfinite(spec_tau) and spec_tau > 2.5 * max(top, 1e-9)
-        if spec_tau is not None and not off_scale:
-            top = max(top, spec_tau)
-        if off_scale:
-            self.l_spec_tau.setVisible(False)
-        title = f"Decode speed (speculative ceiling {spec_tau:.0f} tok/s, off scale)" if off_scale else "Decode speed"
+        # A ceiling far above the data would flatten the curve: it is named in the title instead of drawn.
+        far = ", ".join(f"{name} {value:.0f}" for name, value in off_scale.items())
+        title = f"Decode speed (off scale: {far} tok/s)" if far else "Decode speed"
         if title != self._tps_title:
             self._tps_title = title
             self.p_tps.setTitle(title)
@@ -531,63 +563,42 @@ class DashboardPanel(QWidget):
         lab["context"].setText(c.context_text if c.n_ctx else "no model")
         lab["device"].setText(" · ".join(x for x in (c.backend, c.device) if x) or "–")
 
+    def memory_rows(self) -> list[tuple[str, float]]:
+        """The memory chart's bars, top to bottom: (label, bytes). The engine process holds the weights and
+        the KV cache; the window's own process is listed apart."""
+        ld = self.metrics.loaded
+        rows: list[tuple[str, float]] = []
+        if ld is not None:
+            rows.append(("target weights", float(ld.target.size_bytes)))
+            if ld.drafter is not None:
+                rows.append(("drafter weights", float(ld.drafter.size_bytes)))
+            rows.append(("KV allocated", float(ld.kv_bytes_total)))
+            rows.append(("KV used", float(self.metrics.current().kv_bytes_used)))
+        if self._engine_rss is not None:
+            rows.append(("engine process", float(self._engine_rss)))
+        if self._memory is not None:
+            rows.append(("window process", float(self._memory.process_rss)))
+        return rows
+
     def _paint_memory(self) -> None:
         m = self._memory
-        ld = self.metrics.loaded
-        cur = self.metrics.current()
-        rows: list[tuple[str, list[tuple[float, QColor]], float]] = []  # label, segments, background length
+        rows = self.memory_rows()
+        colours = {"target weights": ORANGE, "drafter weights": PURPLE, "KV allocated": GREEN, "KV used": GREEN,
+                   "engine process": BLUE, "window process": BLUE}
+        ys = [float(len(rows) - 1 - i) for i in range(len(rows))]
+        widths = [b / MB for _, b in rows]
+        brushes = [_alpha(colours[label], 110 if label == "KV allocated" else 220) for label, _ in rows]
+        self.bars_mem.setOpts(x0=np.zeros(len(rows)), y=np.array(ys), width=np.array(widths), height=0.6,
+                              brushes=brushes, pens=[pg.mkPen(None)] * len(rows))
+        ticks = [(y, f"{label} {b / MB:,.0f}") for y, (label, b) in zip(ys, rows, strict=True)]
+        self.p_mem.getAxis("left").setTicks([ticks])
+        self.p_mem.setXRange(0, max([*widths, 1.0]) * 1.05, padding=0)
+        self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
         text: list[str] = []
         if m is not None:
-            for g in m.gpus:
-                segs = [(float(g.used), _alpha(BLUE, 200))]
-                rows.append((f"GPU{g.index} VRAM", segs, float(g.total)))
-                ours = f", {_gb(g.ours)} ours" if g.ours else ""
-                text.append(f"GPU{g.index} {g.name}: {_gb(g.used)} of {_gb(g.total)}{ours}")
-            if not m.gpus or (ld is not None and ld.backend == "cpu"):
-                rows.append(("RAM", [(float(m.ram_used), _alpha(BLUE, 200))], float(m.ram_total)))
-                text.append(f"RAM: {_gb(m.ram_used)} of {_gb(m.ram_total)} (this app {_gb(m.process_rss)})")
+            text += [f"GPU{g.index} {g.name}: {_gb(g.used)} of {_gb(g.total)} used" for g in m.gpus]
+            text.append(f"RAM: {_gb(m.ram_used)} of {_gb(m.ram_total)} used")
+        ld = self.metrics.loaded
         if ld is not None:
-            target_w = float(ld.target.size_bytes)
-            drafter_w = float(ld.drafter.size_bytes) if ld.drafter else 0.0
-            kv_used = float(cur.kv_bytes_used)
-            kv_free = max(float(ld.kv_bytes_total) - kv_used, 0.0)
-            segs = [(target_w, _alpha(ORANGE, 220)), (drafter_w, _alpha(PURPLE, 220)),
-                    (kv_used, _alpha(GREEN, 230)), (kv_free, _alpha(GREEN, 90))]
-            rows.append(("Model", segs, 0.0))
-            drafter = f", drafter {_gb(drafter_w)}" if ld.drafter else ""
-            text.append(f"Weights: target {_gb(target_w)}{drafter}; KV cache {_gb(kv_used)} used of "
-                        f"{_gb(ld.kv_bytes_total)} allocated ({cur.context_text})")
-        x0: list[float] = []
-        ys: list[float] = []
-        widths: list[float] = []
-        brushes: list[QColor] = []
-        bx0: list[float] = []
-        bys: list[float] = []
-        bw: list[float] = []
-        ticks: list[tuple[float, str]] = []
-        xmax = 1.0
-        for i, (label, segs, bg) in enumerate(rows):
-            y = float(len(rows) - 1 - i)
-            ticks.append((y, label))
-            pos = 0.0
-            for length, color in segs:
-                if length <= 0:
-                    continue
-                x0.append(pos / GB)
-                ys.append(y)
-                widths.append(length / GB)
-                brushes.append(color)
-                pos += length
-            if bg > 0:
-                bx0.append(0.0)
-                bys.append(y)
-                bw.append(bg / GB)
-            xmax = max(xmax, pos / GB, bg / GB)
-        self.bars_mem.setOpts(x0=np.array(x0), y=np.array(ys), width=np.array(widths), height=0.6,
-                              brushes=brushes, pens=[pg.mkPen(None)] * len(brushes))
-        self.bars_mem_bg.setOpts(x0=np.array(bx0), y=np.array(bys), width=np.array(bw), height=0.6,
-                                 brush=self._mem_bg, pen=pg.mkPen(None))
-        self.p_mem.getAxis("left").setTicks([ticks])
-        self.p_mem.setXRange(0, xmax * 1.05, padding=0)
-        self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
-        self.mem_label.setText(" · ".join(text) if text else "")
+            text.append(f"context {self.metrics.current().context_text}")
+        self.mem_label.setText(" · ".join(text))

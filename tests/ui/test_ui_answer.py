@@ -1,0 +1,78 @@
+"""An answer in the real window on tiny models: focus goes to the message box after a load, the view
+follows the answer (and stops following when the user scrolls up), the stop reason is shown and stored
+with Continue offered after Max tokens, the footer names the model file, and the dashboard's strip ends on
+the same totals as the stats line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from tests.ui.conftest import LOAD_TIMEOUT_MS, choose_pair, set_sampling
+
+ANSWER_TIMEOUT_MS = 60_000
+
+
+def test_focus_follow_stop_reason_and_strip_totals(
+    qtbot: QtBot, make_window, tiny_target: Path, tiny_drafter_same: Path  # type: ignore[no-untyped-def]
+) -> None:
+    window = make_window(folders=(tiny_target.parent,))
+    window.resize(1100, 700)
+    window.show()
+    window.activateWindow()
+    qtbot.waitActive(window)
+    window.sampling_form.spins["temperature"].setFocus()
+    choose_pair(qtbot, window, tiny_target, tiny_drafter_same)
+    window.picker.ctx_spin.setValue(4096)  # room for several answers
+    with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        assert window.picker.request_load()
+    chat = window.chat
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is chat.input, timeout=5000)
+
+    # Fill the view so the answer starts below the visible area, then scroll up before sending.
+    chat.view.show_messages([])
+    set_sampling(window, temperature=0, max_tokens=300)
+    for _ in range(2):
+        with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+            assert chat.send("Write a long answer.")
+    bar = chat.view.verticalScrollBar()
+    assert bar.maximum() > 0
+    bar.setValue(0)
+    assert not chat.view.following
+    values: list[tuple[int, int]] = []
+    window.bridge.token_received.connect(lambda _e: values.append((bar.value(), bar.maximum())))
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+        assert chat.send("And another one.")  # Send scrolls to the end and follows the answer
+    assert values
+    assert all(v == m for v, m in values[1:])
+    assert bar.value() == bar.maximum()
+
+    event = finished.args[0]
+    assert event.reason == "max_tokens"
+    answer = chat.messages[-1]
+    assert answer.stop_reason == "max_tokens"
+    assert window.store.messages(chat.chat_id)[-1].stop_reason == "max_tokens"
+    line = chat.view.stats_lines()[-1]
+    assert line.startswith(f"cut at Max tokens · {tiny_target.name} + {tiny_drafter_same.name} · ")
+    assert chat.continue_button.isVisible()
+
+    # The strip now shows this answer's totals, written exactly as the stats line writes them.
+    window.dashboard._paint()
+    labels = window.dashboard.labels
+    assert labels["scope"].text() == "answer:"
+    assert f"decode {labels['tps'].text()}" in line
+    assert f"{labels['tau'].text().removeprefix('τ ')} tokens/pass" in line
+    if event.stats.drafted:
+        assert f"acceptance {labels['acceptance'].text().removeprefix('accept ')}" in line
+
+    # Scrolled up while an answer streams: the view stays where the user put it.
+    set_sampling(window, max_tokens=200)
+    with qtbot.waitSignal(window.bridge.token_received, timeout=ANSWER_TIMEOUT_MS):
+        assert chat.continue_answer()
+    bar.setValue(0)
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+        pass
+    assert bar.value() == 0
+    assert chat.messages[-2].text == "Continue."
