@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.ceiling.backend_modules import describe_modules
 from app.ceiling.decode_check import one_line
 from app.ceiling.report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.engine.params import KV_TYPES
 from app.errors import AppError
-from app.units import format_bytes, format_si
+from app.units import format_bytes, format_count, format_si
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +91,9 @@ def render_text(r: dict[str, Any]) -> str:
             f"{b['ggml_commit'] or '?'}), llama-cpp-python {b['llama_cpp_python']}")
         add(f"backend      {b['backend']}" + ("" if b["gpu_offload"] else " (no GPU offload in this build)"))
         add(f"CPU features {' '.join(b['cpu_features']) or '?'}")
+        modules = describe_modules(tuple(b.get("modules") or ()))
+        if modules:
+            add(f"modules      {modules}")
         add("devices      " + ", ".join(f"{d['name']} ({d['description']})" for d in b["devices"]))
     else:
         add(f"llama.cpp    not usable: {b.get('error') or 'not probed'}")
@@ -116,7 +120,7 @@ def render_text(r: dict[str, Any]) -> str:
             continue
         add("")
         add(f"{role:<12} {m['name']} ({m['architecture']}, {m['quantization']}): "
-            f"{format_bytes(m['weight_bytes'])} of weights, {m['n_params'] / 1e6:.1f} M parameters, "
+            f"{format_bytes(m['weight_bytes'])} of weights, {format_count(m['n_params'])} parameters, "
             f"trained context {m['n_ctx_train']}")
         swa = f", {m['swa_layer_count']} sliding-window layers" if m["swa_layer_count"] else ""
         add(f"KV cache     {s['kv_type']}: {m['kv_bytes_per_token']:,} B/token{swa}; at {s['ctx']} tokens "
