@@ -1,14 +1,27 @@
-"""`specdeck chat`: a streaming chat in the terminal, through the same engine worker as the window."""
+"""`specdeck chat`: a streaming chat in the terminal, through the same engine worker as the window.
+
+Everything the model or the model file says is printed through ``terminal_safe``. After an engine crash
+the worker is restarted and the model reloaded (the partial answer stays in the conversation, marked as
+cut); when that fails, the command says so and exits non-zero.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TextIO
 
+from app.engine.client import EngineClient
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
-from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
+from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
+from app.safe_text import terminal_safe
+
+EXIT_ERROR = 1  # bad arguments, or the model could not be loaded
+EXIT_ENGINE_LOST = 3  # the engine crashed and could not be brought back
+MAX_RESTARTS = 3  # crashes in a row (without an answer in between) before giving up
+CUT_MARK = "[answer cut off: the engine stopped]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +35,101 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats", action="store_true", help="print speed and acceptance after each answer")
 
 
-def run(args: argparse.Namespace) -> int:
-    from app.engine.client import EngineClient
+def say(text: str, stream: TextIO | None = None) -> None:
+    """One line for the user on stderr (the answer alone goes to stdout), made safe for the terminal."""
+    print(f"specdeck chat: {terminal_safe(text, one_line=True)}", file=stream or sys.stderr, flush=True)
 
+
+class TerminalChat:
+    """The conversation and the engine behind it; each method returns False once the engine is lost."""
+
+    def __init__(self, client: EngineClient, settings: LoadSettings, sampling: SamplingSettings,
+                 stats: bool) -> None:
+        self.client = client
+        self.settings = settings
+        self.sampling = sampling
+        self.stats = stats
+        self.messages: list[dict[str, str]] = []
+        self.crashes_in_a_row = 0
+
+    def load(self) -> bool:
+        self.client.load(self.settings)
+        for event in self.client.events():
+            if isinstance(event, EngineError | EngineCrashed):
+                say(event.message or "The engine stopped while loading the model.")
+                return False
+            if isinstance(event, Loaded):
+                name = terminal_safe(event.target.name, one_line=True)
+                print(f"[{name} loaded; empty line or Ctrl+D to quit]", file=sys.stderr, flush=True)
+                note = self.settings.context_note(event.n_ctx)
+                if note:
+                    say(note)
+        return True
+
+    def recover(self, crash: EngineCrashed) -> bool:
+        """Report a crash, then restart the worker and reload; False (and why) when that is not possible."""
+        say(crash.message or "The engine stopped.")
+        self.crashes_in_a_row += 1
+        if self.crashes_in_a_row > MAX_RESTARTS:
+            say(f"The engine crashed {MAX_RESTARTS + 1} times in a row; giving up. Your conversation is above.")
+            return False
+        say("Restarting the engine and reloading the model…")
+        self.client.restart()
+        if not self.load():
+            say("The engine could not be restarted, so the chat cannot go on.")
+            return False
+        return True
+
+    def check_idle(self) -> bool:
+        """A crash while waiting for the user is reported (and recovered) before the next message."""
+        event = self.client.poll(0.0)
+        while event is not None:
+            if isinstance(event, EngineCrashed):
+                return self.recover(event)
+            event = self.client.poll(0.0)
+        return True
+
+    def ask(self, line: str) -> bool:
+        self.messages.append({"role": "user", "content": line})
+        self.client.generate(self.messages, self.sampling)
+        answer: list[str] = []
+        for event in self.client.events():
+            if isinstance(event, PromptProcessed) and event.warning:
+                say(event.warning)
+            elif isinstance(event, Token):
+                answer.append(event.text)
+                sys.stdout.write(terminal_safe(event.text))
+                sys.stdout.flush()
+            elif isinstance(event, Finished):
+                print()
+                self.messages.append({"role": "assistant", "content": event.text})
+                self.crashes_in_a_row = 0
+                if self.stats:
+                    s = event.stats
+                    print(f"[{s.decode_tps:.1f} tok/s, acceptance {s.acceptance:.2f}, "
+                          f"{s.tokens_per_pass:.2f} tokens/pass, {event.reason}]", file=sys.stderr)
+                return True
+            elif isinstance(event, EngineError):
+                if answer:
+                    print()
+                # The request was refused (too long, bad text): drop it so the next turn is not refused too.
+                self.messages.pop()
+                say(event.message)
+                return True
+            elif isinstance(event, EngineCrashed):
+                if answer:
+                    # The partial answer stays in the conversation; the mark is only shown, never sent.
+                    print(f"\n{CUT_MARK}")
+                    self.messages.append({"role": "assistant", "content": "".join(answer)})
+                else:
+                    print(file=sys.stdout)
+                    self.messages.pop()  # nothing was answered: the user can send it again
+                    say("Your message was not answered; send it again once the engine is back.")
+                return self.recover(event)
+        return True
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         settings = LoadSettings(
             target_path=str(args.target),
@@ -33,19 +138,16 @@ def run(args: argparse.Namespace) -> int:
         ).validate()
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens).validate()
     except AppError as exc:
-        print(f"specdeck chat: {exc}", file=sys.stderr)
-        return 1
+        say(str(exc))
+        return EXIT_ERROR
     client = EngineClient()
     client.start()
+    chat = TerminalChat(client, settings, sampling, args.stats)
     try:
-        client.load(settings)
-        for event in client.events():
-            if isinstance(event, EngineError | EngineCrashed):
-                print(f"specdeck chat: {getattr(event, 'message', event)}", file=sys.stderr)
-                return 1
-            if isinstance(event, Loaded):
-                print(f"[{event.target.name} loaded; empty line or Ctrl+D to quit]", file=sys.stderr)
-        messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+        if not chat.load():
+            return EXIT_ERROR
+        if args.system:
+            chat.messages.append({"role": "system", "content": args.system})
         while True:
             try:
                 line = input("> ")
@@ -53,23 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 break
             if not line.strip():
                 break
-            messages.append({"role": "user", "content": line})
-            client.generate(messages, sampling)
-            answer = ""
-            for event in client.events():
-                if isinstance(event, Token):
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                elif isinstance(event, Finished):
-                    answer = event.text
-                    print()
-                    if args.stats:
-                        s = event.stats
-                        print(f"[{s.decode_tps:.1f} tok/s, acceptance {s.acceptance:.2f}, "
-                              f"{s.tokens_per_pass:.2f} tokens/pass, {event.reason}]", file=sys.stderr)
-                elif isinstance(event, EngineError | EngineCrashed):
-                    print(f"\nspecdeck chat: {event.message}", file=sys.stderr)
-            messages.append({"role": "assistant", "content": answer})
+            if not chat.check_idle() or not chat.ask(line):
+                return EXIT_ENGINE_LOST
     except KeyboardInterrupt:
         pass
     finally:

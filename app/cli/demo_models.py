@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.errors import DownloadError
 from app.library.demo_install import install_demo_models
+from app.safe_text import terminal_safe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,10 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        paths = install_demo_models(args.dir, log=lambda m: print(m, file=sys.stderr))
+        paths = install_demo_models(args.dir, log=lambda m: print(terminal_safe(m), file=sys.stderr))
     except DownloadError as exc:
-        print(f"specdeck demo-models: {exc}", file=sys.stderr)
+        print(f"specdeck demo-models: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         return 1
     for path in paths:
-        print(path)
+        print(terminal_safe(path, one_line=True))
     return 0

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import ModelFileError
-from app.library.gguf_reader import GGUFInfo
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
-from app.library.pair_stats import load_measured
+from app.library.gguf_reader import GGUFInfo
 from app.library.model_file import check_model_file
+from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
+from app.safe_text import terminal_safe
 from app.units import format_bytes, format_count
+
+MAX_LISTED_ERRORS = 50  # past this, the unusable files are summarised (all of them are in --json)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,10 +51,16 @@ def _rec_json(r: Recommendation) -> dict[str, Any]:
     return {"path": r.drafter_path, "name": r.name, "kind": r.kind, "cost_ratio": round(r.cost_ratio, 6),
             "acceptance": r.acceptance, "acceptance_source": r.acceptance_source, "best_k": r.best_k,
             "tokens_per_pass": round(r.tokens_per_pass, 4), "predicted_speedup": round(r.speedup, 4),
-            "note": r.note}
+            "curve": r.curve, "bandwidth_bound_speedup": round(r.bandwidth_speedup, 4), "note": r.note}
+
+
+def _cell(value: object) -> str:
+    """File-derived text (names, architectures, reasons) as one terminal-safe line."""
+    return terminal_safe(value, one_line=True)
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
+    rows = [[_cell(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
@@ -63,7 +72,7 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
     for e in entries:
         i = e.info
         if i is None:
-            broken.append(f"  {e.source}: {e.label}: {e.error}")
+            broken.append(f"  {_cell(e.source)}: {_cell(e.label)}: {_cell(e.error)}")
             continue
         note = "" if i.kind == "model" else i.kind
         if e.error:
@@ -73,29 +82,35 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
     out = [_table(rows)] if len(rows) > 1 else ["No GGUF models found."]
     if broken:
         out.append(f"\nCannot be used ({len(broken)}):")
-        out += broken
+        out += broken[:MAX_LISTED_ERRORS]
+        if len(broken) > MAX_LISTED_ERRORS:
+            out.append(f"  … and {len(broken) - MAX_LISTED_ERRORS} more (`specdeck models --json` lists them all).")
     return "\n".join(out)
 
 
 def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[LibraryEntry]) -> str:
     labels = {e.path: e.label for e in entries}
-    out = [f"\nDrafters for {Path(target.path).name} ({format_bytes(target.tensor_bytes)} of weights), "
-           "ranked by predicted speedup on a bandwidth-bound device:"]
-    rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP"]]
+    curve = report.recommendations[-1].curve  # every row of one ranking uses the target's curve
+    out = [f"\nDrafters for {_cell(Path(target.path).name)} ({format_bytes(target.tensor_bytes)} of weights), "
+           f"ranked by predicted speedup on {curve}:"]
+    rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP", "GPU-STYLE"]]
     for n, r in enumerate(report.recommendations, 1):
         if r.drafter_path is None:
             rank, label = "free", r.name
         else:
             rank, label = str(n), f"{labels.get(r.drafter_path, Path(r.drafter_path).name)} ({r.name})"
         rows.append([rank, label, f"{r.cost_ratio:.3f}", f"{r.acceptance:.2f} {r.acceptance_source}",
-                     str(r.best_k), f"{r.tokens_per_pass:.2f}", f"{r.speedup:.2f}x"])
+                     str(r.best_k), f"{r.tokens_per_pass:.2f}", f"{r.speedup:.2f}x",
+                     f"{r.bandwidth_speedup:.2f}x bandwidth-bound"])
     out.append(_table(rows))
     if len(report.recommendations) == 1:
         out.append("No model in the library has a vocabulary this target accepts; the n-gram drafter "
                    "needs none.")
     if report.refused:
         out.append(f"\nCannot draft for it ({len(report.refused)}):")
-        out += [f"  {e.label}: {res.reason}" for e, res in report.refused]
+        out += [f"  {_cell(e.label)}: {_cell(res.reason)}" for e, res in report.refused[:MAX_LISTED_ERRORS]]
+        if len(report.refused) > MAX_LISTED_ERRORS:
+            out.append(f"  … and {len(report.refused) - MAX_LISTED_ERRORS} more (`--json` lists them all).")
     return "\n".join(out)
 
 
@@ -109,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             target = check_model_file(args.target, "target")
         except ModelFileError as exc:
-            print(f"specdeck models: {exc}", file=sys.stderr)
+            print(f"specdeck models: {_cell(exc)}", file=sys.stderr)
             return 1
     entries = discover(extra_folders=args.folder)
     report = drafters_for(target, entries, load_measured()) if target is not None else None

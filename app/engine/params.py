@@ -114,10 +114,18 @@ class LoadSettings:
             raise SettingsError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {self.kv_type!r}.")
         if self.kv_type in ("q8_0", "q4_0") and self.flash_attn == "off":
             raise SettingsError("A quantized KV cache needs flash attention: set it to auto or on.")
+        self.draft.validate()  # first: an out-of-range depth is named with its own limit
         if self.draft.k_max + 1 > self.n_batch:
-            raise SettingsError("The batch size must be larger than the maximum draft depth.")
-        self.draft.validate()
+            raise SettingsError(f"The batch size ({self.n_batch}) must be larger than the maximum draft depth "
+                                f"({self.draft.k_max}); raise the batch size or lower the depth.")
         return self
+
+    def context_note(self, loaded_n_ctx: int) -> str | None:
+        """What to tell the user when llama.cpp made the context larger than asked (it rounds up to 256)."""
+        if loaded_n_ctx <= self.n_ctx:
+            return None
+        return (f"The context was raised from the {self.n_ctx} tokens asked for to {loaded_n_ctx}, the "
+                "smallest size llama.cpp allocates for it.")
 
 
 def threads_beside_window() -> int:

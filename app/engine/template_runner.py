@@ -16,6 +16,7 @@ for the deadline. A killed child is replaced on the next render.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -73,10 +74,8 @@ def _limit_address_space(headroom: int) -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    try:
+    with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ValueError, OSError):
-        pass
 
 
 def _limit_cpu(seconds: float) -> None:
@@ -88,13 +87,11 @@ def _limit_cpu(seconds: float) -> None:
     used = resource.getrusage(resource.RUSAGE_SELF)
     spent = used.ru_utime + used.ru_stime
     _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = int(math.ceil(spent + seconds)) + 2
+    soft = math.ceil(spent + seconds) + 2
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
-    try:
+    with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-    except (ValueError, OSError):
-        pass
 
 
 def serve(conn: Connection, headroom: int) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import StorageError
+from app.paths import data_dir
 from app.storage.atomic import atomic_write_json
 from app.storage.history import FILE_NAME, ChatSummary, HistoryBusyError, HistoryStore, StoredMessage
-from app.paths import data_dir
 
 BUSY_TIMEOUT_S = 0.1  # the longest the window waits for another writer's lock before buffering
 CLOSE_TIMEOUT_S = 5.0  # at close, a last, longer wait before saving the rest to a side file

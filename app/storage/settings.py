@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.storage.atomic import atomic_write_json
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
+from app.storage.atomic import atomic_write_json
 
 SCHEMA_VERSION = 1
 FILE_NAME = "settings.json"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.storage.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from app.errors import StorageError
+from app.storage.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 def _try_mount_tmpfs(folder: Path, size: str) -> bool:

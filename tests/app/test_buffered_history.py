@@ -54,7 +54,7 @@ def test_a_lock_held_at_startup_keeps_turns_in_memory_and_writes_them_later(tmp_
         assert store.warning is not None
         assert "kept in memory" in store.warning
         chat, user, answer = _one_turn(store, "while locked")
-        assert chat < 0 and user < 0 and answer < 0  # provisional ids
+        assert max(chat, user, answer) < 0  # provisional ids
         assert store.pending_count > 0
         # The waiting turn is shown, with its latest text.
         assert [c.title for c in store.list_chats()] == ["while locked"]
@@ -88,7 +88,7 @@ def test_a_lock_taken_mid_session_buffers_then_catches_up(tmp_path: Path) -> Non
             assert store.update_answer(answer, "second answer"[: 3 + n])
         store.finish_answer(answer, "second answer", "interrupted")
         assert time.monotonic() - started < 3.0  # each write waited a fraction of a second, at most
-        assert user < 0 and answer < 0
+        assert max(user, answer) < 0
         assert store.pending_count <= 4  # the streaming flushes of one answer were merged
         assert [m.text for m in store.messages(chat)][-2:] == ["second question", "second answer"]
     store.rename_chat(chat, "renamed")  # the next write finds the database free and writes all in order

@@ -56,7 +56,7 @@ def test_bad_lines_are_named(tmp_path: Path, line: bytes, fragment: str) -> None
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="holds no prompts"):
         read_prompts(_write(tmp_path, b"\n  \n"))
-    with pytest.raises(SettingsError, match="Cannot read the prompts file .*No such file"):
+    with pytest.raises(SettingsError, match=r"Cannot read the prompts file .*No such file"):
         read_prompts(tmp_path / "missing.jsonl")
     with pytest.raises(SettingsError, match="not a regular file"):
         read_prompts(tmp_path)
