@@ -53,20 +53,28 @@ def test_every_app_module_imports_with_qt_blocked() -> None:
         for p in (ROOT / "app").rglob("*.py")
         if p.name != "__main__.py"
     )
-    script = (
-        "import importlib, sys\n"
+    blocker = (
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name.split('.')[0] in {FORBIDDEN!r}:\n"
         "            raise ImportError('app imported ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        f"for m in {modules!r}:\n"
+    )
+    assert _import_in_fresh_python(modules, before=blocker).startswith("ok")
+
+
+def _import_in_fresh_python(modules: list[str], before: str = "") -> str:
+    """Import ``modules`` in a new interpreter (after running ``before``); its stdout: "ok", the number of
+    modules loaded, and whether llama_cpp is among them."""
+    script = (
+        "import importlib, sys\n" + before
+        + f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
-        "print('ok', len(sys.modules))\n"
+        "print('ok', len(sys.modules), 'llama_cpp' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("ok")
+    return done.stdout.strip()
 
 
 def _app_modules() -> dict[str, Path]:
@@ -106,15 +114,7 @@ def test_the_engine_and_the_ceiling_never_load_llama_cpp_at_import() -> None:
     loaders = {"app.engine.llama", "app.engine.session", "app.engine.speculative", "app.engine.drafters",
                "app.engine.bench"}
     modules = sorted(m for m, p in _app_modules().items() if p.name != "__main__.py" and m not in loaders)
-    script = (
-        "import importlib, sys\n"
-        f"for m in {modules!r}:\n"
-        "    importlib.import_module(m)\n"
-        "print('llama_cpp' in sys.modules)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "False"
+    assert _import_in_fresh_python(modules).endswith("False")
 
 
 GUI_RUN = """
