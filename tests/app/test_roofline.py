@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from app.library.gguf_reader import read_gguf_info
 from app.ceiling.roofline import (
     COMPUTE,
     MEMORY,
@@ -31,6 +30,7 @@ from app.ceiling.roofline import (
     place,
     roof,
 )
+from app.library.gguf_reader import read_gguf_info
 
 GB = 1e9
 MIB = 1 << 20
