@@ -8,6 +8,7 @@ Everything untrusted goes through :func:`terminal_safe` before it reaches stdout
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides and isolates
 # (which reorder what the reader sees: "Trojan Source").
@@ -35,3 +36,14 @@ def terminal_safe(text: object, *, one_line: bool = False) -> str:
     value = text if isinstance(text, str) else str(text)
     value = (_UNSAFE_ONE_LINE if one_line else _UNSAFE).sub(_visible, value)
     return _SURROGATE.sub("\ufffd", value)
+
+
+def terminal_safe_values(value: Any) -> Any:
+    """A report (dicts, lists, tuples) with every string in it made one terminal-safe line."""
+    if isinstance(value, str):
+        return terminal_safe(value, one_line=True)
+    if isinstance(value, dict):
+        return {terminal_safe_values(k): terminal_safe_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(terminal_safe_values(v) for v in value)
+    return value

@@ -18,6 +18,7 @@ from app.ceiling.decode_check import one_line
 from app.ceiling.report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.engine.params import KV_TYPES
 from app.errors import AppError
+from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 
 
@@ -50,7 +51,7 @@ def options_from(args: argparse.Namespace) -> DoctorOptions:
 
 
 def fail(message: str) -> int:
-    print(f"specdeck doctor: {one_line(message)}", file=sys.stderr)
+    print(f"specdeck doctor: {terminal_safe(one_line(message), one_line=True)}", file=sys.stderr)
     return 2
 
 
@@ -71,13 +72,14 @@ def run(args: argparse.Namespace) -> int:
                 Path(out).write_text(text + "\n")
             except OSError as exc:
                 return fail(f"could not write {out}: {exc.strerror or exc}")
-            print(render_text(report))
+            print(render_text(terminal_safe_values(report)))  # GGUF metadata is untrusted
     else:
-        print(render_text(report))
+        print(render_text(terminal_safe_values(report)))  # GGUF metadata is untrusted
     if not ok:
         check = report.get("decode_check") or {}
         reason = check.get("message") or "unknown reason"
-        print(f"specdeck doctor: decode check failed: {one_line(reason)}", file=sys.stderr)
+        print(f"specdeck doctor: decode check failed: {terminal_safe(one_line(reason), one_line=True)}",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app.safe_text import terminal_safe
@@ -48,3 +50,20 @@ def test_plain_text_unchanged_and_surrogates_replaced() -> None:
     assert terminal_safe("a\ud800b") == "a\ufffdb"
     assert terminal_safe("a\ud800b").encode("utf-8")
     assert terminal_safe(42) == "42"
+
+
+def test_doctor_prints_hostile_metadata_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+    from tests.gguf_fixtures import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "evil.gguf", name="evil\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\nFAKE LINE\r",
+                             chat_template="{{ ''.__class__ }}")
+    assert main(["doctor", "--model", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert not [c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    [target] = [line for line in out.splitlines() if "evil" in line]
+    assert "evil\\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2J\\nFAKE LINE\\r" in target
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
+    # Doctor reports the template's status: refused, why, and what is used instead.
+    assert "chat template is refused" in out
+    assert "Answering with the plain ChatML format instead." in out
