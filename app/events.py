@@ -250,6 +250,7 @@ class BenchResult:
     ttft_seconds: float
     overhead_seconds: tuple[float, ...]  # per pass
     verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
+    warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
 
 
 @dataclass(frozen=True)

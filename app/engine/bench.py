@@ -12,6 +12,7 @@ engine's own Python costs on top of llama.cpp. Every rate comes from ``app.event
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from app.events import (
     RunCounts,
     Token,
 )
+from app.safe_text import terminal_safe
 
 JSON_VERSION = 1
 WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
@@ -53,7 +55,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
     """One answer from an empty cache (so runs are comparable), with or without speculation."""
     decoder = session.plain_decoder if request.plain else session.decoder
     decoder.reset_cache()
-    prompt, _ = session.prompt_tokens(request.messages)
+    prompt, warning = session.prompt_tokens(request.messages)
     token_ids: list[int] = []
     text: list[str] = []
     overheads: list[float] = []
@@ -77,7 +79,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
     return BenchResult(
         request_id=request.request_id, prompt_tokens=len(prompt), token_ids=tuple(token_ids), text="".join(text),
         reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
-        overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())),
+        overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())), warning=warning,
     )
 
 
@@ -254,15 +256,21 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
     from app.library.pair_stats import record as record_acceptance
 
     verify_cost: list[tuple[int, float]] = []
+    told: set[str] = set()
 
     def run(messages: list[dict[str, str]], plain: bool) -> RunResult:
         client.bench_run(messages, sampling, plain)
         result = _await(client, BenchResult)
+        if result.warning and result.warning not in told:  # a refused template: say so, once
+            told.add(result.warning)
+            print(f"specdeck bench: {terminal_safe(result.warning, one_line=True)}", file=sys.stderr)
         verify_cost[:] = result.verify_cost  # what the cost model holds after the latest run
         return RunResult.of(result)
 
-    print(f"target {loaded.target.name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
-          f"drafter {loaded.drafter.name if loaded.drafter else 'none'}, n-gram {draft.ngram or 'off'}, "
+    target_name = terminal_safe(loaded.target.name, one_line=True)  # GGUF metadata is untrusted
+    drafter_name = terminal_safe(loaded.drafter.name, one_line=True) if loaded.drafter else "none"
+    print(f"target {target_name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
+          f"drafter {drafter_name}, n-gram {draft.ngram or 'off'}, "
           f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}"
           + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
     print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "

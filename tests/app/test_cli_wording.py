@@ -70,3 +70,17 @@ def test_models_escapes_metadata_and_caps_the_error_list(tmp_path: Path, capsys:
     assert "… and 26 more (`specdeck models --json` lists them all)." in out
     assert len(out.splitlines()) < 70
     assert not any(line.startswith("SOURCE  MODEL  fake-row") for line in out.splitlines())
+
+
+def test_bench_names_a_refused_template_once_and_escapes_metadata(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    model = write_tiny_model(tmp_path / "evil.gguf", name="evil\x1b[2J\nFAKE ROW", chat_template="{{ ''.__class__ }}")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n'
+                       '{"messages": [{"role": "user", "content": "yo"}]}\n')
+    assert main(["bench", "--target", str(model), "--prompts", str(prompts), "--max-tokens", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out
+    assert "target evil\\x1b[2J\\nFAKE ROW" in captured.out
+    assert captured.err.count("chat template tried to reach Python internals") == 1
+    assert "Answering with the plain ChatML format instead." in captured.err
