@@ -134,6 +134,17 @@ def step_doctor(cli: Path, env: dict[str, str]) -> None:
     log(f"doctor: ok (specdeck {report.get('specdeck', '?')}, llama-cpp-python {info['llama_cpp_python']}, "
         f"llama.cpp {info['llama_cpp']}, ggml commit {info['ggml_commit']}, backend {info['backend']}, "
         f"CPU {shown})")
+    modules = info.get("modules") or []
+    devices = ", ".join(f"{d.get('name')} ({d.get('description')})" for d in info.get("devices") or [])
+    if modules:
+        # A bundle with loadable backends: which CPU variant this machine got, and which backends loaded.
+        cpu = next((m for m in modules if "ggml-cpu" in m), None)
+        log(f"doctor: backends loaded from the bundle: {', '.join(modules)} (CPU variant: {cpu or 'none'}); "
+            f"devices: {devices}")
+        if cpu is None:
+            raise StepFailed("doctor: a bundle with loadable backends loaded no CPU backend")
+    else:
+        log(f"doctor: backends linked into llama.cpp; devices: {devices}")
 
 
 def step_bench(cli: Path, model: Path, env: dict[str, str], tmp: Path) -> None:

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 import app
 from app.ceiling.backend import BackendInfo, probe_backend_isolated
+from app.ceiling.backend_modules import describe_modules
 from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats
@@ -87,6 +88,9 @@ def describe_build(info: BackendInfo) -> str:
         f"Backend: {info.backend} ({offload})",
         f"CPU features: {' '.join(info.cpu_features) or 'none reported'}",
     ]
+    modules = describe_modules(info.modules)
+    if modules:
+        lines.append(modules[0].upper() + modules[1:])
     lines += [f"Device: {d.name} {d.description}".rstrip() for d in info.devices]
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from app.ceiling.backend_modules import load_backend_modules, loaded_modules
 from app.ceiling.child import ProbeFailed, run_probe
 from app.ceiling.gpus import as_text
 
@@ -52,6 +53,8 @@ class BackendInfo:
     cpu_features: tuple[str, ...] = ()
     devices: tuple[BackendDevice, ...] = ()
     error: str | None = None
+    # A build with loadable backends (GGML_BACKEND_DL): the modules loaded, e.g. libggml-cpu-haswell.so.
+    modules: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +64,7 @@ class BackendInfo:
         devices = tuple(BackendDevice(**d) for d in data.get("devices", ()))
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "devices"}
         known["cpu_features"] = tuple(known.get("cpu_features", ()))
+        known["modules"] = tuple(known.get("modules", ()))
         return cls(**known, devices=devices)
 
     @property
@@ -170,6 +174,7 @@ def probe_backend() -> BackendInfo:
     except Exception as exc:  # missing, or a shared library that fails to load
         return BackendInfo(available=False, error=f"llama-cpp-python could not be loaded: {exc}")
     errors: list[str] = []
+    modular = load_backend_modules()  # before anything asks llama.cpp: a module build loads nothing by itself
     system_info = as_text(llama_cpp.llama_print_system_info() or b"")
     offload = bool(llama_cpp.llama_supports_gpu_offload())
     llama_version = ""
@@ -201,6 +206,7 @@ def probe_backend() -> BackendInfo:
         cpu_features=cpu_features_from_system_info(system_info),
         devices=devices,
         error="; ".join(errors) or None,
+        modules=loaded_modules() if modular else (),
     )
 
 

@@ -20,6 +20,7 @@ import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
+from app.ceiling.backend_modules import load_backend_modules
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError
 
 Logits = npt.NDArray[np.float32]
@@ -58,6 +59,7 @@ def init_backend(log_sink: Callable[[str], None] | None = None) -> None:
         _log_sink = log_sink
         lc.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
         if not _backend_ready:
+            load_backend_modules()  # a build with loadable backends finds them in llama_cpp/lib
             lc.llama_backend_init()
             _backend_ready = True
 

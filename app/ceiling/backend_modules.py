@@ -1,0 +1,90 @@
+"""llama.cpp builds whose backends are loadable modules (``GGML_BACKEND_DL``), as distributable builds are made:
+one CPU library per instruction-set level (``libggml-cpu-haswell.so``, ``-skylakex``, ``-zen4``, ...), of
+which ggml loads the best this CPU can run, and GPU backends beside them that load only where their driver is.
+
+ggml looks for the modules beside the executable and in the current folder; SpecDeck's lie in llama_cpp's own
+``lib`` folder (in a venv, and in the bundle's ``_internal/llama_cpp/lib``), so they are loaded from there
+before llama.cpp is first used. A build with its backends linked in registers them by itself and is left
+alone. Standard library only: this runs in the probe child and the engine worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from pathlib import Path
+
+_LIBGGML = ("libggml.so", "libggml.dylib", "ggml.dll")
+# ggml-cpu-haswell, ggml-vulkan, ggml-cuda; not ggml-base or ggml itself.
+_MODULE = re.compile(r"(?:lib)?ggml-(?!base\b)([a-z0-9]+)(?:-([a-z0-9_]+))?\.(?:so(?:\.[0-9.]+)?|dll|dylib)$")
+
+
+def llama_lib_dir() -> Path:
+    """llama_cpp's folder of shared libraries (imports llama_cpp, which loads llama.cpp)."""
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+_modular: bool | None = None  # decided at the first call, before anything is loaded
+
+
+def load_backend_modules(lib_dir: Path | None = None) -> bool:
+    """Load a module build's backends from ``lib_dir`` (llama_cpp's own) unless some are registered already.
+
+    Returns whether this is a module build: one with no backend linked in. Safe to call any number of times.
+    """
+    global _modular
+    lib_dir = lib_dir or llama_lib_dir()
+    path = next((lib_dir / name for name in _LIBGGML if (lib_dir / name).exists()), None)
+    if path is None:
+        return False
+    ggml = ctypes.CDLL(str(path))
+    count = ggml.ggml_backend_reg_count
+    count.restype = ctypes.c_size_t
+    count.argtypes = []
+    if _modular is None:
+        _modular = count() == 0
+    if count() == 0 and hasattr(ggml, "ggml_backend_load_all_from_path"):
+        load = ggml.ggml_backend_load_all_from_path
+        load.restype = None
+        load.argtypes = [ctypes.c_char_p]
+        load(str(lib_dir).encode())
+    return _modular
+
+
+def loaded_modules(maps: str | None = None) -> tuple[str, ...]:
+    """File names of the ggml backend libraries mapped into this process, e.g. ('libggml-cpu-haswell.so',
+    'libggml-vulkan.so'); empty off Linux. ``maps``: the text of /proc/self/maps (read when None)."""
+    if maps is None:
+        if not sys.platform.startswith("linux"):
+            return ()
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return ()
+    names: list[str] = []
+    for line in maps.splitlines():
+        name = line.rsplit("/", 1)[-1] if "/" in line else ""
+        if _MODULE.match(name) and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def cpu_variant(modules: tuple[str, ...]) -> str | None:
+    """The CPU variant among ``modules`` ('haswell' for libggml-cpu-haswell.so), or None."""
+    for name in modules:
+        m = _MODULE.match(name)
+        if m and m.group(1) == "cpu" and m.group(2):
+            return m.group(2)
+    return None
+
+
+def describe_modules(modules: tuple[str, ...]) -> str | None:
+    """One line for doctor and the About box: the CPU variant and the backend modules loaded; None for a build
+    with linked-in backends."""
+    if not modules:
+        return None
+    variant = cpu_variant(modules)
+    return f"CPU variant {variant or 'generic'}; backend modules loaded: {', '.join(modules)}"
