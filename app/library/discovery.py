@@ -4,7 +4,8 @@ fits which target.
 Looks in SpecDeck's models folder, LM Studio's folders, the Hugging Face hub cache (snapshot links followed
 to their blobs), Ollama's store (its manifests name the blobs) and folders the user adds. Headers are read
 with the bounded reader and cached by path + size + mtime in a JSON file written atomically. A file that
-cannot be read is listed with its reason, never dropped silently.
+cannot be read is listed with its reason, never dropped silently. (Just over 450 lines: the four stores'
+layouts and the pairing of what was found belong together.)
 """
 
 from __future__ import annotations
