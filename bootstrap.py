@@ -7,12 +7,13 @@
     # The suite against another build of llama.cpp, in its own venv (.venv-avx2 here), built once and cached:
     python3 bootstrap.py test --build avx2 [--cached-only] [pytest args]
     python3 bootstrap.py test --build "-DGGML_NATIVE=OFF -DGGML_AVX2=ON ..." [--venv DIR]
+    python3 bootstrap.py --build portable --no-launch   # set up .venv-portable only (any x86-64 CPU, for bundles)
 
 Only the standard library is used here: this runs before anything is installed.
 Options:
     --no-launch           set up without opening the window (also SPECDECK_NO_LAUNCH=1)
     --venv DIR            set up, or test with, DIR instead of .venv
-    --build FLAGS|PRESET  test: llama.cpp built with these CMake flags (presets: BUILD_PRESETS) in its own venv
+    --build FLAGS|PRESET  llama.cpp built with these CMake flags (presets: BUILD_PRESETS) in its own venv
     --cached-only         test --build: skip (exit 0) when that build is not cached yet, never compile (CI)
 Environment:
     SPECDECK_CMAKE_ARGS   replaces the CMake flags chosen for llama.cpp (backend and CPU features)
@@ -51,8 +52,12 @@ AVX2_PORTABLE = [
     "-DGGML_BMI2=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF",
     "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
 ]
-# Named flag sets for `test --build NAME`; each gets the venv .venv-NAME.
-BUILD_PRESETS = {"avx2": AVX2_PORTABLE}
+# One CPU backend per x86-64 instruction-set level, chosen at run time, as loadable modules beside libllama
+# (in llama_cpp/lib): for bundles that run on any x86-64 CPU.
+ANY_X86_64 = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
+              "-DGGML_BACKEND_DIR=llama_cpp/lib"]
+# Named flag sets for `--build NAME`; each gets the venv .venv-NAME.
+BUILD_PRESETS = {"avx2": AVX2_PORTABLE, "portable": ANY_X86_64}
 
 
 def say(message: str) -> None:
@@ -358,7 +363,7 @@ def parse_args(argv: list[str]) -> Options:
             opts.no_launch = True
         elif arg == "--venv":
             opts.venv = (ROOT / args.pop(0)).resolve()
-        elif arg == "--build" and opts.command == "test":
+        elif arg == "--build":
             opts.build = args.pop(0)
         elif arg == "--cached-only" and opts.command == "test":
             opts.cached_only = True
@@ -419,7 +424,12 @@ def main() -> int:
         VENV = opts.venv
     if opts.command == "test":
         return test(opts)
-    install(*choose_cmake_args())
+    if opts.build is not None:
+        name, flags = build_flags(opts.build)
+        VENV = opts.venv or ROOT / name
+        install("custom", flags)
+    else:
+        install(*choose_cmake_args())
     launcher = venv_script("specdeck").relative_to(ROOT) if VENV.is_relative_to(ROOT) else venv_script("specdeck")
     if opts.no_launch or os.environ.get("SPECDECK_NO_LAUNCH") or os.environ.get("CI"):
         say(f"set up; start SpecDeck with {launcher}")

@@ -115,8 +115,11 @@ def test_build_presets_and_flag_strings_get_their_own_venvs() -> None:
     name2, flags2 = bootstrap.build_flags("-DGGML_NATIVE=OFF  -DGGML_AVX2=ON")
     assert name2.startswith(".venv-build-")
     assert flags2 == ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON"]
-    opts = bootstrap.parse_args(["test", "--build", "avx2", "--cached-only", "tests/build", "-q"])
-    assert (opts.command, opts.build, opts.cached_only, opts.rest) == ("test", "avx2", True, ["tests/build", "-q"])
+    opts = bootstrap.parse_args(["test", "--build", "avx2", "--cached-only", "tests/setup", "-q"])
+    assert (opts.command, opts.build, opts.cached_only, opts.rest) == ("test", "avx2", True, ["tests/setup", "-q"])
+    setup = bootstrap.parse_args(["--build", "portable", "--no-launch"])
+    assert (setup.command, setup.build, setup.no_launch) == ("setup", "portable", True)
+    assert "-DGGML_CPU_ALL_VARIANTS=ON" in bootstrap.build_flags("portable")[1]
 
 
 def test_cached_only_skips_an_uncached_build_without_compiling(tmp_path: Path) -> None:
