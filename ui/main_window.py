@@ -53,6 +53,7 @@ from ui.log_window import LogWindow
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
+from ui.remote.window_side import RemoteSide
 from ui.tasks import TaskRunner
 
 logger = logging.getLogger(__name__)
@@ -278,11 +279,10 @@ class MainWindow(QMainWindow):
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
-        # Hook for a remote engine: whoever adds one connects to connect_server_action (and sets it enabled).
         self.connect_server_action = self._action(model_menu, "&Connect to server…",
                                                   self._on_connect_server_action_triggered)
-        self.connect_server_action.setEnabled(False)
-        self.connect_server_action.setToolTip("Not available yet in this version")
+        self.remote = RemoteSide(self, model_menu, self.connect_server_action, self.tasks, self.notifier,
+                                 lambda: self.bridge.last_load)
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", self._on_shortcuts_action_triggered)
         self._action(help_menu, "&About SpecDeck", self._on_about_action_triggered)
@@ -383,6 +383,7 @@ class MainWindow(QMainWindow):
             self.chat.commit_pending_delete()
             self.save_app_settings()
             self._save_window_state()
+            self.remote.shutdown()
             self.bridge.close()
             self.tasks.wait()
             self.writes.wait()
@@ -543,7 +544,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_connect_server_action_triggered(self) -> None:
-        self.notifier.info("Connecting to a server is not available in this version.")
+        self.remote.open_connect_dialog()
 
     @Slot()
     def _on_shortcuts_action_triggered(self) -> None:
