@@ -30,6 +30,7 @@ from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import MemoryProbe, MemoryReading
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 from app.events import EngineCrashed, Finished, Loaded, PassStats
+from app.units import format_bytes
 from ui.bridge import EngineBridge
 from ui.figures import acceptance_text, decode_text, tau_text
 from ui.flow_layout import FlowLayout
@@ -42,7 +43,6 @@ PLOTS_MIN_HEIGHT_ONE_COLUMN = 900
 TWO_COLUMNS_MIN_WIDTH = 600  # narrower: the plots stack in one column
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
-GB = 1e9
 MB = 1e6
 
 # Hues readable on light and dark backgrounds; the neutral colours come from the palette.
@@ -59,10 +59,6 @@ def _alpha(c: QColor, a: int) -> QColor:
     out = QColor(c)
     out.setAlpha(a)
     return out
-
-
-def _gb(n: float) -> str:
-    return f"{n / GB:.2f} GB" if n < 10 * GB else f"{n / GB:.1f} GB"
 
 
 def decode_axis_top(data_top: float, ceilings: dict[str, float | None]) -> tuple[float, dict[str, float]]:
@@ -596,8 +592,9 @@ class DashboardPanel(QWidget):
         self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
         text: list[str] = []
         if m is not None:
-            text += [f"GPU{g.index} {g.name}: {_gb(g.used)} of {_gb(g.total)} used" for g in m.gpus]
-            text.append(f"RAM: {_gb(m.ram_used)} of {_gb(m.ram_total)} used")
+            text += [f"GPU{g.index} {g.name}: {format_bytes(g.used, 'GB')} of {format_bytes(g.total, 'GB')} used"
+                     for g in m.gpus]
+            text.append(f"RAM: {format_bytes(m.ram_used, 'GB')} of {format_bytes(m.ram_total, 'GB')} used")
         ld = self.metrics.loaded
         if ld is not None:
             text.append(f"context {self.metrics.current().context_text}")
