@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QUrl
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QTextDocument
 from pytestqt.qtbot import QtBot
 
@@ -78,3 +81,54 @@ def test_drafter_highlight_colours_by_source(qtbot: QtBot) -> None:
         block = block.next()
     assert {t for t, _ in backgrounds} == {" wor", "ld"}
     assert len({c for _, c in backgrounds}) == 2
+
+
+# --- file-derived text in labels (issue 13 §3) ----------------------------------------------------------
+
+HTML_ARCH = '<img src="file:///usr/share/pixmaps/debian-logo.png"><h1 style="color:red">✓ Verified safe model</h1>'
+
+
+def _hostile_gguf(path: Path) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from tests.gguf_fixtures import save
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, HTML_ARCH)  # general.architecture, shown by the picker's model-info label
+    writer.add_name("<b>bold name</b>")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    save(writer)
+    return path
+
+
+def test_every_label_with_file_derived_text_is_plain_text(
+    qtbot: QtBot, make_window, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    model = _hostile_gguf(tmp_path / "hostile" / "html-arch.gguf")
+    window = make_window(start_engine=False, folders=(model.parent,))
+    picker = window.picker
+    plain = {
+        "target_info": picker.target_info, "drafter_info": picker.drafter_info,
+        "compat_badge": picker.compat_badge, "fit_label": picker.fit_label, "gpu_note": picker.gpu_note,
+        "status_label": picker.status_label, "crash_headline": window.banner.headline,
+    }
+    for name, label in plain.items():
+        assert label.textFormat() == Qt.TextFormat.PlainText, name
+    picker.select_target(model)
+    qtbot.waitUntil(lambda: HTML_ARCH in picker.target_info.text(), timeout=10_000)
+    assert picker.target_info.textFormat() == Qt.TextFormat.PlainText  # shown as the characters it holds
+
+
+def test_chat_titles_in_tooltips_are_escaped(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(start_engine=False)
+    store = window.chat.store
+    if store is None:
+        pytest.skip("no history store in this window")
+    store.new_chat('<img src="file:///etc/passwd"><h1>Title</h1>')
+    window.chat.refresh_history()
+    item = window.chat.history_list.item(0)
+    assert item.text() == '<img src="file:///etc/passwd"><h1>Title</h1>'
+    tip = item.toolTip()
+    assert "<img" not in tip
+    assert "&lt;img" in tip

@@ -8,6 +8,7 @@ the panel's state (the open chat, generating) and lives here with it.
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Callable
 from typing import Any
@@ -229,7 +230,8 @@ class ChatPanel(QWidget):
             item = QListWidgetItem(title)
             item.setData(Qt.ItemDataRole.UserRole, chat.id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-            item.setToolTip(f"{title}\n{chat.message_count} messages")
+            # A tooltip is rich text when it looks like HTML: escaped, a title shows as typed.
+            item.setToolTip(f"<p style='white-space:pre'>{html.escape(title)}\n{chat.message_count} messages</p>")
             self.history_list.addItem(item)
             if chat.id == self.chat_id:
                 self.history_list.setCurrentItem(item)

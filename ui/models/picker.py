@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from PySide6.QtCore import Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -133,6 +133,8 @@ class ModelPicker(QWidget):
         self.compat_badge = QLabel(models)
         self.compat_badge.setWordWrap(True)
         self.compat_badge.setObjectName("compat_badge")
+        for label in (self.target_info, self.drafter_info, self.compat_badge):
+            label.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is untrusted: never rich text
         form.addRow("Target", self.target_combo)
         form.addRow("", self.target_info)
         form.addRow("Drafter", self.drafter_combo)
@@ -224,6 +226,8 @@ class ModelPicker(QWidget):
         self.progress.setVisible(False)
         self.status_label = QLabel("No model loaded.", load)
         self.status_label.setWordWrap(True)
+        for label in (self.fit_label, self.gpu_note, self.status_label):
+            label.setTextFormat(Qt.TextFormat.PlainText)  # they name model files and quote their errors
         lform.addRow(self.progress)
         lform.addRow(self.status_label)
         outer.addWidget(load)
