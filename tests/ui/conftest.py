@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,24 @@ if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
     _screen.write_text(json.dumps({"screens": [{"name": "test", "x": 0, "y": 0, "width": 1920,
                                                 "height": 1200, "logicalDpi": 96}]}))
     os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={_screen}"
+
+
+THREAD_GRACE_S = 5.0
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_running() -> Iterator[None]:
+    """Fail a test that leaves a Python thread running (a reader, a probe) after its windows closed."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREAD_GRACE_S
+    while True:
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()
+                and not isinstance(t, threading._DummyThread)]  # Qt's pool threads: waited for by TaskRunner
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"threads left running: {[t.name for t in left]}"
 
 
 @pytest.fixture

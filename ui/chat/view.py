@@ -47,7 +47,7 @@ ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 # these, text is shown as it is.
 MARKDOWN_LIMIT_CHARS = 60_000
 LINE_LIMIT_CHARS = 4_000
-TAIL_LIMIT_CHARS = 6_000  # the streaming block re-rendered each frame
+TAIL_LIMIT_CHARS = 1_500  # the streaming block re-rendered each frame (~5 ms here; 4,000 took 27 ms)
 CHUNK_LIMIT_CHARS = 20_000  # a block rendered once, when it is complete
 # Qt lays out a table at roughly 0.2-0.6 ms a cell (a 50×50 table: 1.6 s): bigger tables stay text.
 TABLE_CELL_LIMIT = 300
@@ -182,6 +182,8 @@ class ChatView(QTextBrowser):
         self._tail_start: int | None = None  # where its last (still changing) block begins
         self._stable_len = 0  # source characters of the answer rendered for good
         self._plain = False  # the streaming answer is shown as plain text
+        self._tail_plain = False  # its last block is (too long for Markdown while it streams)
+        self._shown_plain = ""  # the plain text shown from the answer's (or tail's) start
         self._follow = True  # keep the end in view: on after Send, off once the user scrolls up
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_scroll_bar_range_changed)
@@ -263,59 +265,66 @@ class ChatView(QTextBrowser):
         self._tail_start = cursor.position()
         self._stable_len = 0
         self._plain = False
+        self._tail_plain = False
+        self._shown_plain = ""
 
     def update_answer(self, message: ChatMessage) -> None:
         """Show the streaming answer so far: blocks that became final are rendered once, the last block
-        again (its cost is bounded by TAIL_LIMIT_CHARS); past the limits, the rest is appended as text."""
+        again while it is short (TAIL_LIMIT_CHARS); text shown plain only has its new end appended."""
         if self._answer_start is None or self._tail_start is None:
             return
         text = message.text
         if not self._plain and needs_plain(text):
-            self._plain = True
-            self._tail_start = self._answer_start
-            self._stable_len = 0
+            self._plain = True  # the whole answer, from here to its end
+            self._restart_plain(self._answer_start)
         if self._plain:
-            cursor = self._cut_from(self._tail_start)
-            self._insert_plain(cursor, text[self._stable_len:])
-            # The last paragraph stays open: the next update rewrites only it.
-            last = self.document().lastBlock()
-            self._tail_start = max(last.position(), self._answer_start)
-            self._stable_len = len(text) - len(last.text()) if text.endswith(last.text()) else len(text)
-            if self._stable_len == len(text):
-                self._tail_start = self._end()
+            self._show_plain(self._answer_start, text)
             return
         stable = stable_prefix_length(text)
-        cursor = self._cut_from(self._tail_start)
         if stable > self._stable_len:
             chunk = text[self._stable_len:stable]
-            self._insert_body(cursor, chunk, plain=needs_plain(chunk, CHUNK_LIMIT_CHARS))
+            self._insert_body(self._cut_from(self._tail_start), chunk, plain=needs_plain(chunk, CHUNK_LIMIT_CHARS))
             self._stable_len = stable
-            cursor = self._new_block()
-            self._tail_start = cursor.position()
+            self._tail_start = self._new_block().position()
+            self._tail_plain = False
         tail = text[self._stable_len:]
         if needs_plain(tail, TAIL_LIMIT_CHARS):
-            self._insert_plain(cursor, tail)
+            if not self._tail_plain:
+                self._tail_plain = True
+                self._restart_plain(self._tail_start)
+            self._show_plain(self._tail_start, tail)
         else:
-            self._insert_markdown(cursor, tail)
+            self._tail_plain = False
+            self._insert_markdown(self._cut_from(self._tail_start), tail)
+
+    def _restart_plain(self, start: int) -> None:
+        self._cut_from(start)
+        self._shown_plain = ""
+
+    def _show_plain(self, start: int, text: str) -> None:
+        """Plain text from ``start`` to the end: only what was added since the last call is inserted."""
+        if not text.startswith(self._shown_plain):
+            self._restart_plain(start)
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        self._append_plain(cursor, text[len(self._shown_plain):])
+        self._shown_plain = text
 
     def finish_answer(self, message: ChatMessage) -> None:
-        if self._answer_start is not None:
+        if self._answer_start is not None and self._tail_start is not None:
             start = self._answer_start
             text = message.text
-            shown_so_far = self._tail_start is not None and len(text) >= self._stable_len
-            if shown_so_far and self._plain:
-                assert self._tail_start is not None
-                self._insert_plain(self._cut_from(self._tail_start), text[self._stable_len:])
-            elif shown_so_far and not needs_plain(text):
+            if self._plain:
+                self._show_plain(start, text)
+            elif len(text) >= self._stable_len and not needs_plain(text):
                 # The final blocks were rendered while streaming; only the last block is rendered again.
-                assert self._tail_start is not None
                 tail = text[self._stable_len:]
                 self._insert_body(self._cut_from(self._tail_start), tail, plain=needs_plain(tail, CHUNK_LIMIT_CHARS))
             else:
                 self._insert_body(self._cut_from(start), text, plain=needs_plain(text))
-            self._answer_start = None
-            self._tail_start = None
             self._highlight(start, message)
+        self._answer_start = None
+        self._tail_start = None
         self._footer(message)
 
     @property
@@ -360,15 +369,22 @@ class ChatView(QTextBrowser):
             self._insert_markdown(cursor, text)
 
     def _insert_plain(self, cursor: QTextCursor, text: str) -> None:
-        """Text as it is, in paragraphs of at most PLAIN_PARAGRAPH_CHARS (a 200 KB line is 100 of them)."""
+        self._append_plain(cursor, text)
+
+    def _append_plain(self, cursor: QTextCursor, text: str) -> None:
+        """Text as it is, in paragraphs of at most PLAIN_PARAGRAPH_CHARS (a 200 KB line is 100 of them), so
+        that appending relays out one short paragraph, not the whole line."""
         fmt = QTextCharFormat()
-        first = True
-        for line in text.split("\n"):
-            for i in range(0, max(len(line), 1), PLAIN_PARAGRAPH_CHARS):
-                if not first:
+        for i, line in enumerate(text.split("\n")):
+            if i:
+                cursor.insertBlock(QTextBlockFormat(), fmt)
+            while line:
+                room = PLAIN_PARAGRAPH_CHARS - (cursor.block().length() - 1)
+                if room <= 0:
                     cursor.insertBlock(QTextBlockFormat(), fmt)
-                first = False
-                cursor.insertText(line[i:i + PLAIN_PARAGRAPH_CHARS], fmt)
+                    room = PLAIN_PARAGRAPH_CHARS
+                cursor.insertText(line[:room], fmt)
+                line = line[room:]
 
     def _insert_markdown(self, cursor: QTextCursor, text: str) -> None:
         """Markdown rendered in a scratch document, made safe and dressed there, then inserted."""
