@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Qt, Slot
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -43,7 +43,7 @@ from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_text
-from app.storage.history import HistoryStore
+from app.storage.buffered_history import BufferedHistory
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import NEED_MODEL_MESSAGE, ChatPanel
@@ -174,6 +174,10 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        # Writes the history could not take (another program held its lock) are retried until written.
+        self._history_retry = QTimer(self)
+        self._history_retry.timeout.connect(self._on_history_retry_timeout)
+        self._history_retry.start(1000)
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
         self._default_docks_pending = False
@@ -195,12 +199,20 @@ class MainWindow(QMainWindow):
             self._probe_build()
         self.picker.rescan()
 
-    def _open_store(self) -> HistoryStore | None:
+    def _open_store(self) -> BufferedHistory | None:
         try:
-            return HistoryStore()
+            return BufferedHistory()
         except StorageError as exc:
             self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed.")
             return None
+
+    @Slot()
+    def _on_history_retry_timeout(self) -> None:
+        if self.store is not None and self.store.pending_count:
+            try:
+                self.store.flush_pending()
+            except StorageError as exc:
+                self.notifier.error(str(exc))
 
     # --- layout -------------------------------------------------------------------------------------
 

@@ -132,3 +132,33 @@ def test_chat_titles_in_tooltips_are_escaped(qtbot: QtBot, make_window) -> None:
     tip = item.toolTip()
     assert "<img" not in tip
     assert "&lt;img" in tip
+
+
+def test_a_history_locked_at_startup_is_written_once_free(
+    qtbot: QtBot, make_window, specdeck_home: Path  # type: ignore[no-untyped-def]
+) -> None:
+    import sqlite3
+
+    from app.storage.history import HistoryStore
+
+    path = specdeck_home / "data" / "history.sqlite3"
+    HistoryStore(path).close()
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    other.execute("BEGIN EXCLUSIVE")  # another program holds the history while the window starts
+    try:
+        window = make_window(start_engine=False)
+        store = window.store
+        assert store is not None
+        assert store.warning is not None
+        assert "kept in memory" in store.warning
+        chat = store.new_chat("made while locked")
+        store.add_message(chat, "user", "not lost")
+        assert store.pending_count == 2
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    qtbot.waitUntil(lambda: store.pending_count == 0, timeout=15_000)  # the window's retry timer wrote them
+    with HistoryStore(path) as saved:
+        [summary] = saved.list_chats()
+        assert summary.title == "made while locked"
+        assert [m.text for m in saved.messages(summary.id)] == ["not lost"]

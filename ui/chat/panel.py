@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, Token
+from app.storage.buffered_history import BufferedHistory
 from app.storage.history import HistoryStore
 from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey
@@ -67,7 +68,7 @@ class ChatPanel(QWidget):
         self,
         bridge: EngineBridge,
         sampling_form: SamplingForm,
-        store: HistoryStore | None,
+        store: HistoryStore | BufferedHistory | None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
