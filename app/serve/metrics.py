@@ -2,12 +2,12 @@
 
 Names mirror llama-server's (``llamacpp:*``) and vLLM's (``vllm:spec_decode_*``) with the prefix
 ``specdeck:``, so a Grafana board built for either reads SpecDeck too. Counters only ever grow; rates are
-taken by the reader from their deltas. Counters move per verify pass, so a scrape during an answer sees it.
+taken by the reader from their deltas. The speculation counters move per verify pass, so a scrape during an
+answer sees them; tokens and seconds predicted move when an answer ends, by its decode window (``RunCounts``),
+so their rate over whole answers is the decode rate the window and ``specdeck bench`` report.
 """
 
 from __future__ import annotations
-
-import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
@@ -35,7 +35,8 @@ class ServeMetrics:
         self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted per draft position (0 = first)", ["position"],
                                         registry=r)
-        self.tokens_predicted = Counter(p + "tokens_predicted", "Tokens generated after each answer's first pass",
+        self.tokens_predicted = Counter(p + "tokens_predicted",
+                                        "Tokens generated in each answer's decode window (after its first pass)",
                                         registry=r)
         self.tokens_predicted_seconds = Counter(p + "tokens_predicted_seconds",
                                                 "Seconds spent generating the tokens in tokens_predicted_total",
@@ -53,8 +54,6 @@ class ServeMetrics:
         self.ceiling = Gauge(p + "ceiling_tokens_per_second",
                              "One-token passes per second measured on the loaded model at load: the plain-decoding "
                              "ceiling this machine delivers", registry=r)
-        self._lock = threading.Lock()
-        self._first_pass: set[int] = set()  # requests whose first pass is still to come
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -62,10 +61,6 @@ class ServeMetrics:
     def on_loaded(self, loaded: Loaded) -> None:
         self.n_ctx.set(loaded.n_ctx)
         self.ceiling.set(loaded.plain_tps)
-
-    def on_started(self, request_id: int) -> None:
-        with self._lock:
-            self._first_pass.add(request_id)
 
     def on_prompt(self, event: PromptProcessed) -> None:
         self.prompt_tokens.inc(event.prompt_tokens)
@@ -81,19 +76,14 @@ class ServeMetrics:
             for position, ok in enumerate(p.accepted):
                 if ok:
                     self.accepted_per_pos.labels(position=str(position)).inc()
-        with self._lock:
-            first = p.request_id in self._first_pass
-            self._first_pass.discard(p.request_id)
-        if not first:  # the first pass belongs to the time to first token, as in the engine's decode rate
-            self.tokens_predicted.inc(p.emitted)
-            self.tokens_predicted_seconds.inc(p.draft_seconds + p.verify_seconds + p.overhead_seconds)
         if n_ctx > 0:
             self.kv_usage.set(min(p.context_tokens / n_ctx, 1.0))
         self.kv_bytes.set(p.kv_bytes_used)
 
     def on_finished(self, event: Finished) -> None:
-        with self._lock:
-            self._first_pass.discard(event.request_id)
+        counts = event.stats.counts
+        self.tokens_predicted.inc(counts.decode_tokens)
+        self.tokens_predicted_seconds.inc(max(counts.decode_seconds, 0.0))
         self.requests.labels(reason=event.reason).inc()
 
     def on_ended(self, reason: str) -> None:

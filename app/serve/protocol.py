@@ -272,7 +272,7 @@ def timings(prompt_tokens: int, prompt_seconds: float, stats: MessageStats | Non
         "draft_n_accepted": answer.accepted,
     }
     if stats is not None:
-        decoded = decode_tokens(stats)
+        decoded = stats.decode_tokens
         out.update({
             "predicted_n": decoded,
             "predicted_ms": stats.decode_seconds * 1000,
@@ -282,9 +282,6 @@ def timings(prompt_tokens: int, prompt_seconds: float, stats: MessageStats | Non
     return out
 
 
-def decode_tokens(stats: MessageStats) -> int:
-    """Tokens inside the decode window (the answer less what the first pass emitted)."""
-    return round(stats.decode_tps * stats.decode_seconds)
 
 
 def lm_studio_stats(stats: MessageStats, reason: str, drafter: str | None) -> dict[str, Any]:

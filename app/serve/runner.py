@@ -177,7 +177,6 @@ class EngineRunner:
 
     def _answer(self, client: EngineClient, job: Job) -> None:
         request_id = client.generate(list(job.messages), job.sampling)
-        self.metrics.on_started(request_id)
         self.metrics.requests_processing.set(1)
         answer_id = self._history_begin(job)
         text: list[str] = []
