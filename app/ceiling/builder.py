@@ -21,6 +21,7 @@ from app.ceiling.hardware import HardwareReport, probe_hardware, roofline_device
 from app.ceiling.roofline import Calibration, CeilingModel, Device, ModelShape
 from app.errors import AppError
 from app.events import Loaded
+from app.library.gguf_reader import GGUFInfo
 from app.library.model_file import check_model_file
 
 GB = 1e9
@@ -54,15 +55,19 @@ def this_process_backend() -> BackendInfo:
     return probe_backend() if "llama_cpp" in sys.modules else probe_backend_isolated()
 
 
+def _checked(model: str | Path | GGUFInfo, role: str) -> GGUFInfo:
+    return model if isinstance(model, GGUFInfo) else check_model_file(model, role)
+
+
 def ceiling_model(
-    target_path: str | Path, *, drafter_path: str | Path | None = None, kv_type: str = "f16",
-    n_gpu_layers: int = -1, gpu_bandwidth_override: float | None = None,
+    target_path: str | Path | GGUFInfo, *, drafter_path: str | Path | GGUFInfo | None = None,
+    kv_type: str = "f16", n_gpu_layers: int = -1, gpu_bandwidth_override: float | None = None,
     backend: BackendInfo | None = None, devices: Sequence[Device] | None = None,
 ) -> CeilingModel:
-    """The ceiling of a model on this machine (or on ``devices``), ready to ask at any context.
-    Raises ModelFileError for a file llama.cpp must not be given."""
-    target = check_model_file(target_path, "target")
-    drafter = check_model_file(drafter_path, "drafter") if drafter_path is not None else None
+    """The ceiling of a model on this machine (or on ``devices``), ready to ask at any context. The models
+    are files (checked here: ModelFileError for one llama.cpp must not be given) or headers already checked."""
+    target = _checked(target_path, "target")
+    drafter = _checked(drafter_path, "drafter") if drafter_path is not None else None
     if devices is None:
         _, devices = probe_machine(backend=backend or this_process_backend(),
                                    gpu_bandwidth_override=gpu_bandwidth_override)

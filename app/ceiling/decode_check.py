@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from app.ceiling.child import describe_exit
-from app.ceiling.roofline import Device, ModelShape, estimate_pass, make_calibration
-from app.library.gguf_reader import GGUFInfo
+from app.ceiling.roofline import CeilingModel, make_calibration
 
 CHECK_CTX = 512
 CHECK_TOKENS = 16  # timed single-token decodes after the prompt, for the calibration
@@ -83,13 +82,12 @@ def decode_check(path: Path, gpu_layers: int = -1, timeout_s: float = CHECK_TIME
             "message": f"loaded and decoded {reply.tokens} tokens in {wall:.1f} s"}
 
 
-def calibrate(result: dict[str, Any], target: GGUFInfo, devices: list[Device], gpu_layers: int) -> None:
+def calibrate(result: dict[str, Any], model: CeilingModel) -> None:
     """Add the calibration (delivered bandwidth and FLOP/s, efficiency) to a passed check's result: the
-    ceiling at the context the check decoded at (its cache is f16)."""
+    plain ceiling at the context the check decoded at, with the f16 cache it used."""
     if not result.get("ok") or not result.get("tokens_per_second"):
         return
-    at = estimate_pass(ModelShape.from_gguf(target), devices, int(result.get("context") or 1),
-                       n_gpu_layers=gpu_layers)
+    at = replace(model, type_k="f16", type_v=None, drafter=None).plain(int(result.get("context") or 1))
     cal = make_calibration(float(result["tokens_per_second"]), at.bytes, at.flops, at.passes_per_second)
     result["calibration"] = {**asdict(cal), "tokens_per_second": cal.tokens_per_second,
                              "efficiency": cal.efficiency}

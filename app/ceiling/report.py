@@ -15,10 +15,10 @@ from app.ceiling.builder import ceiling_model, probe_machine
 from app.ceiling.decode_check import calibrate, decode_check, one_line
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.roofline import (
+    CeilingModel,
     Device,
     ModelShape,
     PassEstimate,
-    estimate_pass,
     expected_tokens_per_pass,
     fit_estimate,
     kv_bytes_per_token,
@@ -160,28 +160,27 @@ def build_report(args: DoctorOptions,
                           "draft_k": args.draft_k}
     report.update({"target": None, "drafter": None, "ceiling": None, "speculative": None, "fit": None,
                    "compatibility": None, "chat_template": None, "decode_check": None})
-    plain: PassEstimate | None = None
+    model: CeilingModel | None = None
     if target is not None:
-        shape = ModelShape.from_gguf(target)
-        report["target"] = model_block(target, shape, ctx, args.kv_type)
+        model = ceiling_model(target, drafter_path=drafter, kv_type=args.kv_type, n_gpu_layers=args.gpu_layers,
+                              devices=devices)
+        report["target"] = model_block(target, model.target, ctx, args.kv_type)
         report["chat_template"] = chat_template_block(target)
-        plain = estimate_pass(shape, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers)
+        plain = model.plain(ctx)
         report["ceiling"] = pass_block(plain)
-        d_shape = ModelShape.from_gguf(drafter) if drafter is not None else None
-        fit = fit_estimate(shape, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
-                           drafter=d_shape)
+        fit = fit_estimate(model.target, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
+                           drafter=model.drafter)
         report["fit"] = {
             "fits": fit.fits, "message": fit.message,
             "devices": [{"device": d.device, "name": d.name, "weights": d.weights, "kv": d.kv,
                          "compute": d.compute, "need": d.need, "free": d.free, "fits": d.fits,
                          "short_by": d.short_by} for d in fit.devices],
         }
-        if drafter is not None and d_shape is not None:
-            report["drafter"] = model_block(drafter, d_shape, ctx, args.kv_type)
+        if drafter is not None and model.drafter is not None:
+            report["drafter"] = model_block(drafter, model.drafter, ctx, args.kv_type)
             report["compatibility"] = compatibility(target, drafter)
             k = args.draft_k
-            spec = estimate_pass(shape, devices, ctx, tokens=k + 1, type_k=args.kv_type,
-                                 n_gpu_layers=args.gpu_layers, drafter=d_shape, draft_steps=k)
+            spec = model.speculative(ctx, k)
             report["speculative"] = {
                 "draft_k": k,
                 "pass": pass_block(spec),
@@ -197,8 +196,8 @@ def build_report(args: DoctorOptions,
     if args.decode_check:
         assert target_path is not None
         result = (check or decode_check)(target_path, args.gpu_layers)
-        if target is not None:
-            calibrate(result, target, devices, args.gpu_layers)
+        if model is not None:
+            calibrate(result, model)
         report["decode_check"] = result
         ok = bool(result.get("ok"))
     return report, ok
