@@ -37,7 +37,7 @@ from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.ceiling.backend_modules import describe_modules
 from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats
+from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
@@ -174,6 +174,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        self._prompt_warnings_shown: set[str] = set()  # template warnings already told for this model
         # Writes the history could not take (another program held its lock) are retried until written.
         self._history_retry = QTimer(self)
         self._history_retry.timeout.connect(self._on_history_retry_timeout)
@@ -307,6 +308,7 @@ class MainWindow(QMainWindow):
         b.engine_error.connect(self._on_bridge_engine_error)
         b.engine_crashed.connect(self._on_bridge_engine_crashed)
         b.engine_restarting.connect(self._on_bridge_engine_restarting)
+        b.prompt_processed.connect(self._on_bridge_prompt_processed)
         self.picker.load_requested.connect(self._on_picker_load_requested)
         self.picker.cancel_load_requested.connect(self._on_picker_cancel_load_requested)
         self.picker.library_changed.connect(self._on_picker_library_changed)
@@ -448,9 +450,17 @@ class MainWindow(QMainWindow):
 
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
+        self._prompt_warnings_shown.clear()
         self.picker.show_loaded(event)
         self.notifier.resolve(NEED_MODEL_MESSAGE)
         self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
+
+    @Slot(PromptProcessed)
+    def _on_bridge_prompt_processed(self, event: PromptProcessed) -> None:
+        # A refused chat template (and the format used instead) is said once per loaded model, not per message.
+        if event.warning and event.warning not in self._prompt_warnings_shown:
+            self._prompt_warnings_shown.add(event.warning)
+            self.notifier.warning(event.warning)
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:

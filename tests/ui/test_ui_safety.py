@@ -162,3 +162,26 @@ def test_a_history_locked_at_startup_is_written_once_free(
         [summary] = saved.list_chats()
         assert summary.title == "made while locked"
         assert [m.text for m in saved.messages(summary.id)] == ["not lost"]
+
+
+def test_a_refused_template_is_told_in_the_window(
+    qtbot: QtBot, make_window, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from tests.gguf_fixtures import write_tiny_model
+    from tests.ui.conftest import load_pair, set_sampling
+
+    model = write_tiny_model(tmp_path / "models" / "hang.gguf", chat_template=(
+        "{% set a=[0]*4000000 %}{% set b=[a]*4000000 %}{% set c=[0]*3999999+[1] %}{{ c in b }}"))
+    window = make_window(folders=(model.parent,))
+    load_pair(qtbot, window, model)
+    set_sampling(window, temperature=0, max_tokens=4)
+    warned: list[str] = []
+    show = window.notifier.warning
+    window.notifier.warning = lambda text: (warned.append(text), show(text))  # type: ignore[method-assign]
+    for text in ("first", "second"):
+        window.chat.input.setPlainText(text)
+        with qtbot.waitSignal(window.bridge.generation_finished, timeout=60_000):
+            window.chat.send_button.click()
+    told = [m for m in warned if "chat template took longer than 2 s to render" in m]
+    assert len(told) == 1, warned  # said once for the model, not once per message
+    assert told[0].endswith("Answering with the plain ChatML format instead.")
