@@ -46,3 +46,17 @@ def test_a_ceiling_for_the_previous_model_is_dropped(qtbot: QtBot) -> None:
     panel._tasks.wait()
     qtbot.wait(50)  # the late result's signal is delivered, and ignored
     assert panel.metrics.ceiling is second
+
+
+def test_the_legend_explains_both_ceilings_and_names_far_ones(qtbot: QtBot) -> None:
+    far = CeilingInfo(contexts=(0, 4096), spec_tps=(900.0, 800.0), efficiency=0.5, device="fast")
+    panel = DashboardPanel(ceiling_provider=lambda _loaded: far, memory_probe=MemoryProbe(lambda: ()))
+    qtbot.addWidget(panel)
+    panel.on_loaded(replace(make_loaded(), plain_tps=50.0))
+    qtbot.waitUntil(lambda: panel.metrics.ceiling is far, timeout=5000)
+    qtbot.wait(50)  # the finished task's signal object is deleted inside the test, not by pytest-qt after it
+    key = panel.tps_legend.text
+    assert "spec-sheet roof: bandwidth ÷ bytes per token" in key
+    assert "measured: plain decoding on this machine" in key
+    assert "off scale: spec-sheet roof 900 tok/s" in key  # 50 measured, no data yet: 900 is far
+    assert not panel.l_spec.isVisible()

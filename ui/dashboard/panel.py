@@ -319,17 +319,11 @@ class DashboardPanel(QWidget):
         self.l_spec = self._hline(self.p_tps, RED, solid, "spec-sheet roof: {value:.0f}")
         self.l_measured = self._hline(self.p_tps, ORANGE, dash, "measured here: {value:.0f}", at=0.42)
         self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.55)
-        # What the lines mean. The two ceilings differ by design: the roof is the spec sheet's bandwidth
-        # over the bytes each token reads; "measured" is plain one-token decoding timed on this machine.
-        self.tps_legend = self._legend(self.p_tps, [
-            (pg.mkPen(_alpha(BLUE, 110), width=1), "each pass"),
-            (pg.mkPen(BLUE, width=2.5), "1 s average"),
-            (pg.mkPen(RED, width=1.5), "spec-sheet roof: bandwidth ÷ bytes per token"),
-            (pg.mkPen(ORANGE, width=1.5, style=dash), "measured: plain decode on this machine"),
-            (pg.mkPen(GREEN, width=1.5, style=dot), "τ × roof: best case when speculating"),
-        ])
+        # What the lines mean, under the chart. The two ceilings differ by design: the roof is the spec
+        # sheet's bandwidth over the bytes each token reads; "measured" is plain decoding timed here.
+        self.tps_legend = pg.LabelItem("", size="7pt", justify="left")
+        self._tps_legend_note: str | None = None
         self.y_tps = _YRange(self.p_tps, 10.0)
-        self._tps_title = "Decode speed"
 
         # Acceptance over time and per draft position.
         self.p_acc = plot(1, 0, "Acceptance", "accepted / drafted", "seconds")
@@ -354,11 +348,9 @@ class DashboardPanel(QWidget):
         self._curve_tau = np.zeros(0)
         self._tau_k_k = np.zeros(0)
         self._tau_k_mean = np.zeros(0)
-        self.p_k = plot(2, 1, "Draft depth k chosen", "k", "seconds")
+        self.p_k = plot(2, 1, "k chosen (orange), τ (blue)", "k", "seconds")
         self.c_k = self.p_k.plot(pen=pg.mkPen(ORANGE, width=1.5))
         self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(_alpha(BLUE, 160), width=1.5))
-        self.k_legend = self._legend(self.p_k, [(pg.mkPen(ORANGE, width=1.5), "k chosen"),
-                                                (pg.mkPen(_alpha(BLUE, 160), width=1.5), "τ, last 32 passes")])
         self.y_k = _YRange(self.p_k, 4.0)
         self.x_time = _XRange((self.p_tps, self.p_acc, self.p_k))
 
@@ -382,11 +374,11 @@ class DashboardPanel(QWidget):
         ci = self.graphics.ci
         for item in list(ci.items):
             ci.removeItem(item)
-        two = [(self.p_tps, 0, 0, 2, 3), (self.p_acc, 1, 0, 1, 2), (self.p_pos, 1, 1, 1, 2),
-               (self.p_tau, 2, 0, 1, 2), (self.p_k, 2, 1, 1, 2), (self.p_mem, 3, 0, 2, 1)]
-        one = [(self.p_tps, 0, 0, 1, 3), (self.p_acc, 1, 0, 1, 2), (self.p_pos, 2, 0, 1, 2),
-               (self.p_tau, 3, 0, 1, 2), (self.p_k, 4, 0, 1, 2), (self.p_mem, 5, 0, 1, 1)]
-        for r in range(6):
+        two = [(self.p_tps, 0, 0, 2, 3), (self.tps_legend, 1, 0, 2, 0), (self.p_acc, 2, 0, 1, 2),
+               (self.p_pos, 2, 1, 1, 2), (self.p_tau, 3, 0, 1, 2), (self.p_k, 3, 1, 1, 2), (self.p_mem, 4, 0, 2, 1)]
+        one = [(self.p_tps, 0, 0, 1, 3), (self.tps_legend, 1, 0, 1, 0), (self.p_acc, 2, 0, 1, 2),
+               (self.p_pos, 3, 0, 1, 2), (self.p_tau, 4, 0, 1, 2), (self.p_k, 5, 0, 1, 2), (self.p_mem, 6, 0, 1, 1)]
+        for r in range(7):
             ci.layout.setRowStretchFactor(r, 0)
         for item, row, col, colspan, stretch in (two if columns == 2 else one):
             ci.addItem(item, row=row, col=col, colspan=colspan)
@@ -397,14 +389,21 @@ class DashboardPanel(QWidget):
         self._arrange_plots(2 if event.size().width() >= TWO_COLUMNS_MIN_WIDTH else 1)
         super().resizeEvent(event)
 
-    def _legend(self, p: pg.PlotItem, entries: list[tuple[QPen, str]]) -> pg.LegendItem:
-        """A small legend in the plot's top-left corner, drawn from a cache (it never changes)."""
-        legend = pg.LegendItem(offset=(4, 2), labelTextSize="7pt", verSpacing=-6, brush=_alpha(QColor(0, 0, 0), 0))
-        legend.setParentItem(p.vb)
-        for pen, name in entries:
-            legend.addItem(pg.PlotDataItem(pen=pen), name)
-        legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-        return legend
+    def _show_tps_legend(self, off_scale: str) -> None:
+        """The decode chart's key; ``off_scale`` names ceilings too far above the data to draw."""
+        if off_scale == self._tps_legend_note:
+            return
+        self._tps_legend_note = off_scale
+        lines = [
+            f"<span style='color:{BLUE.name()}'>━</span> 1 s average &nbsp; "
+            f"<span style='color:{BLUE.name()}'>─</span> each pass",
+            f"<span style='color:{RED.name()}'>━</span> spec-sheet roof: bandwidth ÷ bytes per token",
+            f"<span style='color:{ORANGE.name()}'>╍</span> measured: plain decoding on this machine",
+            f"<span style='color:{GREEN.name()}'>┅</span> τ × roof: the most speculation can give",
+        ]
+        if off_scale:
+            lines.append(f"off scale: {off_scale} tok/s")
+        self.tps_legend.setText("<br>".join(lines), color=self._fg.name())
 
     def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
                at: float = 0.02) -> pg.InfiniteLine:
@@ -421,6 +420,7 @@ class DashboardPanel(QWidget):
         bg = pal.color(QPalette.ColorRole.Base)
         fg = pal.color(QPalette.ColorRole.WindowText)
         self._fg = fg
+        self._tps_legend_note = None  # the key is drawn again in the new colours at the next paint
         self._mem_bg = _alpha(fg, 40)
         self.graphics.setBackground(bg)
         for p in (self.p_tps, self.p_acc, self.p_pos, self.p_tau, self.p_k, self.p_mem):
@@ -485,11 +485,7 @@ class DashboardPanel(QWidget):
                     line.setValue(value)
                     line.label.valueChanged()
         # A ceiling far above the data would flatten the curve: it is named in the title instead of drawn.
-        far = ", ".join(f"{name} {value:.0f}" for name, value in off_scale.items())
-        title = f"Decode speed (off scale: {far} tok/s)" if far else "Decode speed"
-        if title != self._tps_title:
-            self._tps_title = title
-            self.p_tps.setTitle(title)
+        self._show_tps_legend(", ".join(f"{name} {value:.0f}" for name, value in off_scale.items()))
         self.y_tps.fit(top)
         if spec is not None and np.isfinite(spec):
             x = self.x_time

@@ -4,8 +4,10 @@ fit estimate, and Load / Cancel with progress. Disk scans and downloads run on a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
@@ -247,33 +249,39 @@ class ModelPicker(QWidget):
 
     # --- settings in and out ------------------------------------------------------------------------
 
+    def _bindings(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+        """Each saved setting the picker shows: how to read it from its widgets and how to show it. The one
+        map between widgets and settings (saving, restoring and Load all go through it)."""
+        return {
+            "ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0, self._show_ngram),
+            "adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
+            "k": (self.k_spin.value, self.k_spin.setValue),
+            "k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
+            "n_gpu_layers": (self.gpu_layers_spin.value, self.gpu_layers_spin.setValue),
+            "n_ctx": (self.ctx_spin.value, lambda v: self.ctx_spin.setValue(max(self.ctx_spin.minimum(), v))),
+            "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
+            "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
+            "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
+        }
+
+    def _show_ngram(self, ngram: int) -> None:
+        self.ngram_check.setChecked(ngram > 0)
+        if ngram > 0:
+            self.ngram_spin.setValue(ngram)
+
+    def shown_values(self) -> dict[str, Any]:
+        return {name: read() for name, (read, _show) in self._bindings().items()}
+
     def apply_settings(self, s: AppSettings) -> None:
         self.folders = s.model_folders
         self._wanted_target = s.target_path
         self._wanted_drafter = s.drafter_path
-        self.ngram_check.setChecked(s.ngram > 0)
-        if s.ngram > 0:
-            self.ngram_spin.setValue(s.ngram)
-        self.adaptive_check.setChecked(s.adaptive)
-        self.k_spin.setValue(s.k)
-        self.k_max_spin.setValue(s.k_max)
-        self.gpu_layers_spin.setValue(s.n_gpu_layers)
-        self.ctx_spin.setValue(max(self.ctx_spin.minimum(), s.n_ctx))
-        self.kv_combo.setCurrentText(s.kv_type)
-        self.flash_combo.setCurrentText(s.flash_attn)
-        self.reload_check.setChecked(s.reload_last_pair_on_start)
+        for name, (_read, show) in self._bindings().items():
+            show(getattr(s, name))
 
     def update_settings(self, s: AppSettings) -> AppSettings:
-        from dataclasses import replace
-
-        return replace(
-            s, target_path=self.target_path() or s.target_path, drafter_path=self.drafter_path(),
-            ngram=self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
-            adaptive=self.adaptive_check.isChecked(), k=self.k_spin.value(), k_max=self.k_max_spin.value(),
-            n_gpu_layers=self.gpu_layers_spin.value(), n_ctx=self.ctx_spin.value(),
-            kv_type=self.kv_combo.currentText(), flash_attn=self.flash_combo.currentText(),
-            model_folders=self.folders, reload_last_pair_on_start=self.reload_check.isChecked(),
-        )
+        return replace(s, target_path=self.target_path() or s.target_path, drafter_path=self.drafter_path(),
+                       model_folders=self.folders, **self.shown_values())
 
     def target_path(self) -> str | None:
         data = self.target_combo.currentData()
@@ -311,18 +319,12 @@ class ModelPicker(QWidget):
             if not result.ok:
                 raise IncompatibleDrafterError(
                     f"This drafter cannot speculate for this target: {result.reason}.")
-        draft = DraftSettings(
-            drafter_path=drafter,
-            ngram=self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
-            adaptive=self.adaptive_check.isChecked(),
-            k=self.k_spin.value(),
-            k_max=self.k_max_spin.value(),
-        )
+        v = self.shown_values()
+        draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
+                              k_max=v["k_max"])
         return LoadSettings(
-            target_path=target, draft=draft, n_ctx=self.ctx_spin.value(),
-            n_gpu_layers=self.gpu_layers_spin.value(),
-            flash_attn=self.flash_combo.currentText(), kv_type=self.kv_combo.currentText(),
-            n_threads=self.threads_spin.value(),
+            target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
+            flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
         ).validate()
 
     # --- library ------------------------------------------------------------------------------------
