@@ -45,6 +45,9 @@ def test_focus_follow_stop_reason_and_strip_totals(
     window.bridge.token_received.connect(lambda _e: values.append((bar.value(), bar.maximum())))
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
         assert chat.send("And another one.")  # Send scrolls to the end and follows the answer
+        assert chat.progress_label.text().startswith("Processing the prompt")  # a sign of life at once
+        assert chat.progress_label.isVisible()
+    assert not chat.progress_label.isVisible()
     assert values
     assert all(v == m for v, m in values[1:])
     assert bar.value() == bar.maximum()
@@ -76,3 +79,12 @@ def test_focus_follow_stop_reason_and_strip_totals(
         pass
     assert bar.value() == 0
     assert chat.messages[-2].text == "Continue."
+
+
+def test_a_model_without_a_chat_template_is_called_a_base_model(
+    qtbot: QtBot, make_window, tiny_model_factory  # type: ignore[no-untyped-def]
+) -> None:
+    base = tiny_model_factory("tiny-base.gguf", chat_template=None)
+    window = make_window(folders=(base.parent,))
+    assert window.picker.select_target(base) or window.picker.target_path() == str(base)
+    assert "looks like a base model" in window.picker.target_info.text()

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Finished, Token
+from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, Token
 from app.storage.buffered_history import BufferedHistory
 from app.storage.history import HistoryStore
 from ui.bridge import EngineBridge
@@ -94,6 +94,7 @@ class ChatPanel(QWidget):
         self._flush_timer.timeout.connect(self._on_flush_timer_timeout)
         bridge.generation_started.connect(self._on_bridge_generation_started)
         bridge.token_received.connect(self._on_bridge_token_received)
+        bridge.prompt_processed.connect(self._on_bridge_prompt_processed)
         bridge.generation_finished.connect(self._on_bridge_generation_finished)
         bridge.engine_error.connect(self._on_bridge_engine_error)
         bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
@@ -144,6 +145,10 @@ class ChatPanel(QWidget):
         layout.addLayout(prompt_row)
         self.view = ChatView(right)
         layout.addWidget(self.view, 1)
+        self.progress_label = QLabel(right)
+        self.progress_label.setObjectName("prompt_progress")
+        self.progress_label.setVisible(False)
+        layout.addWidget(self.progress_label)
         self.input = QPlainTextEdit(right)
         self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
         self.input.setMaximumHeight(120)
@@ -348,6 +353,8 @@ class ChatPanel(QWidget):
         self._awaiting_start = True
         self.view.begin_answer()
         self.view.follow_end()
+        self.progress_label.setText(f"Processing the prompt ({len(self._engine_messages())} messages)…")
+        self.progress_label.setVisible(True)
         self._set_generating(True)
         self._last_flush = time.monotonic()
         self._flush_timer.start()
@@ -408,6 +415,12 @@ class ChatPanel(QWidget):
     def _mine(self, request_id: int | None) -> bool:
         return self._answer is not None and request_id is not None and request_id == self._request_id
 
+    @Slot(PromptProcessed)
+    def _on_bridge_prompt_processed(self, event: PromptProcessed) -> None:
+        if self._mine(event.request_id):
+            self.progress_label.setText(f"Prompt processed: {event.prompt_tokens:,} tokens in "
+                                        f"{event.seconds:.1f} s; writing…")
+
     @Slot(Token)
     def _on_bridge_token_received(self, event: Token) -> None:
         if not self._mine(event.request_id) or self._answer is None:
@@ -450,6 +463,7 @@ class ChatPanel(QWidget):
 
     def _end_answer(self, answer: ChatMessage) -> None:
         self._flush_timer.stop()
+        self.progress_label.setVisible(False)
         self._answer = None
         self._request_id = None
         self._awaiting_start = False

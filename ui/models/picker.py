@@ -56,10 +56,15 @@ def human_params(n: int) -> str:
     return f"{n / 1e3:.0f}K"
 
 
+BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which continues text rather than "
+                   "answering; it is given a generic chat format.")
+
+
 def describe_model(info: GGUFInfo) -> str:
-    """arch, parameters, quantization, file size, trained context: one line."""
-    return (f"{info.architecture}, {human_params(info.n_params)} params, {info.quantization}, "
+    """arch, parameters, quantization, file size, trained context: one line (and a base model says so)."""
+    line = (f"{info.architecture}, {human_params(info.n_params)} params, {info.quantization}, "
             f"{human_size(info.file_size)}, ctx {info.context_length}")
+    return line if info.has_chat_template else f"{line}\n{BASE_MODEL_NOTE}"
 
 
 def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
@@ -128,10 +133,12 @@ class ModelPicker(QWidget):
         self.target_combo.currentIndexChanged.connect(self._on_target_combo_current_index_changed)
         self.target_info = QLabel(models)
         self.target_info.setWordWrap(True)
+        self.target_info.setTextFormat(Qt.TextFormat.PlainText)
         self.drafter_combo = QComboBox(models)
         self.drafter_combo.currentIndexChanged.connect(self._on_drafter_combo_current_index_changed)
         self.drafter_info = QLabel(models)
         self.drafter_info.setWordWrap(True)
+        self.drafter_info.setTextFormat(Qt.TextFormat.PlainText)
         self.compat_badge = QLabel(models)
         self.compat_badge.setWordWrap(True)
         self.compat_badge.setObjectName("compat_badge")
