@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""The window's Remote engine dock watching a real llama-server on 127.0.0.1, in Xvfb, saved as a PNG.
+
+    .venv/bin/python packaging/screenshot_remote.py [--out resources/screenshot-remote.png] [--seconds 40]
+
+Starts the llama-server built by packaging/build_llama_server on the SmolLM2 demo model with --metrics,
+--slots and n-gram speculation, opens SpecDeck (no local engine) under Xvfb, connects it to the server
+(Model → Connect to server…), sends the edit prompts to the server while the dock plots its counters,
+then grabs the window. Needs Xvfb and Qt's X11 libraries (see packaging/screenshot.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [json.loads(line) for line in (ROOT / "resources/prompts/edit.jsonl").read_text().splitlines() if line]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
+    """Runs inside Xvfb: the window, connected to ``url``, while a thread keeps the server busy."""
+    import httpx
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from ui.main_window import MainWindow
+
+    app = QApplication([])
+    window = MainWindow(start_engine=False)
+    window.resize(*size)
+    window.show()
+    window.dashboard_dock.hide()
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            for prompt in PROMPTS:
+                if stop.is_set():
+                    return
+                httpx.post(url + "/v1/chat/completions", timeout=300,
+                           json={**prompt, "max_tokens": 160, "temperature": 0})
+
+    threading.Thread(target=traffic, daemon=True).start()
+    window.remote.connect_to(url)
+
+    def grab() -> None:
+        stop.set()
+        window.remote.dashboard.timer.stop()
+        window.grab().save(str(out))
+        print(f"dock: {window.remote.dashboard.header.text()}")
+        for key, label in window.remote.dashboard.values.items():
+            print(f"  {key}: {label.text()}")
+        window.close()
+        app.quit()
+
+    QTimer.singleShot(int(seconds * 1000), grab)
+    app.exec()
+    return 0 if out.exists() else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "resources" / "screenshot-remote.png")
+    parser.add_argument("--seconds", type=float, default=40.0, help="how long the dock watches before the shot")
+    parser.add_argument("--size", default="1500x900")
+    parser.add_argument("--child", nargs=2, metavar=("URL", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    width, height = (int(x) for x in args.size.lower().split("x"))
+    if args.child:
+        return child(args.child[0], Path(args.child[1]), args.seconds, (width, height))
+
+    from app.library.demo_install import install_demo_models
+
+    built = subprocess.run([sys.executable, str(ROOT / "packaging" / "build_llama_server"), "--print"],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        print("llama-server is not built: run packaging/build_llama_server first.", file=sys.stderr)
+        return 1
+    xvfb = shutil.which("Xvfb")
+    if xvfb is None:
+        print("Xvfb is not installed (Debian: apt-get install xvfb).", file=sys.stderr)
+        return 1
+    smollm2, _gemma = install_demo_models()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    display = ":94"
+    llama = subprocess.Popen([built.stdout.strip(), "-m", str(smollm2), "--host", "127.0.0.1", "--port", str(port),
+                              "--metrics", "--slots", "-c", "4096", "-np", "1", "-t", "1", "--spec-type",
+                              "ngram-simple"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    screen = subprocess.Popen([xvfb, display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if llama.poll() is not None or time.monotonic() > deadline:
+                print("llama-server did not start.", file=sys.stderr)
+                return 1
+            time.sleep(0.3)
+        with tempfile.TemporaryDirectory(prefix="specdeck-shot-") as home:
+            shot = Path(home) / "shot.png"
+            env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
+            done = subprocess.run([sys.executable, __file__, "--child", url, str(shot), "--seconds",
+                                   str(args.seconds), "--size", args.size], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            print(done.stdout)
+            if not shot.exists():
+                print(done.stderr[-3000:], file=sys.stderr)
+                return 1
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, args.out)
+            print(f"saved {args.out}")
+    finally:
+        for proc in (llama, screen):
+            proc.terminate()
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
