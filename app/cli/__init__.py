@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "doctor": ("app.cli.doctor", "backend, devices, bandwidth and the ceiling for a model"),
     "models": ("app.cli.models", "list the GGUF models found on this machine and which drafters fit"),
     "demo-models": ("app.cli.demo_models", "install the two small demo models into the models folder"),
+    "tune": ("app.cli.tune", "find the fastest drafting settings for a pair on your own prompts, and keep them"),
     "serve": ("app.cli.serve", "serve the engine over an OpenAI-compatible HTTP API with Prometheus /metrics"),
 }
 

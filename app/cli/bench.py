@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.engine.bench import EngineCrashedError, bench
 from app.errors import AppError
+from app.library.verify_cost import record_report as record_verify_cost
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             check_destination(args.json, "the report")  # before the run, not after it
         report = bench(args, sys.stdout)
+        record_verify_cost(report)  # the drafter ranking predicts with this machine's pass costs
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2))
     except EngineCrashedError as exc:

@@ -1,0 +1,286 @@
+"""`specdeck tune`: find the fastest drafting settings for a pair on the user's own prompts.
+
+Each candidate setting is measured by the bench itself (``app.engine.bench.bench``): speculative and plain
+runs side by side, alternating, in one engine worker, so each speedup is a ratio of neighbouring runs on
+this machine, with its spread over the repeats. The sweep starts from the window's defaults and moves one
+dimension at a time from the best setting so far: n-gram key length, k_max, fixed against adaptive depth,
+then the drafter choice (none, n-gram, model, both). The winner is saved per (target, drafter) pair
+(``app.library.tuned``) and the window uses it as that pair's default. Cancelling (Ctrl-C, or
+``cancelled``) keeps every setting measured so far, and the best of them is still saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+from app.engine.bench import bench
+from app.engine.params import DraftSettings
+from app.library.tuned import TunedSettings, save_tuned
+from app.library.verify_cost import record_report as record_verify_cost
+
+JSON_VERSION = 1
+# The window's own defaults (ui/models/picker.py): the first setting measured, so the winner is never a
+# setting measured slower than what the user gets untuned.
+DEFAULT_NGRAM = 3
+DEFAULT_K_MAX = 8
+KEY_LENGTHS = (2, 3, 4, 6)
+K_MAXES = (4, 8, 16, 32)
+FIXED_DEPTHS = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One drafting setting: which drafters, the n-gram key length, and the depth policy."""
+
+    use_model: bool
+    ngram: int  # 0: no n-gram drafter
+    adaptive: bool = True
+    k: int = 4  # the fixed depth when not adaptive
+    k_max: int = DEFAULT_K_MAX
+
+    @property
+    def drafter(self) -> str:
+        """none, n-gram, model or both."""
+        if self.use_model:
+            return "both" if self.ngram else "model"
+        return "n-gram" if self.ngram else "none"
+
+    @property
+    def depth(self) -> str:
+        if self.drafter == "none":
+            return "-"
+        return f"adaptive ≤ {self.k_max}" if self.adaptive else f"fixed {self.k}"
+
+    def label(self) -> str:
+        key = f", key {self.ngram}" if self.ngram else ""
+        return f"{self.drafter}{key}, {self.depth}"
+
+    def draft_settings(self, drafter_path: str | None) -> DraftSettings:
+        return DraftSettings(drafter_path=drafter_path if self.use_model else None, ngram=self.ngram,
+                             adaptive=self.adaptive, k=self.k, k_max=self.k_max if self.adaptive else self.k)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "ngram": self.ngram, "adaptive": self.adaptive,
+                "k": None if self.adaptive else self.k, "k_max": self.k_max if self.adaptive else self.k}
+
+
+PLAIN = Candidate(use_model=False, ngram=0)
+
+
+@dataclass
+class Measured:
+    """What the bench measured for one candidate (plain decoding is the reference, 1.0 by definition)."""
+
+    candidate: Candidate
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    speedups: list[float]
+    tok_s: float
+    baseline_tok_s: float
+    acceptance: float
+    identical: bool | None
+    seconds: float
+    verify_cost_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, candidate: Candidate, report: dict[str, Any], seconds: float) -> Measured:
+        total = report["total"]
+        return cls(candidate, float(total["speedup"]), float(total["speedup_min"]), float(total["speedup_max"]),
+                   [float(v) for v in total["speedups"]], float(total["tok_s"]),
+                   float(total["baseline"]["tok_s"]), float(total["acceptance"]), bool(total["identical"]),
+                   seconds, dict(report.get("verify_cost_ms") or {}))
+
+    @classmethod
+    def plain(cls, baseline_tok_s: float) -> Measured:
+        return cls(PLAIN, 1.0, 1.0, 1.0, [1.0], baseline_tok_s, baseline_tok_s, 0.0, None, 0.0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"settings": self.candidate.as_json(), "label": self.candidate.label(),
+                "speedup": self.speedup, "speedup_min": self.speedup_min, "speedup_max": self.speedup_max,
+                "speedups": self.speedups, "tok_s": self.tok_s, "baseline_tok_s": self.baseline_tok_s,
+                "acceptance": self.acceptance, "identical": self.identical, "seconds": round(self.seconds, 2)}
+
+
+@dataclass
+class Progress:
+    """Reported after each measured candidate."""
+
+    done: int
+    planned: int  # measured + still planned (later stages depend on earlier winners, so this may shrink)
+    elapsed_s: float
+    left_s: float  # estimate: mean seconds per candidate × candidates still planned, within the budget
+    latest: Measured
+
+
+@dataclass
+class TuneReport:
+    target: str
+    drafter: str | None
+    source: str
+    prompts: int
+    results: list[Measured] = field(default_factory=list)
+    stopped: str = "done"  # done, budget, cancelled
+    saved_to: str | None = None
+
+    @property
+    def ranked(self) -> list[Measured]:
+        measured = [m for m in self.results if m.candidate != PLAIN]
+        reference = [Measured.plain(_median([m.baseline_tok_s for m in measured]))] if measured else []
+        return sorted([*measured, *reference], key=lambda m: (-m.speedup, -m.speedup_min, m.candidate.label()))
+
+    @property
+    def best(self) -> Measured | None:
+        ranked = self.ranked
+        return ranked[0] if ranked else None
+
+    def tuned(self) -> TunedSettings | None:
+        best = self.best
+        if best is None:
+            return None
+        return TunedSettings(best.candidate.draft_settings(self.drafter), best.speedup, best.speedup_min,
+                             best.speedup_max, self.prompts, self.source, time.time())
+
+    def as_json(self) -> dict[str, Any]:
+        best = self.best
+        return {"version": JSON_VERSION, "target": self.target, "drafter": self.drafter, "source": self.source,
+                "prompts": self.prompts, "stopped": self.stopped, "saved_to": self.saved_to,
+                "results": [m.as_json() for m in self.ranked], "best": best.as_json() if best else None}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return 0.0
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def stages(has_model: bool) -> list[Callable[[Candidate], list[Candidate]]]:
+    """Each stage builds its candidates from the best setting so far."""
+
+    def key_lengths(best: Candidate) -> list[Candidate]:
+        return [replace(best, ngram=n) for n in KEY_LENGTHS]
+
+    def depth_caps(best: Candidate) -> list[Candidate]:
+        return [replace(best, adaptive=True, k_max=m) for m in K_MAXES]
+
+    def fixed_depths(best: Candidate) -> list[Candidate]:
+        return [replace(best, adaptive=False, k=k, k_max=k) for k in FIXED_DEPTHS]
+
+    def drafter_choice(best: Candidate) -> list[Candidate]:
+        ngram = best.ngram or DEFAULT_NGRAM
+        return [replace(best, use_model=True, ngram=0), replace(best, use_model=True, ngram=ngram),
+                replace(best, use_model=False, ngram=ngram)]
+
+    return [key_lengths, depth_caps, fixed_depths, drafter_choice] if has_model else [
+        key_lengths, depth_caps, fixed_depths]
+
+
+def planned_count(has_model: bool) -> int:
+    """How many candidates the sweep measures when the default stays the best (an estimate otherwise)."""
+    default = Candidate(use_model=has_model, ngram=DEFAULT_NGRAM)
+    seen = {default}
+    for stage in stages(has_model):
+        seen.update(stage(default))
+    return len(seen)
+
+
+def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts: int,
+         budget_s: float | None = None, on_progress: Callable[[Progress], None] | None = None,
+         cancelled: Callable[[], bool] | None = None, client: Any = None,
+         bench_out: TextIO | None = None) -> TuneReport:
+    """Measure candidates with ``bench`` (``base`` is a bench namespace: target, prompts, sampling) until the
+    sweep ends, the budget would be passed or the user cancels; return what was measured, ranked."""
+    from app.engine.bench import WATCHDOG_SECONDS
+    from app.engine.client import EngineClient
+
+    report = TuneReport(str(base.target), drafter, source, prompts)
+    own_client = client is None
+    client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+    t0 = time.monotonic()
+    try:
+        limit = planned_count(drafter is not None)
+        default = Candidate(use_model=drafter is not None, ngram=DEFAULT_NGRAM)
+        seen: set[Candidate] = set()
+        for stage in [lambda _best: [default], *stages(drafter is not None)]:
+            measured = [m for m in report.results if m.candidate != PLAIN]
+            best = max(measured, key=lambda m: m.speedup).candidate if measured else default
+            for cand in stage(best):
+                if cand in seen:
+                    continue
+                seen.add(cand)
+                stop = _measure_one(report, cand, base, drafter, client, bench_out, cancelled, budget_s, t0)
+                if stop:
+                    report.stopped = stop
+                    return report
+                if on_progress is not None:
+                    elapsed = time.monotonic() - t0
+                    n = len(report.results)
+                    left = elapsed / n * max(limit - n, 0)
+                    if budget_s is not None:
+                        left = min(left, max(budget_s - elapsed, 0.0))
+                    try:
+                        on_progress(Progress(n, limit, elapsed, left, report.results[-1]))
+                    except KeyboardInterrupt:
+                        report.stopped = "cancelled"
+                        return report
+    finally:
+        if own_client:
+            client.close()
+    return report
+
+
+def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, drafter: str | None,
+                 client: Any, bench_out: TextIO | None, cancelled: Callable[[], bool] | None,
+                 budget_s: float | None, t0: float) -> str | None:
+    """Measure ``cand`` into ``report``; returns why the sweep stops instead (cancelled, budget), or None."""
+    if cancelled is not None and cancelled():
+        return "cancelled"
+    done, elapsed = len(report.results), time.monotonic() - t0
+    if budget_s is not None and done and elapsed + elapsed / done > budget_s:
+        return "budget"  # the next candidate would most likely end past the budget
+    args = copy.copy(base)
+    args.drafter = drafter if cand.use_model else None
+    args.ngram = cand.ngram
+    args.k = None if cand.adaptive else cand.k
+    args.k_max = cand.k_max
+    args.baseline = True
+    args.raw = False
+    t_cand = time.monotonic()
+    try:
+        result = bench(args, bench_out or io.StringIO(), client=client)
+    except KeyboardInterrupt:
+        client.kill()  # mid-answer: its reply would arrive for a request nobody reads any more
+        return "cancelled"
+    record_verify_cost(result)
+    report.results.append(Measured.of(cand, result, time.monotonic() - t_cand))
+    return None
+
+
+def save_winner(report: TuneReport) -> TunedSettings | None:
+    """Save the best measured setting for the pair; None when nothing was measured. Raises StorageError."""
+    tuned = report.tuned()
+    if tuned is None:
+        return None
+    report.saved_to = str(save_tuned(report.target, report.drafter, tuned))
+    return tuned
+
+
+def table(report: TuneReport) -> str:
+    """The ranked results as text: speedup with its spread, tok/s and acceptance per setting."""
+    lines = [f"{'#':>2}  {'drafter':<7} {'key':>3}  {'depth':<13} {'speedup':>7}  {'spread':<11} "
+             f"{'tok/s':>7} {'plain':>7} {'accept':>6}"]
+    for n, m in enumerate(report.ranked, 1):
+        c = m.candidate
+        spread = f"{m.speedup_min:.2f}–{m.speedup_max:.2f}" if c != PLAIN else "reference"
+        lines.append(f"{n:>2}  {c.drafter:<7} {c.ngram or '-':>3}  {c.depth:<13} {m.speedup:>6.2f}×  "
+                     f"{spread:<11} {m.tok_s:>7.1f} {m.baseline_tok_s:>7.1f} "
+                     f"{m.acceptance if c != PLAIN else 0:>6.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""`specdeck tune`: structure of its results, what it saves and loads, cancelling and the time budget.
+
+Tiny fixture models only; no test asserts a speed (speed is measured by `specdeck bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine.params import DraftSettings
+from app.engine.tune import DEFAULT_K_MAX, DEFAULT_NGRAM, PLAIN, Candidate, Progress, save_winner, tune
+from app.library.tuned import TunedSettings, load_tuned, save_tuned
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROMPTS = [
+    {"messages": [{"role": "user", "content": "Repeat: alpha beta gamma, alpha beta gamma, alpha beta"}]},
+    {"messages": [{"role": "user", "content": "Copy: one two three four, one two three four"}]},
+]
+
+
+def write_prompts(folder: Path) -> Path:
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+def base_args(target: Path, prompts: Path, repeat: int = 2) -> Any:
+    import argparse
+
+    from app.cli.tune import bench_namespace
+
+    return bench_namespace(target, prompts, argparse.Namespace(max_tokens=24, repeat=repeat, temperature=0.0,
+                                                               threads=1, ctx=512))
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+    """One whole `specdeck tune` as a user runs it: (its JSON, its SPECDECK_HOME, its stdout)."""
+    folder = tmp_path_factory.mktemp("tune")
+    out = folder / "tune.json"
+    env = dict(os.environ, SPECDECK_HOME=str(folder / "home"))
+    cmd = [sys.executable, "-m", "app", "tune", "--target", str(tiny_target), "--prompts",
+           str(write_prompts(folder)), "--max-tokens", "24", "--repeat", "2", "--threads", "1", "--ctx", "512",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), folder / "home", proc.stdout
+
+
+def test_results_are_ranked_with_speedup_tok_s_and_spread(cli_run: tuple[dict[str, Any], Path, str]) -> None:
+    report, _, _ = cli_run
+    results = report["results"]
+    assert report["stopped"] == "done"
+    assert report["prompts"] == len(PROMPTS)
+    speedups = [r["speedup"] for r in results]
+    assert speedups == sorted(speedups, reverse=True)
+    for r in results:
+        assert set(r["settings"]) == {"drafter", "ngram", "adaptive", "k", "k_max"}
+        assert r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
+        assert r["tok_s"] > 0
+        assert r["baseline_tok_s"] > 0
+        if r["settings"]["drafter"] != "none":
+            assert len(r["speedups"]) == 2  # one ratio per repeat
+            assert r["identical"] is True  # greedy: speculation never changes the text
+    assert report["best"] == results[0]
+
+
+def test_sweep_covers_key_length_depth_cap_and_fixed_depth(cli_run: tuple[dict[str, Any], Path, str]) -> None:
+    report, _, stdout = cli_run
+    settings = [r["settings"] for r in report["results"]]
+    assert {"drafter": "n-gram", "ngram": DEFAULT_NGRAM, "adaptive": True, "k": None,
+            "k_max": DEFAULT_K_MAX} in settings  # the window's defaults are always measured
+    assert {"drafter": "none", "ngram": 0, "adaptive": True, "k": None, "k_max": DEFAULT_K_MAX} in settings
+    assert len({s["ngram"] for s in settings if s["ngram"]}) >= 3
+    assert len({s["k_max"] for s in settings if s["adaptive"] and s["ngram"]}) >= 3
+    assert any(not s["adaptive"] for s in settings)
+    assert "left" in stdout  # progress with the time left
+
+
+def test_winner_is_saved_for_the_pair_and_loads_as_draft_settings(
+        cli_run: tuple[dict[str, Any], Path, str], tiny_target: Path) -> None:
+    report, home, _ = cli_run
+    saved = home / "data" / "tuned.json"
+    assert report["saved_to"] == str(saved)
+    tuned = load_tuned(str(tiny_target), None, saved)
+    assert tuned is not None
+    best = report["best"]
+    assert tuned.speedup == best["speedup"]
+    assert tuned.prompts == len(PROMPTS)
+    expected_ngram = best["settings"]["ngram"]
+    assert tuned.draft.ngram == expected_ngram
+    assert tuned.draft.drafter_path is None
+    assert tuned.summary() == f"tuned: {best['speedup']:.2f}× on your prompts"
+    assert load_tuned(str(tiny_target), "/some/drafter.gguf", saved) is None  # another pair: nothing tuned
+
+
+def test_tune_records_the_verify_cost_curve(cli_run: tuple[dict[str, Any], Path, str], tiny_target: Path) -> None:
+    from app.library.verify_cost import load_curve
+
+    _, home, _ = cli_run
+    curve = load_curve(str(tiny_target), home / "data" / "verify_cost.json")
+    assert curve is not None
+    assert 1 in curve.widths_ms
+    assert len(curve.widths_ms) > 2
+
+
+def test_cancel_keeps_what_was_measured(tiny_target: Path, tmp_path: Path, specdeck_home: Path) -> None:
+    seen: list[Progress] = []
+    report = tune(base_args(tiny_target, write_prompts(tmp_path)), drafter=None, source="test", prompts=2,
+                  on_progress=seen.append, cancelled=lambda: len(seen) >= 2)
+    assert report.stopped == "cancelled"
+    assert len(report.results) == 2
+    assert [p.done for p in seen] == [1, 2]
+    assert all(p.left_s >= 0 and p.planned >= p.done for p in seen)
+    tuned = save_winner(report)
+    assert tuned is not None
+    assert report.best is not None
+    assert load_tuned(str(tiny_target), None) == tuned
+    assert tuned.speedup == max(m.speedup for m in report.ranked)
+
+
+def test_interrupt_from_progress_keeps_what_was_measured(tiny_target: Path, tmp_path: Path,
+                                                         specdeck_home: Path) -> None:
+    def interrupt(_p: Progress) -> None:
+        raise KeyboardInterrupt
+
+    report = tune(base_args(tiny_target, write_prompts(tmp_path), repeat=1), drafter=None, source="test",
+                  prompts=2, on_progress=interrupt)
+    assert report.stopped == "cancelled"
+    assert [m.candidate for m in report.results] == [Candidate(use_model=False, ngram=DEFAULT_NGRAM)]
+
+
+def test_budget_stops_before_a_setting_that_would_end_past_it(tiny_target: Path, tmp_path: Path,
+                                                              specdeck_home: Path) -> None:
+    report = tune(base_args(tiny_target, write_prompts(tmp_path), repeat=1), drafter=None, source="test",
+                  prompts=2, budget_s=1e-3)
+    assert report.stopped == "budget"
+    assert len(report.results) == 1  # the first setting always runs: there is no estimate before it
+
+
+def test_ctrl_c_saves_and_writes_what_was_measured(tiny_target: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tune.json"
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "app", "tune", "--target", str(tiny_target), "--prompts",
+           str(write_prompts(tmp_path)), "--max-tokens", "24", "--repeat", "1", "--threads", "1", "--ctx", "512",
+           "--json", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not any(line.startswith("[") for line in lines):  # the first progress line: one result is in
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            lines.append(line)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "cancelled" in rest
+    report = json.loads(out.read_text())
+    assert report["stopped"] == "cancelled"
+    assert len([r for r in report["results"] if r["settings"]["drafter"] != "none"]) >= 1
+    assert load_tuned(str(tiny_target), None, tmp_path / "home" / "data" / "tuned.json") is not None
+
+
+def test_plain_reference_is_ranked_but_never_measured() -> None:
+    from app.engine.tune import Measured, TuneReport
+
+    slow = Measured(Candidate(use_model=False, ngram=3), 0.8, 0.7, 0.9, [0.7, 0.9], 8.0, 10.0, 0.2, True, 1.0)
+    report = TuneReport("/m/t.gguf", None, "test", 1, [slow])
+    assert report.best is not None
+    assert report.best.candidate == PLAIN
+    tuned = report.tuned()
+    assert tuned is not None
+    assert tuned.draft.ngram == 0
+    assert not tuned.draft.speculative
+
+
+def test_tuned_file_keeps_other_pairs_and_ignores_damage(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    a = TunedSettings(DraftSettings(ngram=4, k_max=16), 1.5, 1.4, 1.6, 3, "p.jsonl", 1.0)
+    b = TunedSettings(DraftSettings(drafter_path="/m/d.gguf", ngram=0, adaptive=False, k=4, k_max=4),
+                      1.2, 1.1, 1.3, 3, "history", 2.0)
+    save_tuned("/m/t.gguf", None, a, path)
+    save_tuned("/m/t.gguf", "/m/d.gguf", b, path)
+    assert load_tuned("/m/t.gguf", None, path) == a
+    assert load_tuned("/m/t.gguf", "/m/d.gguf", path) == b
+    raw = json.loads(path.read_text())
+    raw["/m/t.gguf\n"]["k_max"] = 999  # out of DraftSettings' range
+    raw["/m/t.gguf\n/m/d.gguf"]["speedup"] = "fast"
+    path.write_text(json.dumps(raw))
+    assert load_tuned("/m/t.gguf", None, path) is None
+    assert load_tuned("/m/t.gguf", "/m/d.gguf", path) is None
+    path.write_text("{not json")
+    assert load_tuned("/m/t.gguf", None, path) is None
+
+
+def test_history_prompts_end_at_the_last_user_message(specdeck_home: Path) -> None:
+    from app.cli.tune import history_prompts
+    from app.errors import SettingsError
+    from app.storage.history import HistoryStore
+
+    with pytest.raises(SettingsError, match="no chat"):
+        history_prompts(3)
+    with HistoryStore() as store:
+        old = store.new_chat("old", system_prompt="Be brief.")
+        store.add_message(old, "user", "first question")
+        store.add_message(old, "assistant", "first answer")
+        store.add_message(old, "user", "second question")
+        store.add_message(old, "assistant", "second answer")
+        empty = store.new_chat("empty")
+        assert empty
+    prompts = history_prompts(5)
+    assert prompts == [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first question"},
+                        {"role": "assistant", "content": "first answer"},
+                        {"role": "user", "content": "second question"}]]
