@@ -259,6 +259,11 @@ def render_template(
     return shared_runner().render(template, [dict(m) for m in messages], options)
 
 
+def warm_renderer() -> None:
+    """Start the renderer child ahead of the first message (a cold start takes about a second)."""
+    shared_runner().warm()
+
+
 def _check_template_text(template: object) -> None:
     if not isinstance(template, str) or not template.strip():
         raise TemplateError("The model has no chat template.")

@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from app.ceiling.backend import backend_name
+from app.ceiling.backend import backend_name, probe_backend
+from app.ceiling.device_fit import device_fit_error
 from app.ceiling.roofline import ModelShape, kv_bytes_per_token, kv_cache_bytes
 from app.engine.adaptive import DepthController
-from app.engine.chat_template import clean_messages, render_chat
+from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
@@ -114,6 +115,7 @@ class EngineSession:
         settings.validate()
         t0 = time.perf_counter()
         init_backend(log)
+        warm_renderer()  # the template child imports Jinja while the model loads
         self.settings = settings
         draft = settings.draft
         self.target_info = check_model_file(settings.target_path, "target")
@@ -127,6 +129,10 @@ class EngineSession:
         def stage(name: str) -> Callable[[float], bool]:
             return lambda f: progress(name, f) if progress else True
 
+        too_big = device_fit_error(self.target_info, settings.n_gpu_layers, settings.n_ctx, probe_backend().devices,
+                                   kv_type=settings.kv_type, drafter=drafter_info)
+        if too_big:
+            raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
                             main_gpu=settings.main_gpu, progress=stage("target"))
         cparams = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=settings.n_threads,

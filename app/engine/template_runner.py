@@ -99,6 +99,8 @@ def serve(conn: Connection, headroom: int) -> None:
     _limit_address_space(headroom)
     from app.engine.chat_template import render_in_process
 
+    with contextlib.suppress(TemplateError):
+        render_in_process("{% for m in messages %}{{ m['content'] }}{% endfor %}", [])  # Jinja's compiler, warmed
     conn.send(("ready", None))
     while True:
         try:
@@ -151,6 +153,7 @@ class TemplateRunner:
         self._proc: Any = None
         self._conn: Connection | None = None
         self._rest_rss = 0
+        self._ready = False  # the child said it is ready (it has imported the renderer)
         self._refused: dict[str, str] = {}  # template -> why it was stopped
 
     @property
@@ -158,22 +161,36 @@ class TemplateRunner:
         return int(self._proc.pid) if self._proc is not None and self._proc.is_alive() else None
 
     def _ensure_child(self) -> Connection:
-        if self._proc is not None and self._proc.is_alive() and self._conn is not None:
-            return self._conn
-        self._stop_child()
         try:
-            self._proc, self._conn = _start_child(self.headroom)
-            if not self._conn.poll(START_TIMEOUT_S):
-                raise TimeoutError
-            self._conn.recv()
+            if not (self._proc is not None and self._proc.is_alive() and self._conn is not None):
+                self._stop_child()
+                self._proc, self._conn = _start_child(self.headroom)
+                self._ready = False
+            if not self._ready:
+                if not self._conn.poll(START_TIMEOUT_S):
+                    raise TimeoutError
+                self._conn.recv()
+                self._ready = True
+                self._rest_rss = self._rss() or 0
         except (OSError, EOFError, TimeoutError, RuntimeError) as exc:
             self._stop_child()
             raise TemplateError(
                 f"The chat template renderer could not be started ({type(exc).__name__}), so the model's "
                 "template was not used."
             ) from None
-        self._rest_rss = self._rss() or 0
         return self._conn
+
+    def warm(self) -> None:
+        """Start the child now (it imports Jinja while the model loads), so the first message does not wait."""
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._stop_child()
+                try:
+                    self._proc, self._conn = _start_child(self.headroom)
+                except (OSError, RuntimeError):
+                    self._stop_child()  # the first render tries again and says why
+                    return
+                self._ready = False
 
     def _rss(self) -> int | None:
         try:
