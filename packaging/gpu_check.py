@@ -90,8 +90,12 @@ def _q8_0(rng: np.random.Generator, pool: np.ndarray, rows: int, cols: int, std:
     return out.reshape(rows, cols // Q8_0_BLOCK * Q8_0_BYTES)
 
 
-def write_model(path: Path, shape: Shape, seed: int = 0) -> Path:
-    """A llama GGUF with random Q8_0 weights, written one tensor at a time."""
+def write_model(path: Path, shape: Shape, seed: int = 0, *, sparse: bool = False) -> Path:
+    """A llama GGUF with random Q8_0 weights, written one tensor at a time.
+
+    ``sparse``: the quantized tensors are left as holes in the file instead (all-zero weights, no disk
+    space, written in milliseconds): a model of any size for tests that only need its size.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -151,6 +155,14 @@ def write_model(path: Path, shape: Shape, seed: int = 0) -> Path:
     for _name, rows, cols, std in plan:
         if rows is None:
             w.write_tensor_data(np.full(cols, std, dtype=np.float32))
+        elif sparse:
+            # write_tensor_data's bookkeeping and padding, with a hole for the data.
+            fout = w.fout[0]  # type: ignore[index]
+            info = w.tensors[0].pop(next(iter(w.tensors[0])))
+            w.write_padding(fout, fout.tell())
+            fout.seek(info.nbytes, 1)
+            w.write_padding(fout, info.nbytes)
+            fout.truncate(fout.tell())
         else:
             w.write_tensor_data(_q8_0(rng, pool, rows, cols, std))
     w.close()
