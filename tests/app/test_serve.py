@@ -37,12 +37,13 @@ PROMPT = "abc abc abc abc abc abc abc abc abc abc abc abc"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 
 
-def start_server(target: Path, history: Path, *, k: int | None = None, **options: Any) -> Server:
-    settings = LoadSettings(target_path=str(target), n_ctx=CTX,
+def start_server(target: Path, history: Path, *, k: int | None = None, n_ctx: int = CTX, max_tokens: int = 256,
+                 **options: Any) -> Server:
+    settings = LoadSettings(target_path=str(target), n_ctx=n_ctx,
                             draft=DraftSettings(ngram=2, adaptive=k is None, k=k or 4))
     metrics = ServeMetrics()
     runner = EngineRunner(settings, metrics, history_path=history)
-    server = Server(runner, metrics, ServeOptions(port=0, limits=Limits(max_tokens=256), **options))
+    server = Server(runner, metrics, ServeOptions(port=0, limits=Limits(max_tokens=max_tokens), **options))
     server.start_in_thread()
     deadline = time.monotonic() + 120
     while httpx.get(server.base_url + "/health").status_code != 200:
@@ -379,3 +380,32 @@ def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_
     assert figures.kv_usage is not None
     assert 0 < figures.kv_usage <= 1
     assert "specdeck:tokens_predicted_total" in figures.sources["tokens_per_second"]
+
+
+def test_engine_crash_mid_answer_is_an_error_in_the_stream_and_the_worker_restarts(tiny_target: Path,
+                                                                                   tmp_path: Path) -> None:
+    server = start_server(tiny_target, tmp_path / "h.sqlite3", n_ctx=4096, max_tokens=4000)
+    try:
+        body = {"messages": MESSAGES, "max_tokens": 4000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # generating now
+            pid = server.runner.worker_pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)  # thousands of tokens are still to come
+            rest = [line for line in lines if line.startswith("data:")]
+        errors = [json.loads(line[5:])["error"] for line in rest if '"error"' in line and line.startswith("data: {")]
+        assert len(errors) == 1
+        assert "crashed" in errors[0]["message"]
+        assert "SIGKILL" in errors[0]["message"]
+        assert rest[-1] == "data: [DONE]"
+        assert httpx.get(server.base_url + "/health").status_code == 503  # loading the model again
+        deadline = time.monotonic() + 120
+        while server.runner.state != "ready":
+            assert server.runner.state == "loading", server.runner.message
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert_serving(server)
+        assert server.runner.restarts == 1
+    finally:
+        server.stop()
