@@ -52,9 +52,15 @@ class Job:
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     history_chat_id: int | None = None
+    stop_text: str | None = None  # the answer cut at a stop sequence, set before the job is cancelled
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def stop_at(self, text: str) -> None:
+        """A stop sequence ended the answer: it is complete with ``text``, and the engine can stop."""
+        self.stop_text = text
+        self.cancel()
 
     def put(self, item: object) -> None:
         try:
@@ -200,8 +206,11 @@ class EngineRunner:
                         self._history_call("update_answer", answer_id, "".join(text))
                         last_flush = time.monotonic()
                 elif isinstance(event, Finished):
-                    status = "cancelled" if event.reason == "cancelled" else "complete"
-                    self._history_finish(answer_id, event.text, status, event.stats, event.reason)
+                    if job.stop_text is not None:
+                        self._history_finish(answer_id, job.stop_text, "complete", event.stats, "stop")
+                    else:
+                        status = "cancelled" if event.reason == "cancelled" else "complete"
+                        self._history_finish(answer_id, event.text, status, event.stats, event.reason)
                     return
                 elif isinstance(event, EngineError):
                     self.metrics.on_ended("error")

@@ -325,7 +325,7 @@ class ServeApp:
             if isinstance(event, Token):
                 answer.text.append(matcher.feed(event.text))
                 if matcher.stopped:
-                    job.cancel()
+                    job.stop_at("".join(answer.text))
             elif isinstance(event, Finished):
                 answer.text.append(matcher.flush())
                 return JSONResponse(self._final_body(parsed, answer, event, matcher))
@@ -362,8 +362,9 @@ class ServeApp:
             async for event in self._events(job, first, request):
                 if isinstance(event, Token):
                     text = matcher.feed(event.text)
+                    answer.text.append(text)
                     if matcher.stopped:
-                        job.cancel()
+                        job.stop_at("".join(answer.text))
                     if text:
                         chunk = protocol.chunk_body(parsed, response_id, model, text=text)
                         if parsed.timings_per_token:

@@ -409,3 +409,29 @@ def test_engine_crash_mid_answer_is_an_error_in_the_stream_and_the_worker_restar
         assert server.runner.restarts == 1
     finally:
         server.stop()
+
+
+def test_stop_sequences_cut_the_answer_and_the_history_keeps_the_cut(oai: openai.OpenAI,
+                                                                     served: tuple[Server, Path]) -> None:
+    first = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=48, temperature=0)
+    text = first.choices[0].message.content or ""
+    assert len(text) > 12
+    stop = text[8:11]  # greedy: the same prompt again almost surely writes this again
+    for stream in (False, True):
+        if stream:
+            chunks = list(oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=48, temperature=0,
+                                                      stop=[stop], stream=True))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
+        else:
+            response = oai.chat.completions.create(model="any", messages=MESSAGES, max_tokens=48, temperature=0,
+                                                   stop=[stop])
+            content, finish = response.choices[0].message.content or "", response.choices[0].finish_reason
+        assert stop not in content
+        if finish == "stop":
+            assert content == text[: text.find(stop)] or len(content) < len(text)
+            with HistoryStore(served[1]) as store:
+                answer = store.messages(store.list_chats()[0].id)[-1]
+            assert answer.text == content
+            assert answer.status == "complete"
+            assert answer.stop_reason == "stop"
