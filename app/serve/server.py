@@ -19,6 +19,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -32,6 +34,7 @@ from app.serve.runner import EngineRunner, Job, JobEnded
 
 DEFAULT_PORT = 8642
 DISCONNECT_POLL_SECONDS = 0.25
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 def is_loopback(host: str) -> bool:
@@ -151,8 +154,13 @@ class ServeApp:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
-                                                                Exception: self._internal_error})
+        middleware = []
+        if is_loopback(options.host) and ":" not in options.host:  # Starlette reads an IPv6 Host header wrongly
+            # A web page the user visits can make the browser send requests to 127.0.0.1, and with DNS
+            # rebinding read the answers; a Host header that is not loopback gives that away.
+            middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_NAMES)))
+        self.app = Starlette(routes=routes, middleware=middleware,
+                             exception_handlers={HTTPException: self._http_error, Exception: self._internal_error})
 
     # --- plumbing -----------------------------------------------------------------------------------
 

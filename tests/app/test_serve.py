@@ -435,3 +435,11 @@ def test_stop_sequences_cut_the_answer_and_the_history_keeps_the_cut(oai: openai
             assert answer.text == content
             assert answer.status == "complete"
             assert answer.stop_reason == "stop"
+
+
+def test_a_foreign_host_header_is_refused_on_loopback(served: tuple[Server, Path]) -> None:
+    """DNS rebinding: a page served from evil.example that resolves to 127.0.0.1 must not reach the model."""
+    server = served[0]
+    refused = httpx.get(server.base_url + "/v1/models", headers={"Host": f"evil.example:{server.port}"})
+    assert refused.status_code == 400
+    assert httpx.get(server.base_url + "/v1/models", headers={"Host": f"localhost:{server.port}"}).status_code == 200
