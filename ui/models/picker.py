@@ -33,6 +33,7 @@ from app.library.discovery import DrafterReport, LibraryEntry, discover, drafter
 from app.library.gguf_reader import GGUFInfo
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
+from app.library.tuned import load_tuned
 from app.storage.settings import AppSettings
 from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
@@ -187,6 +188,10 @@ class ModelPicker(QWidget):
         dform.addRow(self.adaptive_check)
         dform.addRow("Fixed depth k", self.k_spin)
         dform.addRow("Maximum depth", self.k_max_spin)
+        self.tuned_label = QLabel(draft)  # what `specdeck tune` measured for the chosen pair
+        self.tuned_label.setTextFormat(Qt.TextFormat.PlainText)
+        self._tuned_for: tuple[str | None, str | None] | None = None
+        dform.addRow(self.tuned_label)
         outer.addWidget(draft)
 
         load = QGroupBox("Loading", self)
@@ -439,6 +444,7 @@ class ModelPicker(QWidget):
         index = self.drafter_combo.findData(wanted) if wanted else 0
         self.drafter_combo.setCurrentIndex(max(0, index))
         self.drafter_combo.blockSignals(False)
+        self._apply_tuned()
         self._refresh()
         self.drafters_ranked.emit()
 
@@ -449,7 +455,26 @@ class ModelPicker(QWidget):
     @Slot(int)
     def _on_drafter_combo_current_index_changed(self, _index: int) -> None:
         self._wanted_drafter = self.drafter_path()
+        self._apply_tuned()
         self._refresh()
+
+    def _apply_tuned(self) -> None:
+        """A pair `specdeck tune` measured starts from its winning settings (once per choice of the pair, so
+        the user's own changes stay), and says what they gave."""
+        pair = (self.target_path(), self.drafter_path())
+        if pair == self._tuned_for:
+            return
+        self._tuned_for = pair
+        tuned = load_tuned(pair[0], pair[1]) if pair[0] else None
+        if tuned is None:
+            self.tuned_label.setText("")
+            return
+        draft = tuned.draft
+        bindings = self._bindings()
+        for name in ("ngram", "adaptive", "k", "k_max"):
+            bindings[name][1](getattr(draft, name))
+        without = " (faster without this drafter)" if pair[1] and not draft.drafter_path else ""
+        self.tuned_label.setText(tuned.summary() + without)
 
     @Slot()
     def _on_setting_changed(self, *_args: object) -> None:
