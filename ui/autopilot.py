@@ -4,7 +4,12 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
 
     {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
      "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
-     "report": PATH | null, "quit": true, "hide_dashboard": false, "window_size": [W, H] | null}
+     "report": PATH | null, "quit": true, "hide_dashboard": false, "window_size": [W, H] | null,
+     "duration_s": null, "new_chat_every": null}
+
+``duration_s``: stop sending prompts once this many seconds have passed (the soak script); ``new_chat_every``:
+start a new chat every N prompts, so a long run never outgrows the context. The report then also holds
+what was sent and the event loop's worst lateness (a 20 ms timer's), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -41,6 +46,13 @@ class Autopilot(QObject):
         self.results: list[dict[str, Any]] = []
         self.chars = 0
         self._cpu0, self._wall0 = 0.0, 0.0
+        self.sent: list[str] = []
+        self.started = time.monotonic()
+        self.lags: list[float] = []  # seconds the 20 ms timer fired late, for the soak's freeze check
+        self._tick = time.monotonic()
+        self._lag_timer = QTimer(self)
+        self._lag_timer.timeout.connect(self._on_lag_timer_timeout)
+        self._lag_timer.start(20)
         bridge = window.bridge
         bridge.model_loaded.connect(self._on_bridge_model_loaded)
         bridge.token_received.connect(self._on_bridge_token_received)
@@ -92,15 +104,30 @@ class Autopilot(QObject):
         say(f"loaded {event.target.name}")
         self._next()
 
+    @Slot()
+    def _on_lag_timer_timeout(self) -> None:
+        now = time.monotonic()
+        self.lags.append(max(0.0, now - self._tick - 0.020))
+        self._tick = now
+
     def _next(self) -> None:
-        if not self.prompts:
+        duration = self.spec.get("duration_s")
+        if not self.prompts or (duration is not None and time.monotonic() - self.started > float(duration)):
             self._finish()
             return
+        if self.window.chat.generating:
+            return  # a reload after a crash while answering: the answer's end sends the next prompt
         self.chars = 0
         self._cpu0, self._wall0 = time.process_time(), time.monotonic()
+        every = self.spec.get("new_chat_every")
+        if every and self.sent and len(self.sent) % int(every) == 0:
+            self.window.chat.new_chat()
         prompt = self.prompts.pop(0)
         say(f"sending {len(prompt)} chars")
-        self.window.chat.send(prompt)
+        if self.window.chat.send(prompt):
+            self.sent.append(prompt)
+        else:
+            QTimer.singleShot(1000, self._next)  # refused (reloading, say): try again shortly
 
     @Slot(Token)
     def _on_bridge_token_received(self, event: Token) -> None:
@@ -134,8 +161,16 @@ class Autopilot(QObject):
             say(f"screenshot {shot}")
         report = self.spec.get("report")
         if report:
+            self._lag_timer.stop()
+            lags = sorted(self.lags)
+            doc: Any = self.results
+            if self.spec.get("duration_s") is not None:
+                doc = {"results": self.results, "sent": self.sent, "ticks": len(lags),
+                       "max_lag_s": lags[-1] if lags else 0.0,
+                       "p99_lag_s": lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
+                       "lags_over_100ms": sum(1 for lag in lags if lag > 0.1)}
             with open(report, "w", encoding="utf-8") as fh:
-                json.dump(self.results, fh, indent=2)
+                json.dump(doc, fh, indent=2)
         if self.spec.get("quit", True):
             say("quitting")
             self.window.close()
