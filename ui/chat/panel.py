@@ -148,6 +148,7 @@ class ChatPanel(QWidget):
         self.progress_label = QLabel(right)
         self.progress_label.setObjectName("prompt_progress")
         self.progress_label.setVisible(False)
+        self.progress_label.setWordWrap(True)  # one long line would widen the whole window
         layout.addWidget(self.progress_label)
         self.input = QPlainTextEdit(right)
         self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
