@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The window's Remote engine dock watching a real llama-server on 127.0.0.1, in Xvfb, saved as a PNG.
+"""The window's Remote engine dock watching a real server on 127.0.0.1, in Xvfb, saved as a PNG.
 
-    .venv/bin/python packaging/screenshot_remote.py [--out resources/screenshot-remote.png] [--seconds 40]
+    .venv/bin/python packaging/screenshot_remote.py [--engine llama-server|specdeck]
+        [--out resources/screenshot-remote.png] [--seconds 40]
 
-Starts the llama-server built by packaging/build_llama_server on the SmolLM2 demo model with --metrics,
---slots and n-gram speculation, opens SpecDeck (no local engine) under Xvfb, connects it to the server
-(Model → Connect to server…), sends the edit prompts to the server while the dock plots its counters,
-then grabs the window. Needs Xvfb and Qt's X11 libraries (see packaging/screenshot.py).
+Starts the llama-server built by packaging/build_llama_server (or `specdeck serve`) on the SmolLM2 demo
+model with metrics and n-gram speculation, opens SpecDeck (no local engine) under Xvfb, connects it to the
+server (Model → Connect to server…), sends the edit prompts to the server while the dock plots its
+counters, then grabs the window. Needs Xvfb and Qt's X11 libraries (see packaging/screenshot.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def free_port() -> int:
 def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
     """Runs inside Xvfb: the window, connected to ``url``, while a thread keeps the server busy."""
     import httpx
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
     from ui.main_window import MainWindow
@@ -60,6 +61,8 @@ def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
 
     threading.Thread(target=traffic, daemon=True).start()
     window.remote.connect_to(url)
+    QTimer.singleShot(3000, lambda: window.resizeDocks([window.remote.dock], [int(size[0] * 0.55)],
+                                                       Qt.Orientation.Horizontal))
 
     def grab() -> None:
         stop.set()
@@ -81,6 +84,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "screenshot-remote.png")
     parser.add_argument("--seconds", type=float, default=40.0, help="how long the dock watches before the shot")
     parser.add_argument("--size", default="1500x900")
+    parser.add_argument("--engine", choices=("llama-server", "specdeck"), default="llama-server")
     parser.add_argument("--child", nargs=2, metavar=("URL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     width, height = (int(x) for x in args.size.lower().split("x"))
@@ -91,7 +95,7 @@ def main() -> int:
 
     built = subprocess.run([sys.executable, str(ROOT / "packaging" / "build_llama_server"), "--print"],
                            capture_output=True, text=True)
-    if built.returncode != 0:
+    if args.engine == "llama-server" and built.returncode != 0:
         print("llama-server is not built: run packaging/build_llama_server first.", file=sys.stderr)
         return 1
     xvfb = shutil.which("Xvfb")
@@ -102,15 +106,19 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     display = ":94"
-    llama = subprocess.Popen([built.stdout.strip(), "-m", str(smollm2), "--host", "127.0.0.1", "--port", str(port),
-                              "--metrics", "--slots", "-c", "4096", "-np", "1", "-t", "1", "--spec-type",
-                              "ngram-simple"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if args.engine == "llama-server":
+        command = [built.stdout.strip(), "-m", str(smollm2), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                   "--slots", "-c", "4096", "-np", "1", "-t", "1", "--spec-type", "ngram-simple"]
+    else:
+        command = [sys.executable, "-m", "app", "serve", "--target", str(smollm2), "--port", str(port), "--ngram", "3",
+                   "--no-history"]
+    llama = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     screen = subprocess.Popen([xvfb, display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         import httpx
 
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # loading and timing the model takes minutes on a busy machine
         while True:
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
@@ -118,7 +126,7 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             if llama.poll() is not None or time.monotonic() > deadline:
-                print("llama-server did not start.", file=sys.stderr)
+                print(f"{args.engine} did not start.", file=sys.stderr)
                 return 1
             time.sleep(0.3)
         with tempfile.TemporaryDirectory(prefix="specdeck-shot-") as home:
