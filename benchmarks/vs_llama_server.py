@@ -147,10 +147,12 @@ def specdeck_bench(target: Path, drafter: Path | None, args: argparse.Namespace,
     if proc.returncode != 0:
         raise SystemExit(f"specdeck bench failed: {proc.stderr.strip()[-2000:]}")
     print("  " + proc.stdout.strip().splitlines()[-1], flush=True)
-    total = json.loads(out.read_text())["total"]
+    report = json.loads(out.read_text())
+    total = report["total"]
     return {"plain_tok_s": total["baseline"]["tok_s"], "tok_s": total["tok_s"], "speedup": total["speedup"],
             "speedup_min": total["speedup_min"], "speedup_max": total["speedup_max"],
-            "acceptance": total["acceptance"]}
+            "acceptance": total["acceptance"], "tokens_per_pass": total["tokens_per_pass"],
+            "verify_cost_ms": report["verify_cost_ms"]}
 
 
 def cell(m: dict[str, Any] | None) -> str:

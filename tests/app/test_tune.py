@@ -225,3 +225,15 @@ def test_history_prompts_end_at_the_last_user_message(specdeck_home: Path) -> No
     assert prompts == [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first question"},
                         {"role": "assistant", "content": "first answer"},
                         {"role": "user", "content": "second question"}]]
+
+
+def test_with_a_drafter_the_sweep_tries_each_drafter_choice() -> None:
+    from app.engine.tune import planned_count, stages
+
+    default = Candidate(use_model=True, ngram=DEFAULT_NGRAM)
+    tried = {c for stage in stages(has_model=True) for c in stage(default)}
+    assert {c.drafter for c in tried} == {"model", "both", "n-gram"}
+    assert planned_count(has_model=True) > planned_count(has_model=False)
+    settings = Candidate(use_model=True, ngram=0, adaptive=False, k=4, k_max=4).draft_settings("/m/d.gguf")
+    assert (settings.drafter_path, settings.ngram, settings.adaptive, settings.k) == ("/m/d.gguf", 0, False, 4)
+    assert Candidate(use_model=False, ngram=3).draft_settings("/m/d.gguf").drafter_path is None
