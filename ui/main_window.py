@@ -2,6 +2,8 @@
 
 Window layout lives in QSettings (``window.ini`` in the config folder); user settings in
 ``app.storage.settings`` (``settings.json``). Engine crashes show a banner; the chat and settings stay.
+Over 450 lines: it is the one place that wires the parts together (menus, docks, window state, engine
+events), and each piece is short.
 """
 
 from __future__ import annotations

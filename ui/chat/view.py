@@ -3,6 +3,8 @@
 Model output is untrusted. It is rendered with Qt's Markdown reader with raw HTML turned off (it shows as
 text) into a scratch document, where every image is replaced by its name before the view ever lays it out:
 nothing is fetched or decoded (not even ``data:`` URIs), and links are never opened or followed.
+Over 450 lines: safe, bounded rendering (incremental streaming, code blocks, highlighting) shares the one
+document and its positions, so it lives with the view.
 
 Rendering stays cheap whatever the model writes: while an answer streams, only its last Markdown block is
 re-rendered (the blocks before a blank line are final); a block past ``TAIL_LIMIT_CHARS``, a line past
