@@ -73,8 +73,11 @@ def run_probe(*args: str, timeout_s: float, what: str, env: Mapping[str, str] | 
     except OSError as exc:
         raise ProbeFailed(f"could not start {what}: {exc}") from exc
     if done.returncode != 0:
+        why = describe_exit(done.returncode)
+        if why == SIGILL_MESSAGE:  # the rebuild advice says it all
+            raise ProbeFailed(why)
         tail = (done.stderr or "").strip().splitlines()[-1:]
-        raise ProbeFailed(f"{what} {describe_exit(done.returncode)}" + (f" ({tail[0]})" if tail else ""))
+        raise ProbeFailed(f"{what} {why}" + (f" ({tail[0]})" if tail else ""))
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             try:

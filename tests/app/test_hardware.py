@@ -435,3 +435,22 @@ def test_the_frozen_app_runs_the_probe_through_its_entry_point(monkeypatch: pyte
     assert answer["bandwidth_single"] > 0
     assert answer["peak_flops_core"] > 0
     assert "PySide6" not in done.stderr
+
+
+def test_a_probe_child_that_fails_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.ceiling import child
+
+    with pytest.raises(child.ProbeFailed) as caught:
+        child.run_probe("no-such-probe", timeout_s=60, what="the test probe")
+    assert str(caught.value).startswith("the test probe exited with status 2 (")  # argparse's last line
+    if sys.platform == "win32":
+        return
+    trap = f"import os, signal; os.kill(os.getpid(), {int(signal.SIGILL)})"
+    monkeypatch.setattr(child, "probe_command", lambda *args: [sys.executable, "-c", trap])
+    info = probe_backend_isolated()
+    assert not info.available
+    assert info.error == SIGILL_MESSAGE
+    silent = "print('no json here')"
+    monkeypatch.setattr(child, "probe_command", lambda *args: [sys.executable, "-c", silent])
+    with pytest.raises(child.ProbeFailed, match="gave no readable answer"):
+        child.run_probe("cpu", timeout_s=60, what="the CPU probe")
