@@ -69,3 +69,16 @@ def test_first_run_panel_when_there_are_no_models(
     window = make_window(start_engine=False)
     assert window.stack.currentWidget() is window.first_run
     assert window.first_run.demo_button.isEnabled()
+
+
+def test_gpu_layers_on_a_cpu_only_build_says_nothing_is_offloaded(
+    qtbot: QtBot, make_window  # type: ignore[no-untyped-def]
+) -> None:
+    window = make_window(start_engine=False)
+    picker = window.picker
+    assert picker.gpu_note.isHidden()  # not known yet: nothing said
+    picker.set_gpu_offload_available(False)  # what the build probe reports on a CPU-only llama.cpp
+    assert not picker.gpu_note.isHidden()
+    assert "no layer will be offloaded" in picker.gpu_note.text()
+    picker.set_gpu_offload_available(True)
+    assert picker.gpu_note.isHidden()

@@ -1,5 +1,7 @@
 """The model picker: targets and drafters from the library, compatibility, draft and load settings, the
-fit estimate, and Load / Cancel with progress. Disk scans and downloads run on a worker thread."""
+fit estimate, and Load / Cancel with progress. Disk scans and downloads run on a worker thread.
+Over 450 lines: three groups of controls whose state depends on each other (target, drafter ranking,
+compatibility, load), kept in one widget so that dependency is in one place."""
 
 from __future__ import annotations
 
