@@ -185,3 +185,12 @@ def test_footer_says_why_the_answer_ended_and_who_wrote_it() -> None:
     for reason, note in (("eog", "end of turn"), ("context_full", "context full"), ("cancelled", "stopped"),
                          ("crashed", "engine crashed")):
         assert footer_text(ChatMessage("assistant", "x", stop_reason=reason)) == note
+
+
+def test_a_cached_prompt_says_cached_instead_of_an_absurd_rate() -> None:
+    from ui.chat.view import format_stats
+
+    stats = {"ttft_seconds": 0.05, "prefill_tps": 20_111_051.0, "decode_tps": 21.3, "drafted": 0,
+             "tokens_per_pass": 1.0, "speedup_estimate": 1.0}
+    assert "prefill cached" in format_stats(stats)
+    assert "prefill 850 tok/s" in format_stats({**stats, "prefill_tps": 850.0})
