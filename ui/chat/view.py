@@ -366,12 +366,9 @@ class ChatView(QTextBrowser):
 
     def _insert_body(self, cursor: QTextCursor, text: str, *, plain: bool) -> None:
         if plain:
-            self._insert_plain(cursor, text)
+            self._append_plain(cursor, text)
         else:
             self._insert_markdown(cursor, text)
-
-    def _insert_plain(self, cursor: QTextCursor, text: str) -> None:
-        self._append_plain(cursor, text)
 
     def _append_plain(self, cursor: QTextCursor, text: str) -> None:
         """Text as it is, in paragraphs of at most PLAIN_PARAGRAPH_CHARS (a 200 KB line is 100 of them), so
