@@ -37,26 +37,11 @@ from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.library.tuned import load_tuned
 from app.storage.settings import AppSettings
+from app.units import format_bytes, format_count
 from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
 NO_DRAFTER = "(no drafter model)"
-
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
-def human_params(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.1f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.0f}M"
-    return f"{n / 1e3:.0f}K"
 
 
 BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which continues text rather than "
@@ -65,8 +50,8 @@ BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which contin
 
 def describe_model(info: GGUFInfo) -> str:
     """arch, parameters, quantization, file size, trained context: one line (and a base model says so)."""
-    line = (f"{info.architecture}, {human_params(info.n_params)} params, {info.quantization}, "
-            f"{human_size(info.file_size)}, ctx {info.context_length}")
+    line = (f"{info.architecture}, {format_count(info.n_params)} params, {info.quantization}, "
+            f"{format_bytes(info.file_size)}, ctx {info.context_length}")
     return line if info.has_chat_template else f"{line}\n{BASE_MODEL_NOTE}"
 
 
@@ -94,7 +79,7 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
     except (ValueError, ZeroDivisionError) as exc:
         return f"No fit estimate: {exc}"
     parts = "; ".join(
-        f"weights {human_size(d.weights)}, KV {human_size(d.kv)}, compute {human_size(d.compute)}"
+        f"weights {format_bytes(d.weights)}, KV {format_bytes(d.kv)}, compute {format_bytes(d.compute)}"
         for d in estimate.devices
     )
     return f"{estimate.message} ({parts})"
