@@ -17,6 +17,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
 
 from app.serve.remote import NOT_REPORTED, RemoteEngine, RemoteInfo, RemoteRates, Scrape, rates, reported
+from app.units import format_si
 from ui.tasks import TaskRunner
 
 SCRAPE_MS = 1000
@@ -29,7 +30,7 @@ FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("acceptance", "Acceptance", lambda v: f"{v:.0%}"),
     ("mean_accepted_length", "Tokens per pass", lambda v: f"{v:.2f}"),
     ("kv_usage", "KV cache in use", lambda v: f"{v:.0%}"),
-    ("read_bytes_per_second", "Memory read per GPU", lambda v: f"{v / 1e9:.1f} GB/s"),
+    ("read_bytes_per_second", "Memory read per GPU", lambda v: format_si(v, "B/s")),
     ("ceiling_tokens_per_second", "Plain-decoding ceiling", lambda v: f"{v:.1f} tok/s"),
 )
 
