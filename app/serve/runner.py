@@ -37,6 +37,9 @@ from app.serve.metrics import ServeMetrics
 HISTORY_FLUSH_SECONDS = 1.0
 API_TITLE_CHARS = 60
 MAX_LOAD_ATTEMPTS = 3  # a model that crashes the worker at every load is not retried for ever
+# Loading times every draft width without a word to the client; on a busy machine that took over the
+# client's default 120 s here, and a server that never comes up is worse than a hang noticed late.
+WATCHDOG_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class EngineRunner:
     # --- engine thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        client = self._client = EngineClient(log_dir=self.log_dir)
+        client = self._client = EngineClient(log_dir=self.log_dir, watchdog_seconds=WATCHDOG_SECONDS)
         self._open_history()
         try:
             self._load(client)
