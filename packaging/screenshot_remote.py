@@ -111,7 +111,7 @@ def main() -> int:
                    "--slots", "-c", "4096", "-np", "1", "-t", "1", "--spec-type", "ngram-simple"]
     else:
         command = [sys.executable, "-m", "app", "serve", "--target", str(smollm2), "--port", str(port), "--ngram", "3",
-                   "--no-history"]
+                   "--k", "4", "--no-history"]  # a fixed depth: loading times 5 draft widths, not 17
     llama = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     screen = subprocess.Popen([xvfb, display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
