@@ -7,7 +7,6 @@ the n-gram drafter, or the n-gram drafter alone), so the figure belongs to that 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from app.errors import StorageError
 from app.events import MessageStats
 from app.library.recommend import NGRAM_KEY
 from app.paths import data_dir
-from app.storage.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json, read_json_object
 
 FILE_NAME = "acceptance.json"
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
@@ -31,14 +30,8 @@ def _key(target: str, drafter: str) -> str:
 
 
 def _read(path: Path) -> dict[str, dict[str, float]]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
     out: dict[str, dict[str, float]] = {}
-    for key, value in raw.items():
+    for key, value in read_json_object(path).items():
         if isinstance(key, str) and isinstance(value, dict):
             alpha, weight = value.get("alpha"), value.get("weight")
             if isinstance(alpha, float | int) and isinstance(weight, float | int) and 0 <= alpha <= 1 and weight > 0:

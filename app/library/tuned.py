@@ -7,7 +7,6 @@ values gives no tuned settings (the defaults), never an error.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from app.engine.params import DraftSettings
 from app.errors import SettingsError
 from app.paths import data_dir
-from app.storage.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json, read_json_object
 
 FILE_NAME = "tuned.json"
 NO_DRAFTER = ""  # the drafter half of the key when no drafter model was given
@@ -78,17 +77,9 @@ def _key(target: str, drafter: str | None) -> str:
     return f"{target}\n{drafter or NO_DRAFTER}"
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
 def load_tuned(target: str, drafter: str | None, path: Path | None = None) -> TunedSettings | None:
     """The tuned settings for this pair (``drafter`` None: the target alone), or None."""
-    entry = _read(path or default_path()).get(_key(target, drafter))
+    entry = read_json_object(path or default_path()).get(_key(target, drafter))
     if entry is None:
         return None
     try:
@@ -100,7 +91,7 @@ def load_tuned(target: str, drafter: str | None, path: Path | None = None) -> Tu
 def save_tuned(target: str, drafter: str | None, tuned: TunedSettings, path: Path | None = None) -> Path:
     """Keep ``tuned`` as the pair's settings (other pairs' entries are kept). Raises StorageError."""
     path = path or default_path()
-    table = _read(path)
+    table = read_json_object(path)
     table[_key(target, drafter)] = tuned.as_json()
     atomic_write_json(path, table)
     return path

@@ -8,7 +8,6 @@ of the bandwidth-bound assumption that a pass of any width costs one.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from typing import Any
 
 from app.errors import StorageError
 from app.paths import data_dir
-from app.storage.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json, read_json_object
 
 FILE_NAME = "verify_cost.json"
 
@@ -73,18 +72,10 @@ def _parse(value: Any) -> VerifyCurve | None:
     return VerifyCurve(widths, str(value.get("backend", "")), float(when))
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
 def load_curves(path: Path | None = None) -> dict[str, VerifyCurve]:
     """{model path: its measured curve} for every model measured here (invalid entries left out)."""
     out = {}
-    for target, value in _read(path or default_path()).items():
+    for target, value in read_json_object(path or default_path()).items():
         curve = _parse(value)
         if curve is not None:
             out[target] = curve
@@ -93,7 +84,7 @@ def load_curves(path: Path | None = None) -> dict[str, VerifyCurve]:
 
 def load_curve(target: str, path: Path | None = None) -> VerifyCurve | None:
     """The measured curve for ``target`` (its path), or None when it was never measured here."""
-    return _parse(_read(path or default_path()).get(target))
+    return _parse(read_json_object(path or default_path()).get(target))
 
 
 def record(target: str, widths_ms: Mapping[str, float], backend: str, path: Path | None = None) -> bool:
@@ -103,7 +94,7 @@ def record(target: str, widths_ms: Mapping[str, float], backend: str, path: Path
     if _parse(entry) is None:
         return False
     path = path or default_path()
-    table = _read(path)
+    table = read_json_object(path)
     old = _parse(table.get(target))
     if old is not None and old.backend == backend:
         # A narrower run (a small k_max) keeps the wider widths measured before.

@@ -119,6 +119,16 @@ def atomic_write_json(path: StrPath, obj: Any) -> None:
     atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
 
 
+def read_json_object(path: StrPath) -> dict[str, Any]:
+    """The JSON object a file written by ``atomic_write_json`` holds; {} when the file is missing,
+    unreadable, not JSON or not an object (a lost record is measured or chosen again, never an error)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
 def check_destination(path: StrPath, what: str) -> None:
     """Refuse, before a long run, a file that could not be written at its end: StorageError says why."""
     target = Path(path)
