@@ -153,6 +153,7 @@ class PassStats:
     verify_width: int  # tokens in the target decode
     overhead_seconds: float = 0.0  # Python work in the pass outside llama_decode (sampling, acceptance, bookkeeping)
     accept_seconds: float = 0.0  # the part of the overhead spent building distributions and accepting
+    ended: bool = False  # the pass also yielded the end-of-turn token (not in ``emitted``: it has no text)
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,12 @@ class RunCounts:
     accepted: int = 0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    end_tokens: int = 0  # end-of-turn tokens the passes yielded: not emitted as text, but a pass's output
 
     def __add__(self, other: RunCounts) -> RunCounts:
         return RunCounts(self.tokens + other.tokens, self.passes + other.passes, self.drafted + other.drafted,
                          self.accepted + other.accepted, self.decode_tokens + other.decode_tokens,
-                         self.decode_seconds + other.decode_seconds)
+                         self.decode_seconds + other.decode_seconds, self.end_tokens + other.end_tokens)
 
     @property
     def acceptance(self) -> float:
@@ -182,7 +184,9 @@ class RunCounts:
 
     @property
     def tokens_per_pass(self) -> float:
-        return tokens_per_pass(self.tokens, self.passes)
+        # A pass whose only output is the end-of-turn token still yielded one token: counting only the
+        # emitted text would make an answer of 7 tokens in 8 passes read 0.88 tokens/pass.
+        return tokens_per_pass(self.tokens + self.end_tokens, self.passes)
 
     @property
     def decode_tps(self) -> float:
@@ -221,11 +225,12 @@ class MessageStats:
     k_history: tuple[int, ...]
     speedup_estimate: float  # decode tok/s over the measured plain rate (1.0 before one is known)
     decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
+    end_tokens: int = 0  # see RunCounts
 
     @property
     def counts(self) -> RunCounts:
         return RunCounts(self.completion_tokens, self.passes, self.drafted, self.accepted, self.decode_tokens,
-                         self.decode_seconds)
+                         self.decode_seconds, self.end_tokens)
 
 
 @dataclass(frozen=True)

@@ -279,8 +279,13 @@ def write_tiny_model(
     chat_template: str | None = DEFAULT_TEMPLATE,
     name: str = "tiny",
     aborting: bool = False,
+    ends_at_once: bool = False,
 ) -> Path:
-    """Write a tiny random llama model to `path` (a .gguf file) and return `path`."""
+    """Write a tiny random llama model to `path` (a .gguf file) and return `path`.
+
+    ``ends_at_once``: every next token is an end-of-generation token, by construction: the final norm keeps
+    one hidden dimension, the eos row reads it and the eot row its negative, every other logit is 0.
+    """
     from gguf import GGUFWriter, LlamaFileType
 
     if n_embd % n_head or n_head % n_head_kv:
@@ -292,6 +297,14 @@ def write_tiny_model(
                        n_ff=n_ff)
     if perturb > 0:
         _perturb(weights, perturb, perturb_seed)
+    if ends_at_once:
+        norm = np.zeros(n_embd, dtype=np.float32)
+        norm[0] = 1.0
+        out = np.zeros((len(voc.tokens), n_embd), dtype=np.float32)
+        out[voc.eos_id, 0] = 100.0
+        out[voc.eot_id if voc.eot_id is not None else voc.eos_id, 0] = -100.0
+        weights["output_norm.weight"] = norm
+        weights["output.weight"] = out
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -267,8 +267,9 @@ class LiveMetrics:
         self.generating = True
         n_acc = sum(1 for ok in p.accepted if ok)
         tested = len(p.accepted)
-        tau = p.emitted
-        self.message = self.message + RunCounts(tokens=p.emitted, passes=1, drafted=p.drafted, accepted=n_acc)
+        tau = p.emitted + p.ended
+        self.message = self.message + RunCounts(tokens=p.emitted, passes=1, drafted=p.drafted, accepted=n_acc,
+                                                end_tokens=int(p.ended))
         busy = p.draft_seconds + p.verify_seconds + p.overhead_seconds
 
         # The wall time between pass starts is the honest duration of the previous pass (it includes what

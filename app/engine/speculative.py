@@ -48,6 +48,7 @@ class RunTotals:
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    end_tokens: int = 0
     pos_drafted: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
     k_history: list[int] = field(default_factory=list)
@@ -69,6 +70,7 @@ class RunTotals:
             tokens=self.tokens, passes=self.passes, drafted=self.drafted, accepted=self.accepted,
             decode_tokens=max(self.tokens - self.first_pass_tokens, 0),
             decode_seconds=max(self.t_last_token - self.t_first_token, 0.0),
+            end_tokens=self.end_tokens,
         )
 
     def summary(self, plain_tps: float | None) -> MessageStats:
@@ -92,6 +94,7 @@ class RunTotals:
             k_history=tuple(self.k_history),
             speedup_estimate=decode_tps / plain_tps if plain_tps and decode_tps else 1.0,
             decode_tokens=counts.decode_tokens,
+            end_tokens=counts.end_tokens,
         )
 
 
@@ -283,6 +286,7 @@ class SpeculativeDecoder:
                 totals.t_last_token = now
             totals.tokens += len(out_ids)
             totals.passes += 1
+            totals.end_tokens += stop_now
             totals.drafted += len(draft)
             totals.accepted += n_acc
             totals.record_positions(accepted, len(draft))
@@ -306,6 +310,7 @@ class SpeculativeDecoder:
                 verify_width=len(draft) + 1,
                 overhead_seconds=overhead,
                 accept_seconds=t_accepted - t_verified,
+                ended=stop_now,
             )
             if stop_now:
                 stop.reason = "eog"
