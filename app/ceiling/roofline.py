@@ -195,8 +195,9 @@ class Share:
 
 
 def place(shape: ModelShape, devices: Sequence[Device], n_gpu_layers: int = -1) -> tuple[Share, ...]:
-    """Which layers run where, as llama.cpp places them: the last n_gpu_layers repeating layers (and the
-    output layer once n_gpu_layers > n_layer) on the GPUs, split by free memory; the rest on the CPU."""
+    """Which layers run where, as llama.cpp places them: the output layer first, then the last
+    n_gpu_layers - 1 repeating layers, on the GPUs, split by free memory; the rest on the CPU (llama.cpp's
+    i_gpu_start = n_layer + 1 - n_gpu_layers, the output layer counting as layer n_layer)."""
     cpu = next((d for d in devices if d.kind == "cpu"), None)
     gpus = [d for d in devices if d.kind != "cpu"]
     n = shape.n_layer
@@ -205,12 +206,11 @@ def place(shape: ModelShape, devices: Sequence[Device], n_gpu_layers: int = -1) 
         if not gpus:
             raise ValueError("no device to run the model on")
         n_off = n + 1  # no CPU device given: everything on the GPUs
-    n_rep_off = min(n_off, n)
-    first_gpu_layer = n - n_rep_off
+    first_gpu_layer = n + 1 - n_off if n_off > 0 else n
     shares: list[Share] = []
-    if first_gpu_layer > 0 or n_off <= n:
+    if first_gpu_layer > 0 or n_off == 0:
         assert cpu is not None
-        shares.append(Share(cpu, tuple(range(first_gpu_layer)), output=n_off <= n))
+        shares.append(Share(cpu, tuple(range(first_gpu_layer)), output=n_off == 0))
     if gpus and n_off > 0:
         weights = [float(g.free_bytes) if g.free_bytes else 1.0 for g in gpus]
         total = sum(weights)
@@ -221,7 +221,7 @@ def place(shape: ModelShape, devices: Sequence[Device], n_gpu_layers: int = -1) 
             acc += weights[i]
             end = len(gpu_layers) if i == len(gpus) - 1 else round(len(gpu_layers) * acc / total)
             last = i == len(gpus) - 1
-            shares.append(Share(g, tuple(gpu_layers[start:end]), output=last and n_off > n))
+            shares.append(Share(g, tuple(gpu_layers[start:end]), output=last))
             start = end
     return tuple(s for s in shares if s.layers or s.output)
 

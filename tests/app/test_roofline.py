@@ -209,10 +209,14 @@ def test_partial_offload_runs_the_rest_at_cpu_bandwidth() -> None:
     shape = dense(38 * GB, 70e9, n_layer=80)
     shares = place(shape, [cpu(60), gpu(1008)], 40)
     on = {s.device.key: s for s in shares}
-    assert on["cpu"].layers == tuple(range(40))
-    assert on["cpu"].output
-    assert on["gpu0"].layers == tuple(range(40, 80))
-    assert not on["gpu0"].output
+    # As llama.cpp offloads: the output layer first, then the last 39 repeating layers.
+    assert on["cpu"].layers == tuple(range(41))
+    assert not on["cpu"].output
+    assert on["gpu0"].layers == tuple(range(41, 80))
+    assert on["gpu0"].output
+    (only_output,) = [s for s in place(shape, [cpu(60), gpu(1008)], 1) if s.device.key == "gpu0"]
+    assert only_output.layers == ()
+    assert only_output.output
     est = ceiling(shape, [cpu(60), gpu(1008)], context=0, n_gpu_layers=40)
     expected = 1 / (38 * GB * 41 / 81 / (60 * GB) + 38 * GB * 40 / 81 / (1008 * GB))
     assert est.tokens_per_second == pytest.approx(expected)  # 3.0 tok/s: the offload cliff
