@@ -1,0 +1,261 @@
+"""SpecDeck on a real Vulkan device: offload, memory per device, the roofline's split, exactness, refusal.
+
+On a machine without a GPU the device is Mesa's llvmpipe (slow but real to llama.cpp: its own buffers, its
+own memory report, layers and KV cache on it). What llama.cpp allocates is read from its load log
+('Vulkan0 model buffer size = ...', 'layer 3 assigned to device Vulkan0') and from ggml_backend_dev_memory;
+what SpecDeck reports comes from doctor's JSON and the engine session's Loaded event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.ceiling.backend import BackendDevice, probe_backend
+from app.engine.llama import Context, ContextParams, Model
+from app.library.gguf_reader import read_gguf_info
+from tests.gguf_fixtures import write_tiny_model
+from tests.vulkan.conftest import LlamaLog
+
+MIB = 1024 * 1024
+N_LAYER = 4
+N_CTX = 256
+# llama.cpp logs buffer sizes in MiB with two decimals.
+LOG_RESOLUTION = 0.005 * MIB
+
+
+@pytest.fixture(scope="module")
+def vulkan_device() -> BackendDevice:
+    info = probe_backend()
+    devices = [d for d in info.devices if d.backend.lower() == "vulkan" or d.name.startswith("Vulkan")]
+    if not devices:
+        pytest.fail(f"SPECDECK_VULKAN_TESTS is set, but this llama.cpp ({info.backend}) lists no Vulkan device: "
+                    f"{[d.name for d in info.devices]}. On llvmpipe set GGML_VK_VISIBLE_DEVICES=0.")
+    return devices[0]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four layers, so that a partial offload splits them two and two."""
+    return write_tiny_model(tmp_path_factory.mktemp("vk") / "tiny-4-layers.gguf", n_layer=N_LAYER, n_embd=128,
+                            n_head=4, n_head_kv=2, n_ff=256, name="tiny-4-layers")
+
+
+def tensor_bytes(path: Path) -> dict[str, int]:
+    from gguf import GGUFReader
+
+    return {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+
+
+def layer_bytes(sizes: dict[str, int], layers: range) -> int:
+    return sum(n for name, n in sizes.items() if any(name.startswith(f"blk.{i}.") for i in layers))
+
+
+def doctor_json(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "app.cli.doctor", "--json", "-", *args], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def load(path: Path, n_gpu_layers: int) -> tuple[Model, Context]:
+    model = Model(path, n_gpu_layers=n_gpu_layers)
+    return model, Context(model, ContextParams(n_ctx=N_CTX, n_batch=64, n_threads=1))
+
+
+@pytest.fixture
+def loaded(request: pytest.FixtureRequest, model_path: Path, llama_log: LlamaLog) -> Iterator[tuple[Model, LlamaLog]]:
+    model, ctx = load(model_path, request.param)
+    yield model, llama_log
+    ctx.close()
+    model.close()
+
+
+def test_doctor_names_the_device_and_its_memory_as_ggml_reports_them(vulkan_device: BackendDevice) -> None:
+    report = doctor_json()
+    backend = report["backend"]
+    assert backend["backend"] == "vulkan"
+    assert backend["gpu_offload"] is True
+    listed = {d["name"]: d for d in backend["devices"]}
+    dev = listed[vulkan_device.name]
+    assert dev["description"] == vulkan_device.description
+    assert dev["memory_total"] == vulkan_device.memory_total
+    assert dev["memory_total"]
+    assert dev["memory_free"]
+    assert 0 < dev["memory_free"] <= dev["memory_total"]
+    gpu = next(g for g in report["gpus"] if g["backend_device"] == vulkan_device.name)
+    assert gpu["memory_total"] == vulkan_device.memory_total
+
+
+@pytest.mark.parametrize("loaded", [-1], indirect=True, ids=["all-layers"])
+def test_full_offload_puts_every_layer_and_the_kv_cache_on_the_device(
+        loaded: tuple[Model, LlamaLog], model_path: Path, vulkan_device: BackendDevice) -> None:
+    model, log = loaded
+    name = vulkan_device.name
+    assert f"offloaded {N_LAYER + 1}/{N_LAYER + 1} layers to GPU" in log.text
+    assert set(log.layer_devices().values()) == {name}
+    sizes = tensor_bytes(model_path)
+    # Everything but the token embeddings (llama.cpp keeps the input layer on the CPU) is on the device.
+    on_device = sum(sizes.values()) - sizes["token_embd.weight"]
+    weights = log.buffers("model")
+    assert abs(weights[name] * MIB - on_device) <= LOG_RESOLUTION + 4096, (weights, on_device)
+    kv = log.buffers("KV")
+    assert set(kv) == {name}
+    assert model.size_bytes == sum(sizes.values())
+
+
+@pytest.mark.parametrize("loaded", [2], indirect=True, ids=["2-of-5-layers"])
+def test_partial_offload_splits_layers_and_kv_as_the_roofline_places_them(
+        loaded: tuple[Model, LlamaLog], model_path: Path, vulkan_device: BackendDevice) -> None:
+    """Two of five layers offloaded: llama.cpp puts the output layer and the last repeating layer on the
+    device. The roofline must place the same layers there, and its bytes per pass on the device must be those
+    layers' weights plus their KV cache."""
+    from app.ceiling.roofline import Device, ModelShape, estimate_pass, kv_bytes_read, place
+
+    _, log = loaded
+    name = vulkan_device.name
+    assert f"offloaded 2/{N_LAYER + 1} layers to GPU" in log.text
+    assert "offloading output layer to GPU" in log.text
+    on_device = sorted(i for i, dev in log.layer_devices().items() if dev == name)
+    assert on_device == [N_LAYER - 1, N_LAYER]  # the last repeating layer, and the output layer
+    sizes = tensor_bytes(model_path)
+    device_weights = (layer_bytes(sizes, range(N_LAYER - 1, N_LAYER)) + sizes["output.weight"]
+                      + sizes["output_norm.weight"])
+    weights = log.buffers("model")
+    assert abs(weights[name] * MIB - device_weights) <= LOG_RESOLUTION + 4096, (weights, device_weights)
+    kv = log.buffers("KV")
+    assert kv[name] == pytest.approx(sum(kv.values()) / N_LAYER, abs=0.01)  # one layer of four
+
+    shape = ModelShape.from_gguf(read_gguf_info(model_path))
+    devices = [Device("cpu", "CPU", "cpu", 50e9),
+               Device("gpu0", vulkan_device.description, "gpu", 50e9, free_bytes=vulkan_device.memory_free)]
+    shares = {s.device.key: s for s in place(shape, devices, n_gpu_layers=2)}
+    assert shares["gpu0"].layers == (N_LAYER - 1,)
+    assert shares["gpu0"].output
+    assert shares["cpu"].layers == tuple(range(N_LAYER - 1))
+    # Bytes per pass on the device: the roofline spreads weights evenly over the n_layer + 1 slices (GGUFInfo
+    # has no per-layer sizes), so it is compared with the device's real weights within that approximation.
+    context = 64
+    part = next(p for p in estimate_pass(shape, devices, context, n_gpu_layers=2).parts if p.device == "gpu0")
+    kv_on_device = kv_bytes_read(shape, context, "f16", layers=(N_LAYER - 1,))
+    even = shape.weight_bytes * 2 / (N_LAYER + 1)
+    assert part.bytes == pytest.approx(even + kv_on_device)
+    print(f"\n{name}: llama.cpp holds {device_weights} bytes of weights for 2 of 5 layers; the roofline counts "
+          f"{even:.0f} (even spread) + {kv_on_device} of KV per pass")
+
+
+def test_the_engine_reports_the_device_weights_and_kv_as_llama_cpp_allocates_them(
+        model_path: Path, vulkan_device: BackendDevice, llama_log: LlamaLog) -> None:
+    """What the dashboard is told at load (the Loaded event): backend, offload, weights and KV cache size."""
+    from app.engine.params import LoadSettings
+    from app.engine.session import EngineSession
+
+    session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1))
+    try:
+        loaded = session.loaded_event()
+        assert loaded.backend == "vulkan"
+        assert loaded.gpu_offload is True
+        assert loaded.target.size_bytes == sum(tensor_bytes(model_path).values())
+        kv = llama_log.buffers("KV")
+        assert set(kv) == {vulkan_device.name}
+        assert abs(loaded.kv_bytes_total - kv[vulkan_device.name] * MIB) <= LOG_RESOLUTION, (loaded, kv)
+    finally:
+        session.close()
+
+
+def _greedy(decoder: Any, prompt: list[int], n: int) -> tuple[list[int], int]:
+    from app.engine.params import SamplingSettings
+    from app.engine.speculative import RunTotals, StopReason
+    from app.events import Token
+
+    decoder.reset_cache()
+    totals = RunTotals()
+    out: list[int] = []
+    for event in decoder.generate(prompt, SamplingSettings(temperature=0.0, max_tokens=n), totals=totals,
+                                  stop=StopReason()):
+        if isinstance(event, Token):
+            out += event.token_ids
+    return out, totals.drafted
+
+
+def _batched_vs_single(model: Model, prefix: list[int]) -> tuple[np.ndarray, float]:
+    """Single-token logits after ``prefix`` and their largest difference from the same row computed in a batch."""
+    single_ctx, batch_ctx = load_context(model), load_context(model)
+    try:
+        single_ctx.prefill(prefix[:-1])
+        single = np.array(single_ctx.decode([prefix[-1]])[-1], dtype=np.float64)
+        batch_ctx.prefill(prefix[:-4])
+        batched = np.array(batch_ctx.decode(prefix[-4:], all_logits=True)[-1], dtype=np.float64)
+    finally:
+        single_ctx.close()
+        batch_ctx.close()
+    return single, float(np.abs(single - batched).max())
+
+
+def load_context(model: Model) -> Context:
+    return Context(model, ContextParams(n_ctx=N_CTX, n_batch=64, n_threads=1))
+
+
+def test_greedy_speculative_equals_plain_on_the_device(model_path: Path, vulkan_device: BackendDevice,
+                                                      llama_log: LlamaLog) -> None:
+    """The model drafts for itself (identical weights, so every verify pass is k + 1 = 6 wide) on the device;
+    where the answers diverge, the plain token must win by less than batched and single-token logits differ."""
+    from app.engine.adaptive import DepthController
+    from app.engine.drafters import ModelDrafter
+    from app.engine.speculative import SpeculativeDecoder
+
+    model = Model(model_path, n_gpu_layers=-1)
+    target_ctx, draft_ctx = load_context(model), load_context(model)
+    try:
+        assert f"offloaded {N_LAYER + 1}/{N_LAYER + 1} layers" in llama_log.text
+        prompt = model.tokenize("The quick brown fox jumps over the lazy dog, again and again", add_special=True)
+        plain, _ = _greedy(SpeculativeDecoder(model, target_ctx), prompt, 48)
+        spec, drafted = _greedy(
+            SpeculativeDecoder(model, target_ctx, drafter=ModelDrafter(model, draft_ctx, p_min=0.0),
+                               controller=DepthController(k_max=5, fixed=5)), prompt, 48)
+        assert drafted > 0
+        assert len(plain) == 48
+        agree = next((i for i in range(min(len(plain), len(spec))) if plain[i] != spec[i]), len(plain))
+        if agree < len(plain):
+            single, noise = _batched_vs_single(model, prompt + plain[:agree])
+            gap = float(single[plain[agree]] - single[spec[agree]])
+            assert 0.0 <= gap <= noise + 1e-6, f"diverged at {agree}: gap {gap}, batched-vs-single {noise}"
+        else:
+            assert spec == plain
+    finally:
+        target_ctx.close()
+        draft_ctx.close()
+        model.close()
+
+
+def test_a_model_bigger_than_the_device_gives_a_clear_message(vulkan_device: BackendDevice,
+                                                             tmp_path: Path) -> None:
+    """Weights beyond the memory the device reports (a sparse GGUF: no disk, nothing read) are refused by the
+    engine in one sentence before llama.cpp allocates anything; the process lives on."""
+    from app.engine.params import LoadSettings
+    from app.engine.session import EngineSession
+    from app.errors import EngineLoadError
+    from tests.setup.test_device_fit import gpu_check_module
+
+    g = gpu_check_module()
+    assert vulkan_device.memory_total
+    base = g.SHAPES["1gb"]
+    per_layer = base.n_params / base.n_layer
+    n_layer = int(vulkan_device.memory_total * 1.5 / per_layer) + 1
+    shape = g.Shape(base.n_embd, base.n_ff, n_layer, base.n_head, base.n_head_kv, base.n_vocab)
+    path = g.write_model(tmp_path / "bigger-than-the-device.gguf", shape, sparse=True)
+    assert path.stat().st_size > vulkan_device.memory_total
+    with pytest.raises(EngineLoadError) as err:
+        EngineSession(LoadSettings(str(path), n_ctx=512, n_gpu_layers=-1, n_threads=1))
+    message = str(err.value)
+    assert f"of weights on {vulkan_device.name}" in message
+    assert "GPU layers" in message
+    assert "\n" not in message
