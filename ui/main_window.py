@@ -454,6 +454,9 @@ class MainWindow(QMainWindow):
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self._prompt_warnings_shown.clear()
         self.picker.show_loaded(event)
+        note = self.bridge.last_load.context_note(event.n_ctx) if self.bridge.last_load else None
+        if note:
+            self.notifier.info(note)
         self.notifier.resolve(NEED_MODEL_MESSAGE)
         self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
 

@@ -244,6 +244,9 @@ def bench(args: Any, out: TextIO, *, client: Any = None) -> dict[str, Any]:
     try:
         client.load(settings)
         loaded = _await(client, Loaded)
+        note = settings.context_note(loaded.n_ctx)
+        if note:
+            print(f"specdeck bench: {note}", file=sys.stderr)
         return _measure(client, args, draft, sampling, prompts, repeats, loaded, out)
     finally:
         if own_client:

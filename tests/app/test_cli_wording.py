@@ -84,3 +84,12 @@ def test_bench_names_a_refused_template_once_and_escapes_metadata(tmp_path: Path
     assert "target evil\\x1b[2J\\nFAKE ROW" in captured.out
     assert captured.err.count("chat template tried to reach Python internals") == 1
     assert "Answering with the plain ChatML format instead." in captured.err
+
+
+def test_bench_says_when_the_context_was_raised(tmp_path: Path, tiny_target: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert main(["bench", "--target", str(tiny_target), "--prompts", str(prompts), "--max-tokens", "4",
+                 "--ctx", "100"]) == 0
+    assert "The context was raised from the 100 tokens asked for to 256" in capsys.readouterr().err
