@@ -214,7 +214,7 @@ class HistoryStore:
         try:
             try:
                 self._conn = self._retry_busy(self._open)
-            except sqlite3.OperationalError as exc:
+            except (sqlite3.OperationalError, StorageError) as exc:
                 # A -shm left read-only refuses every write even after the file's permissions are fixed.
                 if "readonly" not in str(exc).lower() or not fix_readonly_shm(self.path):
                     raise
