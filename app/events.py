@@ -118,6 +118,15 @@ class Loaded:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """One chunk of the prompt is in the KV cache: ``done`` of ``total`` prompt tokens (a cached prefix counts)."""
+
+    request_id: int
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class PromptProcessed:
     request_id: int
     prompt_tokens: int
@@ -298,7 +307,7 @@ class Unloaded:
 
 
 Event = (
-    Log | LoadProgress | Loaded | PromptProcessed | Token | PassStats | Finished | BenchResult | RawDecoded
-    | EngineError | EngineCrashed | Unloaded
+    Log | LoadProgress | Loaded | PromptProgress | PromptProcessed | Token | PassStats | Finished | BenchResult
+    | RawDecoded | EngineError | EngineCrashed | Unloaded
 )
 Request = Load | Generate | BenchRun | RawDecode | Cancel | Unload | Shutdown

@@ -31,6 +31,7 @@ from app.events import (
     Log,
     PassStats,
     PromptProcessed,
+    PromptProgress,
     Token,
     Unloaded,
 )
@@ -93,6 +94,7 @@ class EngineBridge(QObject):
     load_cancelled = Signal()
     model_unloaded = Signal()
     generation_started = Signal(int)  # the request id the client gave the generation
+    prompt_progress = Signal(PromptProgress)
     prompt_processed = Signal(PromptProcessed)
     token_received = Signal(Token)
     stats_updated = Signal(PassStats)
@@ -312,6 +314,8 @@ class EngineBridge(QObject):
         elif isinstance(item, Finished):
             self.generating = False
             self.generation_finished.emit(item)
+        elif isinstance(item, PromptProgress):
+            self.prompt_progress.emit(item)
         elif isinstance(item, PromptProcessed):
             self.prompt_processed.emit(item)
         elif isinstance(item, LoadProgress):

@@ -12,7 +12,7 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,11 +305,17 @@ class Context:
     def prefill(self, tokens: Sequence[int]) -> Logits:
         """Decode a long token list in n_batch chunks; returns the last position's logits row."""
         out: Logits | None = None
-        for start in range(0, len(tokens), self.n_batch):
-            out = self.decode(tokens[start : start + self.n_batch])
+        for _, chunk_logits in self.prefill_chunks(tokens):
+            out = chunk_logits
         if out is None:
             raise ValueError("prefill needs at least one token")
         return out
+
+    def prefill_chunks(self, tokens: Sequence[int]) -> Iterator[tuple[int, Logits]]:
+        """Decode ``tokens`` in n_batch chunks, yielding (tokens done, last logits row) after each chunk."""
+        for start in range(0, len(tokens), self.n_batch):
+            out = self.decode(tokens[start : start + self.n_batch])
+            yield min(start + self.n_batch, len(tokens)), out
 
     def greedy_loop(self, first: int, n_tokens: int) -> tuple[int, float]:
         """Decode one token at a time, each the argmax of the one before, starting with ``first``.

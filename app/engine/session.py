@@ -21,7 +21,7 @@ from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backe
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError
-from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed
+from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
 from app.library.model_file import check_model_file
@@ -245,7 +245,7 @@ class EngineSession:
         announced = False
         for event in decoder.generate(tokens, sampling, request_id, totals=totals, stop=stop,
                                        cancelled=cancelled):
-            if not announced:
+            if not announced and not isinstance(event, PromptProgress):
                 announced = True
                 yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds, warning)
             if hasattr(event, "text"):

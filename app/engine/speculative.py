@@ -27,6 +27,7 @@ from app.events import (
     FROM_TARGET,
     MessageStats,
     PassStats,
+    PromptProgress,
     RunCounts,
     Token,
     acceptance,
@@ -182,8 +183,9 @@ class SpeculativeDecoder:
         totals: RunTotals | None = None,
         stop: StopReason | None = None,
         cancelled: Callable[[], bool] | None = None,
-    ) -> Iterator[Token | PassStats]:
-        """Yield a ``Token`` and a ``PassStats`` per verify pass; ``stop.reason`` says why it ended.
+    ) -> Iterator[Token | PassStats | PromptProgress]:
+        """Yield a ``PromptProgress`` per prefill chunk, then a ``Token`` and a ``PassStats`` per verify pass;
+        ``stop.reason`` says why it ended.
 
         ``cancelled`` is asked once per pass, so a Cancel takes effect within one verify pass.
         """
@@ -211,7 +213,9 @@ class SpeculativeDecoder:
         ctx.reuse_prefix(tokens[:-1])
         t0 = time.perf_counter()
         if ctx.n_past < len(tokens) - 1:
-            ctx.prefill(tokens[ctx.n_past : -1])
+            cached = ctx.n_past
+            for done, _ in ctx.prefill_chunks(tokens[cached:-1]):
+                yield PromptProgress(request_id, cached + done, len(tokens))
         ctx.synchronize()
         totals.prefill_seconds = time.perf_counter() - t0
         if self.ngram is not None:

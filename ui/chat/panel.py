@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -31,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, Token
+from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, PromptProgress, Token
 from app.storage.buffered_history import BufferedHistory
 from app.storage.history import HistoryStore
 from ui.bridge import EngineBridge
@@ -94,6 +95,7 @@ class ChatPanel(QWidget):
         self._flush_timer.timeout.connect(self._on_flush_timer_timeout)
         bridge.generation_started.connect(self._on_bridge_generation_started)
         bridge.token_received.connect(self._on_bridge_token_received)
+        bridge.prompt_progress.connect(self._on_bridge_prompt_progress)
         bridge.prompt_processed.connect(self._on_bridge_prompt_processed)
         bridge.generation_finished.connect(self._on_bridge_generation_finished)
         bridge.engine_error.connect(self._on_bridge_engine_error)
@@ -150,6 +152,12 @@ class ChatPanel(QWidget):
         self.progress_label.setVisible(False)
         self.progress_label.setWordWrap(True)  # one long line would widen the whole window
         layout.addWidget(self.progress_label)
+        self.prompt_bar = QProgressBar(right)
+        self.prompt_bar.setObjectName("prompt_bar")
+        self.prompt_bar.setTextVisible(False)
+        self.prompt_bar.setMaximumHeight(6)
+        self.prompt_bar.setVisible(False)
+        layout.addWidget(self.prompt_bar)
         self.input = QPlainTextEdit(right)
         self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
         self.input.setMaximumHeight(120)
@@ -416,9 +424,18 @@ class ChatPanel(QWidget):
     def _mine(self, request_id: int | None) -> bool:
         return self._answer is not None and request_id is not None and request_id == self._request_id
 
+    @Slot(PromptProgress)
+    def _on_bridge_prompt_progress(self, event: PromptProgress) -> None:
+        if self._mine(event.request_id):
+            self.progress_label.setText(f"Processing prompt {event.done:,} / {event.total:,}")
+            self.prompt_bar.setRange(0, max(event.total, 1))
+            self.prompt_bar.setValue(event.done)
+            self.prompt_bar.setVisible(True)
+
     @Slot(PromptProcessed)
     def _on_bridge_prompt_processed(self, event: PromptProcessed) -> None:
         if self._mine(event.request_id):
+            self.prompt_bar.setVisible(False)
             self.progress_label.setText(f"Prompt processed: {event.prompt_tokens:,} tokens in "
                                         f"{event.seconds:.1f} s; writing…")
 
@@ -465,6 +482,7 @@ class ChatPanel(QWidget):
     def _end_answer(self, answer: ChatMessage) -> None:
         self._flush_timer.stop()
         self.progress_label.setVisible(False)
+        self.prompt_bar.setVisible(False)
         self._answer = None
         self._request_id = None
         self._awaiting_start = False
