@@ -32,7 +32,7 @@ from app.paths import data_dir
 from app.storage.atomic import atomic_write_json
 from app.storage.history import FILE_NAME, ChatSummary, HistoryBusyError, HistoryStore, StoredMessage
 
-BUSY_TIMEOUT_S = 0.1  # the longest the window waits for another writer's lock before buffering
+BUSY_TIMEOUT_S = 0.05  # how long the window waits for another writer's lock before buffering (twice, at most)
 CLOSE_TIMEOUT_S = 5.0  # at close, a last, longer wait before saving the rest to a side file
 MAX_RETRY_INTERVAL_S = 2.0
 _CREATES = ("new_chat", "add_message", "begin_answer")  # writes that return a new id
@@ -79,18 +79,22 @@ class BufferedHistory:
     # --- the connection -------------------------------------------------------------------------------
 
     def _connect(self) -> HistoryStore | None:
-        if self._store is not None:
-            return self._store
+        """The open store; None while the lock is held (tried again after a backoff, not on every call)."""
         if time.monotonic() < self._retry_at:
             return None
+        if self._store is not None:
+            return self._store
         try:
             self._store = HistoryStore(self.path, busy_timeout=self.busy_timeout)
         except HistoryBusyError:
-            self._retry_interval = min(self._retry_interval * 2, MAX_RETRY_INTERVAL_S)
-            self._retry_at = time.monotonic() + self._retry_interval
+            self._backoff()
             return None
-        self._retry_interval = 0.05
         return self._store
+
+    def _backoff(self) -> None:
+        # Each try may wait up to busy_timeout on the GUI thread: while the lock stays, try less and less often.
+        self._retry_interval = min(self._retry_interval * 2, MAX_RETRY_INTERVAL_S)
+        self._retry_at = time.monotonic() + self._retry_interval
 
     @property
     def available(self) -> bool:
@@ -115,7 +119,12 @@ class BufferedHistory:
         store = self._connect()
         if store is None:
             raise HistoryBusyError("The chat history is in use by another program.")
-        result = getattr(store, write.method)(*self._resolve(write.args), **write.kwargs)
+        try:
+            result = getattr(store, write.method)(*self._resolve(write.args), **write.kwargs)
+        except HistoryBusyError:
+            self._backoff()
+            raise
+        self._retry_interval = 0.05
         if write.provisional is not None:
             self._real[write.provisional] = int(result)
         return result
@@ -189,7 +198,7 @@ class BufferedHistory:
     # --- reads: the database, with what waits laid over it ----------------------------------------------
 
     def _read(self, method: str, *args: Any) -> Any:
-        store = self._connect()
+        store = self._store or self._connect()  # reads need no write lock: an open store is read at once
         if store is None:
             raise StorageError("The chat history is in use by another program; it is read again when it is free.")
         try:

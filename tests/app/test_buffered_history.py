@@ -91,6 +91,7 @@ def test_a_lock_taken_mid_session_buffers_then_catches_up(tmp_path: Path) -> Non
         assert max(user, answer) < 0
         assert store.pending_count <= 4  # the streaming flushes of one answer were merged
         assert [m.text for m in store.messages(chat)][-2:] == ["second question", "second answer"]
+    time.sleep(2.1)  # past the longest retry interval
     store.rename_chat(chat, "renamed")  # the next write finds the database free and writes all in order
     assert store.pending_count == 0
     store.close()
