@@ -68,6 +68,7 @@ class BufferedHistory:
         self._retry_at = 0.0
         self._retry_interval = 0.05
         self._taken: list[Path] = []  # side files whose writes wait in _pending
+        self._opened_once = False
         self._connect()  # StorageError other than a lock (a newer file, no permission) is raised here
         if self._store is None:
             self.warning = ("The chat history is in use by another program. Your chats are kept in memory and "
@@ -85,8 +86,11 @@ class BufferedHistory:
         if self._store is not None:
             return self._store
         try:
-            self._store = HistoryStore(self.path, busy_timeout=self.busy_timeout)
+            # The damage check reads the whole file: once per start, not at every retry on the GUI thread.
+            self._store = HistoryStore(self.path, busy_timeout=self.busy_timeout, check_damage=not self._opened_once)
+            self._opened_once = True
         except HistoryBusyError:
+            self._opened_once = True  # the check ran (or was locked out) once: later retries skip it
             self._backoff()
             return None
         return self._store

@@ -201,9 +201,11 @@ def _storage_error(exc: sqlite3.Error) -> StorageError:
 class HistoryStore:
     """All chats and their messages. Use from one thread (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, busy_timeout: float = 5.0) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, busy_timeout: float = 5.0,
+                 check_damage: bool = True) -> None:
         self.path = Path(path) if path is not None else data_dir() / FILE_NAME
         self.busy_timeout = busy_timeout  # seconds a write waits for another connection's lock
+        self.check_damage = check_damage  # PRAGMA quick_check at open (up to QUICK_CHECK_SECONDS)
         self.warning: str | None = None  # set when a damaged file was moved aside at open
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +265,7 @@ class HistoryStore:
                     "nothing was changed."
                 )
             # Damage the file still opens with, found before anything is written into it.
-            problem = quick_check(conn) if version else None
+            problem = quick_check(conn) if version and self.check_damage else None
             if problem is not None:
                 raise _Damaged(problem)
             conn.execute("PRAGMA journal_mode=WAL")
