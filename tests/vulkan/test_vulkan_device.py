@@ -79,20 +79,37 @@ def loaded(request: pytest.FixtureRequest, model_path: Path, llama_log: LlamaLog
     model.close()
 
 
-def test_doctor_names_the_device_and_its_memory_as_ggml_reports_them(vulkan_device: BackendDevice) -> None:
-    report = doctor_json()
+def test_doctor_reports_the_device_its_memory_and_the_fit_as_llama_cpp_allocates(
+        vulkan_device: BackendDevice, model_path: Path, llama_log: LlamaLog) -> None:
+    report = doctor_json("--model", str(model_path), "--ctx", str(N_CTX), "--gpu-bandwidth", "20")
     backend = report["backend"]
     assert backend["backend"] == "vulkan"
     assert backend["gpu_offload"] is True
     listed = {d["name"]: d for d in backend["devices"]}
     dev = listed[vulkan_device.name]
     assert dev["description"] == vulkan_device.description
+    # ggml_backend_dev_memory, asked in doctor's probe child and here: the same device, the same memory.
     assert dev["memory_total"] == vulkan_device.memory_total
     assert dev["memory_total"]
-    assert dev["memory_free"]
     assert 0 < dev["memory_free"] <= dev["memory_total"]
     gpu = next(g for g in report["gpus"] if g["backend_device"] == vulkan_device.name)
     assert gpu["memory_total"] == vulkan_device.memory_total
+
+    # The fit doctor reports for all layers on the device, against what llama.cpp then allocates there.
+    model, ctx = load(model_path, -1)
+    try:
+        fit = {d["device"]: d for d in report["fit"]["devices"]}
+        on_device = fit["gpu0"]
+        assert on_device["name"] == vulkan_device.description
+        kv = llama_log.buffers("KV")[vulkan_device.name] * MIB
+        assert abs(on_device["kv"] - kv) <= LOG_RESOLUTION, (on_device, kv)
+        weights = llama_log.buffers("model")[vulkan_device.name] * MIB
+        # The fit counts every weight on the device; llama.cpp keeps the input embeddings on the CPU.
+        embeddings = tensor_bytes(model_path)["token_embd.weight"]
+        assert 0 <= on_device["weights"] - weights <= embeddings + LOG_RESOLUTION, (on_device, weights)
+    finally:
+        ctx.close()
+        model.close()
 
 
 @pytest.mark.parametrize("loaded", [-1], indirect=True, ids=["all-layers"])
