@@ -20,6 +20,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -232,8 +233,11 @@ class TemplateRunner:
                         kind, value = conn.recv()
                         break
                 except (EOFError, OSError):  # it died: the address-space or CPU limit, or a crash
+                    self._proc.join(1)
+                    out_of_cpu = self._proc.exitcode == -getattr(signal, "SIGXCPU", -1)
                     self._stop_child()
-                    return self._refuse(template, _memory_message(self.headroom))
+                    return self._refuse(template, _time_message(time_limit) if out_of_cpu
+                                        else _memory_message(self.headroom))
                 rss = self._rss()
                 if rss is not None and rss - self._rest_rss > self.headroom:
                     self._stop_child()
