@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Slot
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -45,7 +45,7 @@ from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_text
-from app.storage.buffered_history import BufferedHistory
+from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import NEED_MODEL_MESSAGE, ChatPanel
@@ -161,6 +161,8 @@ class FirstRunPanel(QWidget):
 
 
 class MainWindow(QMainWindow):
+    history_write_failed = Signal(str)  # emitted on the history's writer thread, delivered on the GUI thread
+
     def __init__(
         self,
         bridge: EngineBridge | None = None,
@@ -202,20 +204,22 @@ class MainWindow(QMainWindow):
             self._probe_build()
         self.picker.rescan()
 
-    def _open_store(self) -> BufferedHistory | None:
+    def _open_store(self) -> HistoryThread | None:
+        self.history_write_failed.connect(self._on_history_write_failed)
         try:
-            return BufferedHistory()
+            return HistoryThread(on_error=lambda exc: self.history_write_failed.emit(str(exc)))
         except StorageError as exc:
             self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed.")
             return None
 
     @Slot()
     def _on_history_retry_timeout(self) -> None:
-        if self.store is not None and self.store.pending_count:
-            try:
-                self.store.flush_pending()
-            except StorageError as exc:
-                self.notifier.error(str(exc))
+        if self.store is not None:
+            self.store.flush_pending()  # queued on the writer thread; nothing to do when nothing waits
+
+    @Slot(str)
+    def _on_history_write_failed(self, message: str) -> None:
+        self.notifier.error(message)
 
     # --- layout -------------------------------------------------------------------------------------
 
@@ -404,6 +408,7 @@ class MainWindow(QMainWindow):
             self.tasks.wait()
             self.writes.wait()
             self.log_window.detach()
+            self._history_retry.stop()
             if self.store is not None:
                 self.store.close()
         super().closeEvent(event)

@@ -35,6 +35,7 @@ from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, PromptProgress, Token
 from app.storage.buffered_history import BufferedHistory
 from app.storage.history import HistoryStore
+from app.storage.history_writer import HistoryThread
 from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey
 from ui.flow_layout import FlowLayout
@@ -69,7 +70,7 @@ class ChatPanel(QWidget):
         self,
         bridge: EngineBridge,
         sampling_form: SamplingForm,
-        store: HistoryStore | BufferedHistory | None,
+        store: HistoryThread | HistoryStore | BufferedHistory | None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)

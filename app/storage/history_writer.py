@@ -1,0 +1,190 @@
+"""The window's history on its own thread: one writer thread owns the database connection.
+
+Saving a streamed answer fsyncs (synchronous=FULL) every half second; done on the GUI thread, each save
+stalls painting and input. :class:`HistoryThread` opens a :class:`BufferedHistory` on a dedicated thread and
+runs every call there, in the order given:
+
+- writes whose result the window does not need (saving the answer as it streams, finishing it, renames,
+  deletes) are queued and return at once; a failure reaches ``on_error`` (called on the writer thread);
+- creates (they return the new id) and reads wait for their turn and return the result, so a read always
+  sees every write queued before it.
+
+BufferedHistory's guarantees hold unchanged, since every call still goes through it: a locked database
+keeps writes in memory, in order, and :meth:`close` writes them or saves them to a side file.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from app.errors import StorageError
+from app.storage.buffered_history import BufferedHistory
+from app.storage.history import ChatSummary, StoredMessage
+
+T = TypeVar("T")
+JOIN_TIMEOUT_S = 30.0  # close: BufferedHistory waits up to 5 s for a lock, then writes a side file
+
+
+class HistoryThread:
+    """BufferedHistory's methods, run on one writer thread that owns the connection."""
+
+    def __init__(self, open_store: Callable[[], BufferedHistory] = BufferedHistory,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+        self.on_error = on_error
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="history-writer", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._store: BufferedHistory = self._call(open_store)
+        except BaseException:
+            self._stop()
+            raise
+        self.warning: str | None = self._store.warning
+
+    @property
+    def thread_id(self) -> int | None:
+        """The writer thread's identifier: every database call runs on it."""
+        return self._thread.ident
+
+    # --- the thread -------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` on the writer thread after everything queued before it; return its result or raise."""
+        if self._closed:
+            raise StorageError("The chat history is closed.")
+        future: Future[T] = Future()
+
+        def job() -> None:
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to the caller, which raises it
+                future.set_exception(exc)
+
+        self._jobs.put(job)
+        return future.result()
+
+    def _post(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Queue ``fn`` on the writer thread and return at once; a failure goes to ``on_error``."""
+        if self._closed:
+            raise StorageError("The chat history is closed.")
+
+        def job() -> None:
+            try:
+                fn(*args, **kwargs)
+            except KeyError:
+                pass  # the chat or message was deleted meanwhile: the window's copy is what counts now
+            except Exception as exc:
+                if self.on_error is not None:
+                    self.on_error(exc)
+
+        self._jobs.put(job)
+
+    def _stop(self) -> None:
+        self._closed = True
+        self._jobs.put(None)
+        self._thread.join(JOIN_TIMEOUT_S)
+
+    # --- writes the window waits for (they return new ids) -------------------------------------------------
+
+    def new_chat(self, title: str = "New chat", system_prompt: str = "", **kwargs: Any) -> int:
+        return self._call(self._store.new_chat, title, system_prompt, **kwargs)
+
+    def add_message(self, chat_id: int, role: str, text: str, status: str = "complete", **kwargs: Any) -> int:
+        return self._call(self._store.add_message, chat_id, role, text, status, **kwargs)
+
+    def begin_answer(self, chat_id: int, **kwargs: Any) -> int:
+        return self._call(self._store.begin_answer, chat_id, **kwargs)
+
+    # --- writes queued without waiting ----------------------------------------------------------------
+
+    def update_answer(self, message_id: int, text: str) -> None:
+        self._post(self._store.update_answer, message_id, text)
+
+    def finish_answer(self, message_id: int, text: str, status: str = "complete", stats: object = None,
+                      **kwargs: Any) -> None:
+        self._post(self._store.finish_answer, message_id, text, status, stats, **kwargs)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._post(self._store.rename_chat, chat_id, title)
+
+    def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
+        self._post(self._store.set_system_prompt, chat_id, system_prompt)
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._post(self._store.delete_chat, chat_id)
+
+    def delete_message(self, message_id: int) -> None:
+        self._post(self._store.delete_message, message_id)
+
+    def truncate_after(self, chat_id: int, message_id: int, *, inclusive: bool = False) -> None:
+        self._post(self._store.truncate_after, chat_id, message_id, inclusive=inclusive)
+
+    def flush_pending(self) -> None:
+        """Write what BufferedHistory keeps waiting for a lock (a no-op when nothing waits)."""
+        self._post(self._store.flush_pending)
+
+    # --- reads --------------------------------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        return self._call(lambda: self._store.pending_count)
+
+    def real_id(self, any_id: int) -> int:
+        return self._call(self._store.real_id, any_id)
+
+    def list_chats(self) -> list[ChatSummary]:
+        return self._call(self._store.list_chats)
+
+    def chat(self, chat_id: int) -> ChatSummary:
+        return self._call(self._store.chat, chat_id)
+
+    def messages(self, chat_id: int) -> list[StoredMessage]:
+        return self._call(self._store.messages, chat_id)
+
+    def message(self, message_id: int) -> StoredMessage:
+        return self._call(self._store.message, message_id)
+
+    def search_chats(self, query: str) -> list[int]:
+        return self._call(self._store.search_chats, query)
+
+    def export_markdown(self, chat_id: int) -> str:
+        return self._call(self._store.export_markdown, chat_id)
+
+    def export_json(self, chat_id: int) -> str:
+        return self._call(self._store.export_json, chat_id)
+
+    def integrity_ok(self) -> bool:
+        return self._call(self._store.integrity_ok)
+
+    def sync(self) -> None:
+        """Wait until every write queued so far has run."""
+        self._call(lambda: None)
+
+    # --- closing ------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Run what is queued, close the store on its thread (writing or side-filing what waits), stop."""
+        if self._closed:
+            return
+        try:
+            self._call(self._store.close)
+        finally:
+            self._stop()
+
+    def __enter__(self) -> HistoryThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

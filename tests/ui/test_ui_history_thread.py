@@ -1,0 +1,51 @@
+"""The window's history runs on one writer thread: while an answer streams (and is saved as it streams),
+the GUI thread never runs an SQL statement; every statement runs on the writer thread, which owns the
+connection."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+
+from app.storage.history_writer import HistoryThread
+from tests.ui.conftest import load_pair, set_sampling
+
+
+def test_history_writes_run_on_the_writer_thread_while_streaming(
+    qtbot: QtBot, make_window, tiny_target: Path  # type: ignore[no-untyped-def]
+) -> None:
+    window = make_window(folders=(tiny_target.parent,))
+    load_pair(qtbot, window, tiny_target)
+    store = window.store
+    assert isinstance(store, HistoryThread)
+    statements: list[tuple[int, str]] = []  # (thread, SQL) of every statement the connection runs
+
+    def trace() -> None:
+        conn = store._store._store._conn  # type: ignore[union-attr]  # the open HistoryStore's connection
+        conn.set_trace_callback(lambda sql: statements.append((threading.get_ident(), sql)))
+
+    store._call(trace)
+    chat = window.chat
+    set_sampling(window, temperature=0, max_tokens=60)
+    saves: list[int] = []
+
+    def save_now(_event: object) -> None:  # what the 500 ms flush timer does, on every token
+        before = len(statements)
+        chat.flush()
+        saves.append(before)
+
+    window.bridge.token_received.connect(save_now)  # after the panel's own slot: the text is dirty
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=60_000):
+        assert chat.send("Tell me something.")
+    assert saves
+    store.sync()
+    gui = threading.get_ident()
+    assert store.thread_id is not None
+    assert store.thread_id != gui
+    assert statements
+    assert {thread for thread, _ in statements} == {store.thread_id}
+    updates = [sql for _, sql in statements if sql.lstrip().upper().startswith("UPDATE")]
+    assert len(updates) >= 2  # the answer saved while streaming, then finished
+    assert window.store.messages(chat.chat_id)[-1].text == chat.messages[-1].text
