@@ -18,7 +18,7 @@ import numpy as np
 
 from app.ceiling.backend import BackendInfo, probe_backend, probe_backend_isolated
 from app.ceiling.hardware import HardwareReport, probe_hardware, roofline_devices
-from app.ceiling.roofline import Calibration, CeilingModel, Device, ModelShape
+from app.ceiling.roofline import Calibration, CeilingModel, Device, FitEstimate, ModelShape, fit_estimate
 from app.errors import AppError
 from app.events import Loaded
 from app.library.gguf_reader import GGUFInfo
@@ -41,13 +41,33 @@ def saved_gpu_bandwidth() -> float | None:
 
 
 def probe_machine(*, backend: BackendInfo | None = None, gpu_bandwidth_override: float | None = None,
-                  refresh: bool = False, nvml: Any = None) -> tuple[HardwareReport, list[Device]]:
+                  refresh: bool = False, nvml: Any = None, measure: bool = True,
+                  ) -> tuple[HardwareReport, list[Device]]:
     """The hardware report and the devices the roofline sees. Without an explicit override (bytes/s) the
     saved setting applies. ``backend`` None: llama.cpp was not asked, so every GPU with a known bandwidth
-    counts. ``nvml``: the pynvml module (a recorded stand-in in tests of machines without a GPU)."""
+    counts. ``nvml``: the pynvml module (a recorded stand-in in tests of machines without a GPU). ``measure``
+    False: nothing is measured, the CPU's rates are the cached probe's (or 0)."""
     override = gpu_bandwidth_override if gpu_bandwidth_override is not None else saved_gpu_bandwidth()
-    report = probe_hardware(backend=backend, nvml=nvml, gpu_bandwidth_override=override, refresh=refresh)
+    report = probe_hardware(backend=backend, nvml=nvml, gpu_bandwidth_override=override, refresh=refresh,
+                            measure=measure)
     return report, roofline_devices(report)
+
+
+def pair_fit(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, *, kv_type: str = "f16",
+             n_gpu_layers: int = -1, flash_attn: bool = True, devices: Sequence[Device] | None = None,
+             ) -> FitEstimate:
+    """Whether a pair fits this machine's free memory (weights + KV + compute buffers per device).
+
+    Cheap enough to ask on every change of a setting: a fit needs free memory, not rates, so nothing is
+    measured (``probe_machine(measure=False)``). Raises ValueError for a model the roofline cannot describe.
+    """
+    if devices is None:
+        devices = probe_machine(measure=False)[1]
+    if n_gpu_layers == 0:
+        devices = [d for d in devices if d.kind == "cpu"] or list(devices)
+    return fit_estimate(ModelShape.from_gguf(target), devices, n_ctx, type_k=kv_type, n_gpu_layers=n_gpu_layers,
+                        drafter=ModelShape.from_gguf(drafter) if drafter is not None else None,
+                        drafter_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
 
 
 def this_process_backend() -> BackendInfo:

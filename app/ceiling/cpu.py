@@ -205,12 +205,13 @@ def _busy() -> bool:
 
 
 def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
-              bandwidth_override: float | None = None) -> CPUInfo:
+              bandwidth_override: float | None = None, measure: bool = True) -> CPUInfo:
     """The CPU, its RAM, and its measured bandwidth and peak, cached per machine.
 
     A probe taken while the machine was busy is kept but taken again on the next call, and the cache
     holds the best of all probes: load only ever lowers a measurement, and the ceiling must be an upper
-    bound. `refresh` starts over (after a hardware change)."""
+    bound. `refresh` starts over (after a hardware change). `measure` False never measures (a fit estimate
+    needs only the RAM): the cached rates, or 0 where there are none."""
     model = cpu_model_name()
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     physical = psutil.cpu_count(logical=False) or logical
@@ -228,7 +229,9 @@ def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
             previous = None  # missing or damaged cache: measure again
     measured = previous
     seconds = 0.0
-    if previous is None or not previous.get("quiet", False):
+    if not measure and previous is None:
+        measured = {"bandwidth": 0.0, "peak_flops": 0.0}
+    elif measure and (previous is None or not previous.get("quiet", False)):
         busy = _busy()
         t = time.perf_counter()
         # Keep the buffer well within free memory on small machines.
@@ -251,7 +254,7 @@ def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
         ram_total=int(vm.total), ram_available=int(vm.available),
         bandwidth=float(bandwidth_override or measured["bandwidth"]),
         peak_flops=float(measured["peak_flops"]),
-        bandwidth_source="override" if bandwidth_override else "measured",
+        bandwidth_source="override" if bandwidth_override else "measured" if measured["bandwidth"] else "not measured",
         probe_seconds=seconds, cached=seconds == 0.0,
     )
 

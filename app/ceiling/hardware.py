@@ -78,9 +78,12 @@ def probe_hardware(
     cpu_bandwidth_override: float | None = None,
     refresh: bool = False,
     cache_path: Path | None = None,
+    measure: bool = True,
 ) -> HardwareReport:
-    """Everything doctor and the dashboard need. Overrides are bytes/s from the user's settings."""
-    cpu = probe_cpu(refresh=refresh, cache_path=cache_path, bandwidth_override=cpu_bandwidth_override)
+    """Everything doctor and the dashboard need. Overrides are bytes/s from the user's settings. `measure`
+    False: the CPU's cached rates only (see ``probe_cpu``)."""
+    cpu = probe_cpu(refresh=refresh, cache_path=cache_path, bandwidth_override=cpu_bandwidth_override,
+                    measure=measure)
     nv = probe_nvidia(nvml, bandwidth_override=gpu_bandwidth_override)
     gpus, notes = _merge_backend_gpus(nv.gpus, backend, gpu_bandwidth_override)
     return HardwareReport(cpu, tuple(gpus), nv.status, nv.driver_version, backend, tuple(notes))

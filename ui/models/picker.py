@@ -57,25 +57,12 @@ def describe_model(info: GGUFInfo) -> str:
 
 def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
              flash_attn: bool) -> str:
-    """The roofline's fit estimate (weights + KV + compute buffers) against free system memory.
+    """The ceiling package's fit estimate (weights + KV + compute buffers per device) in words."""
+    from app.ceiling.builder import pair_fit
 
-    Without a GPU probe in this build the estimate is for the CPU; llama.cpp puts what it offloads on the
-    GPU, so this overstates system memory use when layers are offloaded."""
-    from app.ceiling.roofline import Device, ModelShape, fit_estimate
-
-    free: int | None
     try:
-        import psutil
-
-        free = int(psutil.virtual_memory().available)
-    except Exception:
-        free = None
-    cpu = Device("cpu", "this computer", "cpu", bandwidth=1.0, free_bytes=free)
-    try:
-        estimate = fit_estimate(
-            ModelShape.from_gguf(target), [cpu], n_ctx, type_k=kv_type, n_gpu_layers=n_gpu_layers,
-            drafter=ModelShape.from_gguf(drafter) if drafter is not None else None, flash_attn=flash_attn,
-        )
+        estimate = pair_fit(target, drafter, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
+                            flash_attn=flash_attn)
     except (ValueError, ZeroDivisionError) as exc:
         return f"No fit estimate: {exc}"
     parts = "; ".join(
