@@ -32,6 +32,8 @@ class Generate:
     request_id: int
     messages: tuple[dict[str, str], ...]
     sampling: SamplingSettings
+    continue_answer: bool = False  # the last message is a partial answer: go on from its end
+    raw: bool = False  # completion: the messages' texts joined are the prompt, with no chat template
 
 
 @dataclass(frozen=True)

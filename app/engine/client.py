@@ -132,12 +132,13 @@ class EngineClient:
         self.state = "load"
         self._send(Load(settings))
 
-    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> int:
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings, *,
+                 continue_answer: bool = False, raw: bool = False) -> int:
         sampling.validate()
         request_id = next(self._ids)
         self.start()
         self.state = "generate"
-        self._send(Generate(request_id, tuple(messages), sampling))
+        self._send(Generate(request_id, tuple(messages), sampling, continue_answer=continue_answer, raw=raw))
         return request_id
 
     def bench_run(self, messages: list[dict[str, str]], sampling: SamplingSettings, plain: bool) -> int:

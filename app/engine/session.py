@@ -20,7 +20,7 @@ from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
-from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError
+from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
@@ -225,15 +225,44 @@ class EngineSession:
             tokens += model.tokenize(piece, parse_special=not is_content)
         return tokens, " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
 
+    def continuation_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+        """The prompt that goes on from a partial answer (the last message): the chat before it, rendered
+        as usual, then the answer's text as plain tokens, left open (no end-of-turn)."""
+        if not messages or messages[-1].get("role") != "assistant":
+            raise TemplateError("Continue needs the partial answer as the last message.")
+        tokens, warning = self.prompt_tokens(messages[:-1])
+        return tokens + self.target.tokenize(messages[-1].get("content", ""), parse_special=False), warning
+
+    def raw_prompt_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Completion (base models): the user and assistant texts joined are the prompt, with no template;
+        control-token text in them stays plain text."""
+        model = self.target
+        text = "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
+        head = [model.bos] if model.add_bos and model.bos >= 0 else []
+        return head + model.tokenize(text, parse_special=False)
+
     # --- generation -----------------------------------------------------------------------------
 
     def generate(self, request_id: int, messages: Sequence[dict[str, str]], sampling: SamplingSettings,
                  *, prompt: Sequence[int] | None = None,
                  cancelled: Callable[[], bool] | None = None,
-                 decoder: SpeculativeDecoder | None = None) -> Iterator[Event]:
+                 decoder: SpeculativeDecoder | None = None,
+                 continue_answer: bool = False, raw: bool = False) -> Iterator[Event]:
+        """One answer. ``continue_answer``: the last message is a partial answer to go on from. ``raw``: no
+        chat template (completion); a partial answer at the end is then simply part of the prompt."""
         sampling.validate()
         decoder = decoder or self.decoder
-        tokens, warning = (list(prompt), None) if prompt is not None else self.prompt_tokens(messages)
+        warning: str | None = None
+        if prompt is not None:
+            tokens = list(prompt)
+        elif raw:
+            tokens = self.raw_prompt_tokens(messages)
+        elif continue_answer:
+            tokens, warning = self.continuation_tokens(messages)
+        else:
+            tokens, warning = self.prompt_tokens(messages)
+        if not tokens:
+            raise TemplateError("The prompt is empty.")
         if len(tokens) >= self.ctx.n_ctx:
             raise PromptTooLongError(
                 f"The prompt is {len(tokens)} tokens but the context holds {self.ctx.n_ctx}; "

@@ -145,7 +145,8 @@ class Worker:
             return cancelled
 
         for event in self.session.generate(request.request_id, request.messages, request.sampling,
-                                           cancelled=is_cancelled):
+                                           cancelled=is_cancelled, continue_answer=request.continue_answer,
+                                           raw=request.raw):
             try:
                 self.send(event)
             except (BrokenPipeError, OSError):
