@@ -57,7 +57,7 @@ def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
                 if stop.is_set():
                     return
                 httpx.post(url + "/v1/chat/completions", timeout=300,
-                           json={**prompt, "max_tokens": 160, "temperature": 0})
+                           json={**prompt, "max_tokens": 64, "temperature": 0})  # short: tok/s moves per answer
 
     threading.Thread(target=traffic, daemon=True).start()
     window.remote.connect_to(url)
@@ -131,7 +131,8 @@ def main() -> int:
             time.sleep(0.3)
         with tempfile.TemporaryDirectory(prefix="specdeck-shot-") as home:
             shot = Path(home) / "shot.png"
-            env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
+            env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, SPECDECK_MODELS_DIR=str(smollm2.parent),
+                       QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
             done = subprocess.run([sys.executable, __file__, "--child", url, str(shot), "--seconds",
                                    str(args.seconds), "--size", args.size], cwd=ROOT, env=env, capture_output=True,
                                   text=True, timeout=600)
