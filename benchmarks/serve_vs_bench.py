@@ -39,13 +39,15 @@ def bench_tps(args: argparse.Namespace) -> float:
         out = Path(tmp) / "bench.json"
         subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(args.target), "--ngram",
                         str(args.ngram), "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
+                        *(["--k", str(args.k)] if args.k is not None else []),
                         "--json", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         return float(json.loads(out.read_text())["total"]["tok_s"])
 
 
 def api_tps(args: argparse.Namespace, ngram: int, prompts: list[dict[str, object]]) -> tuple[float, float, float]:
     """(decode tok/s from the answers' timings, client tok/s end to end, acceptance)."""
-    settings = LoadSettings(target_path=str(args.target), n_ctx=4096, draft=DraftSettings(ngram=ngram))
+    draft = DraftSettings(ngram=ngram, adaptive=args.k is None, k=args.k if args.k is not None else 4)
+    settings = LoadSettings(target_path=str(args.target), n_ctx=4096, draft=draft)
     metrics = ServeMetrics()
     server = Server(EngineRunner(settings, metrics, history_path=None), metrics,
                     ServeOptions(port=0, limits=Limits(max_tokens=args.max_tokens)))
@@ -83,6 +85,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=Path, default=ROOT / "resources" / "prompts" / "edit.jsonl")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--k", type=int, help="fixed draft depth on both sides (default: adaptive)")
     args = parser.parse_args()
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     rows = []
