@@ -6,7 +6,8 @@ speculative run follows from them: what the drafter proposes, the depth the poli
 accepted. This script records each answer once (plain greedy decoding through the engine) and then
 replays them with the real ``NGramDrafter`` and ``DepthController``, charging each pass the cost the curve
 gives its width. The result is a noise-free speedup for comparing drafter changes on a shared machine; it
-does not replace `specdeck bench`, which measures the real thing.
+does not replace `specdeck bench`, which measures the real thing. It also prints the bound the drafter's
+proposals allow: each pass drafting exactly the tokens that will be accepted.
 
     .venv/bin/python benchmarks/ngram_replay.py --target MODEL.gguf --prompts resources/prompts/edit.jsonl \\
         [--curve 1:19.1,2:36.1,4:59.2,8:96.2,16:164] [--ngram 3] [--k-max 16] [--max-tokens 256]
@@ -89,13 +90,18 @@ def cost(curve: dict[int, float], width: int) -> float:
     return curve[a] + max(slope, 0.0) * (width - a)
 
 
-def replay(prompt: list[int], answer: list[int], curve: dict[int, float], ngram: int, k_max: int,
-           fixed: int | None, drafter_class: type[NGramDrafter] = NGramDrafter) -> dict[str, float]:
-    """One answer replayed: simulated seconds (passes by the curve plus the drafter's real time)."""
-    drafter = drafter_class(ngram)
+def new_controller(curve: dict[int, float], k_max: int, fixed: int | None) -> DepthController:
     controller = DepthController(k_max=k_max, fixed=fixed)
     for width in range(1, k_max + 2):  # as calibration does
         controller.cost.observe_verify(width, cost(curve, width))
+    return controller
+
+
+def replay(prompt: list[int], answer: list[int], curve: dict[int, float], controller: DepthController,
+           drafter: NGramDrafter) -> dict[str, float]:
+    """One answer replayed: simulated seconds (passes by the curve plus the drafter's real time). The
+    controller carries over from answer to answer, as in one loaded session; the drafter starts empty."""
+    drafter.reset()
     tokens = list(prompt)
     drafter.observe(tokens)
     controller.start_answer()
@@ -126,6 +132,25 @@ def replay(prompt: list[int], answer: list[int], curve: dict[int, float], ngram:
     return {"tokens": len(answer), "passes": passes, "drafted": drafted, "accepted": accepted_total,
             "seconds": seconds + draft_seconds, "draft_ms_per_pass": 1000 * draft_seconds / max(passes, 1),
             "speedup": plain / (seconds + draft_seconds) if seconds else 1.0}
+
+
+def oracle(prompt: list[int], answer: list[int], curve: dict[int, float], drafter: NGramDrafter,
+           k_max: int) -> float:
+    """The bound the drafter's proposals allow on this curve: each pass drafts exactly the tokens that will
+    be accepted (none where that does not pay). Returns the simulated speedup."""
+    drafter.reset()
+    tokens, produced, seconds = list(prompt), 0, 0.0
+    while produced < len(answer):
+        proposal = drafter.propose(tokens, k_max).tokens
+        n = 0
+        while n < len(proposal) and produced + n < len(answer) - 1 and proposal[n] == answer[produced + n]:
+            n += 1
+        if n and cost(curve, n + 1) >= (n + 1) * cost(curve, 1):
+            n = 0
+        seconds += cost(curve, n + 1)
+        tokens += answer[produced : produced + n + 1]
+        produced += n + 1
+    return len(answer) * cost(curve, 1) / seconds if seconds else 1.0
 
 
 def main() -> int:
@@ -160,12 +185,17 @@ def main() -> int:
         if measured is None:
             raise SystemExit("no curve measured for this target: run `specdeck bench` on it, or pass --curve")
         curve = {w: ms / 1000 for w, ms in measured.widths_ms.items()}
-    runs = [replay(r["prompt"], r["answer"], curve, args.ngram, args.k_max, args.k, drafter_class)
+    controller = new_controller(curve, args.k_max, args.k)
+    runs = [replay(r["prompt"], r["answer"], curve, controller, drafter_class(args.ngram))
             for r in record(args.target, args.prompts, args.max_tokens, args.threads)]
     for i, r in enumerate(runs):
         print(f"{i:>2} tokens {r['tokens']:>4} passes {r['passes']:>4} τ {r['tokens'] / r['passes']:.2f} "
               f"accept {r['accepted'] / max(r['drafted'], 1):.2f} draft {r['draft_ms_per_pass']:.3f} ms/pass "
               f"speedup {r['speedup']:.3f}")
+    answers = record(args.target, args.prompts, args.max_tokens, args.threads)
+    bound = [oracle(r["prompt"], r["answer"], curve, drafter_class(args.ngram), args.k_max) for r in answers]
+    print("depth oracle (each pass drafts exactly what is accepted): "
+          + ", ".join(f"{b:.3f}" for b in bound))
     tokens = sum(r["tokens"] for r in runs)
     total = tokens * cost(curve, 1) / sum(r["seconds"] for r in runs)
     print(f"all: speedup {total:.3f} (per prompt median {statistics.median(r['speedup'] for r in runs):.3f}), "
