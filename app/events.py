@@ -103,6 +103,7 @@ class ModelSummary:
     n_ctx_train: int
     n_layer: int
     n_vocab: int
+    has_chat_template: bool = True  # False: a base model, offered completion rather than chat
 
 
 @dataclass(frozen=True)

@@ -169,11 +169,13 @@ class EngineBridge(QObject):
         """A load cannot be interrupted inside llama.cpp: end the worker and start a fresh one."""
         self._submit(self._do_cancel_load)
 
-    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> None:
-        """Raises SettingsError at once; the request id comes with ``generation_started``."""
+    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings, *,
+                 continue_answer: bool = False, raw: bool = False) -> None:
+        """Raises SettingsError at once; the request id comes with ``generation_started``. See ``Generate``
+        for ``continue_answer`` and ``raw``."""
         sampling.validate()
         self.generating = True
-        self._submit(self._do_generate, list(messages), sampling)
+        self._submit(self._do_generate, list(messages), sampling, continue_answer, raw)
 
     def cancel(self) -> None:
         """Stop the current generation; it ends with ``generation_finished`` (reason "cancelled")."""
@@ -263,10 +265,12 @@ class EngineBridge(QObject):
             self._client.start()
             self._push(_LoadCancelled())
 
-    def _do_generate(self, messages: list[dict[str, str]], sampling: SamplingSettings) -> None:
+    def _do_generate(self, messages: list[dict[str, str]], sampling: SamplingSettings, continue_answer: bool,
+                     raw: bool) -> None:
         # A request that cannot be sent raises: _call reports it as an EngineError without a request id,
         # which ends the answer that is waiting to start.
-        self._current_request = self._client.generate(messages, sampling)
+        self._current_request = self._client.generate(messages, sampling, continue_answer=continue_answer,
+                                                      raw=raw)
         self._push(_Started(self._current_request))
 
     def _do_cancel(self) -> None:

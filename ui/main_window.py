@@ -324,6 +324,7 @@ class MainWindow(QMainWindow):
         self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
         self.chat.error_raised.connect(self._on_chat_error_raised)
         self.chat.answer_finished.connect(self._on_chat_answer_finished)
+        self.chat.completion_mode_toggled.connect(self._on_chat_completion_mode_toggled)
         self.chat.generation_state_changed.connect(self._on_chat_generation_state_changed)
         self.sampling_form.changed.connect(self._on_sampling_form_changed)
         b.log_received.connect(self.log_window.append_engine_line)
@@ -464,6 +465,20 @@ class MainWindow(QMainWindow):
             self.notifier.info(note)
         self.notifier.resolve(NEED_MODEL_MESSAGE)
         self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
+        # A base model (no chat template) starts in completion mode; a switch by the user is remembered.
+        switched = event.target.path in self.settings.switched_mode_models
+        self.chat.set_completion_mode(event.target.has_chat_template == switched)
+
+    @Slot(bool)
+    def _on_chat_completion_mode_toggled(self, on: bool) -> None:
+        loaded = self.bridge.loaded
+        if loaded is None:
+            return
+        path = loaded.target.path
+        others = tuple(p for p in self.settings.switched_mode_models if p != path)
+        switched = on == loaded.target.has_chat_template  # completion on a chat model, or chat on a base one
+        self.settings = replace(self.settings, switched_mode_models=(*others, path) if switched else others)
+        self.save_app_settings()
 
     @Slot(PromptProcessed)
     def _on_bridge_prompt_processed(self, event: PromptProcessed) -> None:

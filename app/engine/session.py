@@ -104,6 +104,7 @@ def summarize(model: Model) -> ModelSummary:
         n_ctx_train=model.n_ctx_train,
         n_layer=model.n_layer,
         n_vocab=model.n_vocab,
+        has_chat_template=bool(model.chat_template()),
     )
 
 

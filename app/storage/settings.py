@@ -56,6 +56,8 @@ class AppSettings:
     model_folders: tuple[str, ...] = ()  # extra folders the user added to model discovery
     reload_last_pair_on_start: bool = False
     bandwidth_override_gbps: float | None = None  # replaces the spec-sheet bandwidth when set
+    # Models the user switched from their default chat mode (chat with a template, completion without one).
+    switched_mode_models: tuple[str, ...] = ()
 
     def draft_settings(self) -> DraftSettings:
         return DraftSettings(drafter_path=self.drafter_path, ngram=self.ngram, adaptive=self.adaptive,
@@ -143,6 +145,14 @@ def _folders(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))  # drop repeats, keep order
 
 
+def _model_paths(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, str) and v and "\x00" not in v for v in value
+    ):
+        raise SettingsError(f"The models with a switched chat mode must be a list of file paths, not {value!r}.")
+    return tuple(dict.fromkeys(value))
+
+
 def _bandwidth(value: Any) -> float | None:
     if value is None:
         return None
@@ -181,6 +191,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     "model_folders": _folders,
     "reload_last_pair_on_start": _bool("Reload the last models on start"),
     "bandwidth_override_gbps": _bandwidth,
+    "switched_mode_models": _model_paths,
 }
 
 _SAMPLING_DEFAULTS = SamplingSettings()

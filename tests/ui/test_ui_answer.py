@@ -78,7 +78,8 @@ def test_focus_follow_stop_reason_and_strip_totals(
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
         pass
     assert bar.value() == 0
-    assert chat.messages[-2].text == "Continue."
+    assert chat.messages[-2].text == "And another one."  # Continue went on in the same answer
+    assert chat.messages[-1] is answer
 
 
 def test_a_model_without_a_chat_template_is_called_a_base_model(

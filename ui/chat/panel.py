@@ -45,7 +45,6 @@ FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
 HISTORY_MIN_WIDTH = 120
 UNDO_DELETE_MS = 8000  # a deleted chat can be brought back this long
-CONTINUE_PROMPT = "Continue."
 NEED_MODEL_MESSAGE = "Load a model first (Models, on the left)."
 FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
 
@@ -65,6 +64,7 @@ class ChatPanel(QWidget):
     answer_finished = Signal(object)  # ChatMessage: the answer is final in the view and the store
     chat_opened = Signal(int)
     chat_deleted = Signal(int)  # hidden at once; deleted for good unless undone in time
+    completion_mode_toggled = Signal(bool)  # by the user (not by set_completion_mode)
 
     def __init__(
         self,
@@ -83,6 +83,7 @@ class ChatPanel(QWidget):
         self._request_id: int | None = None
         self._awaiting_start = False
         self._answer: ChatMessage | None = None
+        self._resumed_text = ""  # Continue: the partial answer the engine goes on from
         self._dirty = False
         self._last_flush = 0.0
         self._pending_delete: int | None = None
@@ -145,6 +146,11 @@ class ChatPanel(QWidget):
         self.system_prompt = QLineEdit(right)
         self.system_prompt.setPlaceholderText("Optional instructions for the model")
         prompt_row.addWidget(self.system_prompt)
+        self.completion_check = QCheckBox("Completion", right)
+        self.completion_check.setToolTip("No chat template: the text you send is the raw prompt the model "
+                                         "continues (for base models). Remembered per model.")
+        self.completion_check.toggled.connect(self._on_completion_check_toggled)
+        prompt_row.addWidget(self.completion_check)
         layout.addLayout(prompt_row)
         self.view = ChatView(right)
         layout.addWidget(self.view, 1)
@@ -339,12 +345,37 @@ class ChatPanel(QWidget):
         out += [{"role": m.role, "content": m.text} for m in self.messages if m.role in ("user", "assistant")]
         return out
 
-    def _start_answer(self, sampling: Any) -> None:
+    @property
+    def completion_mode(self) -> bool:
+        """Completion: the messages' texts are the raw prompt (no chat template)."""
+        return self.completion_check.isChecked()
+
+    def set_completion_mode(self, on: bool) -> None:
+        """The mode for a model just loaded (not a user's choice: completion_mode_toggled stays quiet)."""
+        self.completion_check.blockSignals(True)
+        self.completion_check.setChecked(on)
+        self.completion_check.blockSignals(False)
+        self.system_prompt.setEnabled(not on)
+
+    @Slot(bool)
+    def _on_completion_check_toggled(self, on: bool) -> None:
+        self.system_prompt.setEnabled(not on)
+        self.completion_mode_toggled.emit(on)
+
+    def _start_answer(self, sampling: Any, resume: ChatMessage | None = None) -> None:
+        """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
+        same message (and the same stored answer)."""
         loaded = self.bridge.loaded
-        answer = ChatMessage("assistant", "", "streaming",
-                             model=loaded.target.path if loaded else None,
-                             drafter=loaded.drafter.path if loaded and loaded.drafter else None)
-        if self.chat_id is not None and self.store is not None:
+        if resume is not None:
+            answer = resume
+            answer.status = "streaming"
+            messages = [*self._engine_messages(), {"role": "assistant", "content": resume.text}]
+        else:
+            answer = ChatMessage("assistant", "", "streaming",
+                                 model=loaded.target.path if loaded else None,
+                                 drafter=loaded.drafter.path if loaded and loaded.drafter else None)
+            messages = self._engine_messages()
+        if resume is None and self.chat_id is not None and self.store is not None:
             answer.store_id = self._store_call(
                 self.store.begin_answer, self.chat_id,
                 model=loaded.target.path if loaded else None,
@@ -352,16 +383,23 @@ class ChatPanel(QWidget):
                 sampling=sampling,
             )
         try:
-            self.bridge.generate(self._engine_messages(), sampling)
+            self.bridge.generate(messages, sampling, continue_answer=resume is not None, raw=self.completion_mode)
         except AppError as exc:
             self.error_raised.emit(str(exc))
-            if answer.store_id is not None and self.store is not None:
+            if resume is not None:
+                resume.status = "complete"
+                self.messages.append(resume)
+                self.view.show_messages(self.messages)
+            elif answer.store_id is not None and self.store is not None:
                 self._store_call(self.store.delete_message, answer.store_id)
             return
+        self._resumed_text = resume.text if resume is not None else ""
         self._answer = answer
         self._request_id = None
         self._awaiting_start = True
         self.view.begin_answer()
+        if resume is not None:
+            self.view.update_answer(answer)  # the partial answer, which the continuation extends
         self.view.follow_end()
         self.progress_label.setText(f"Processing the prompt ({len(self._engine_messages())} messages)…")
         self.progress_label.setVisible(True)
@@ -458,7 +496,7 @@ class ChatPanel(QWidget):
             return
         answer = self._answer
         if event.text or event.reason != "error":
-            answer.text = event.text or answer.text
+            answer.text = self._resumed_text + event.text if event.text else answer.text
         answer.status = FINAL_STATUS.get(event.reason, "complete")
         answer.stop_reason = event.reason
         answer.stats = event.stats if event.reason != "error" else None
@@ -561,8 +599,22 @@ class ChatPanel(QWidget):
         self.continue_answer()
 
     def continue_answer(self) -> bool:
-        """After an answer cut at Max tokens: ask the model to go on, as a new turn."""
-        return self.send(CONTINUE_PROMPT)
+        """After an answer cut at Max tokens: the model goes on from where it stopped, in the same answer."""
+        last = self.messages[-1] if self.messages else None
+        if self.generating or last is None or last.role != "assistant" or last.stop_reason != "max_tokens":
+            return False
+        if self.bridge.loaded is None:
+            self.error_raised.emit(NEED_MODEL_MESSAGE)
+            return False
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError as exc:
+            self.error_raised.emit(str(exc))
+            return False
+        self.messages.pop()
+        self.view.show_messages(self.messages)
+        self._start_answer(sampling, resume=last)
+        return True
 
     @Slot(QListWidgetItem)
     def _on_history_list_item_activated(self, item: QListWidgetItem) -> None:
