@@ -17,10 +17,10 @@ from tests.ui.conftest import LOAD_TIMEOUT_MS, load_pair, set_sampling
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow]
 TIMEOUT_MS = 60_000
-# Max lateness of a 10 ms timer while streaming. Measured here (2 shared cores, worker on 1 thread):
-# 4-7 ms with tokens painted at ~30 Hz (17 ms before tokens were merged across PassStats). The bound leaves
-# room for a busy shared machine and still catches any blocking engine call on the GUI thread.
-MAX_LATENESS_S = 0.100
+# The most a 10 ms timer may run later while streaming than it runs with the window idle, over the same
+# time, in the same test: the idle baseline takes out what the machine's load adds (a loaded shared machine
+# once put the plain maximum at 267 ms), so the bound still catches any blocking call on the GUI thread.
+MAX_EXTRA_LATENESS_S = 0.100
 
 
 def test_killed_worker_shows_banner_and_restart_recovers(
@@ -78,15 +78,24 @@ def test_event_loop_stays_responsive_while_streaming(
     timer = QTimer()
     timer.setInterval(10)
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+
+    def lateness() -> float:
+        gaps = [b - a for a, b in itertools.pairwise(ticks)]
+        assert len(gaps) > 20
+        return max(gaps) - 0.010
+
     tokens: list[int] = []
     window.bridge.token_received.connect(lambda e: tokens.append(len(e.token_ids)))
     timer.start()
+    started = time.perf_counter()
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=TIMEOUT_MS):
         assert window.chat.send("Write a short poem about rivers, mountains and the sea.")
+    streaming_s = time.perf_counter() - started
+    streaming = lateness()
+    ticks.clear()
+    qtbot.wait(int(streaming_s * 1000))  # idle, as long as the answer took
     timer.stop()
-    gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    lateness = max(gaps) - 0.010
-    print(f"\nevent-loop lateness: max {lateness * 1000:.1f} ms over {len(gaps)} ticks, "
-          f"{sum(tokens)} tokens in {len(tokens)} paints")
-    assert len(gaps) > 20
-    assert lateness < MAX_LATENESS_S
+    idle = lateness()
+    print(f"\nevent-loop lateness: max {streaming * 1000:.1f} ms streaming ({sum(tokens)} tokens in "
+          f"{len(tokens)} paints), {idle * 1000:.1f} ms idle over {streaming_s:.1f} s")
+    assert streaming - idle < MAX_EXTRA_LATENESS_S
