@@ -137,8 +137,16 @@ class TuneReport:
 
     @property
     def best(self) -> Measured | None:
+        """The fastest setting by median; but the default (measured first) stays the winner unless even the
+        challenger's slowest repeat beats the default's median, so a noisy machine does not crown noise."""
         ranked = self.ranked
-        return ranked[0] if ranked else None
+        if not ranked:
+            return None
+        top, default = ranked[0], (self.results[0] if self.results else None)
+        if (default is not None and top is not default and len(top.speedups) > 1 and len(default.speedups) > 1
+                and default.speedup >= 1.0 and top.speedup_min <= default.speedup):
+            return default
+        return top
 
     def tuned(self) -> TunedSettings | None:
         best = self.best
