@@ -251,7 +251,7 @@ def test_client_that_disconnects_mid_stream(served: tuple[Server, Path]) -> None
     server, history = served
     body = json.dumps({"messages": MESSAGES, "max_tokens": 256, "temperature": 0, "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         assert b"200 OK" in sock.recv(4096)  # headers and the first chunk, then hang up
     deadline = time.monotonic() + 60
