@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from app.engine.drafters import NGramDrafter
 
+
 def proposals(drafter: NGramDrafter, prompt: list[int], answer: list[int], k: int = 4) -> list[list[int]]:
     """The drafter's proposal before each answer token, as the decoder asks for them."""
     tokens, out = list(prompt), []
