@@ -90,7 +90,8 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
-        return int(self._proc.pid) if self._proc is not None else None
+        pid = self._proc.pid if self._proc is not None else None  # None until a restarted worker runs
+        return int(pid) if pid is not None else None
 
     def restart(self) -> None:
         self.kill()
