@@ -326,14 +326,25 @@ def install(backend: str, cmake_args: list[str]) -> None:
                  "The cached build was removed; run this again to rebuild it.")
     marker.write_text(stamp)
     run([str(venv_script("specdeck")), "demo-models"])
-    check = subprocess.run([str(venv_script("specdeck")), "doctor", "--decode-check"])
+    check = subprocess.run([str(venv_script("specdeck")), "doctor", "--decode-check"], capture_output=True,
+                           text=True)
+    print(check.stdout, end="", flush=True)
+    print(check.stderr, end="", file=sys.stderr, flush=True)
     if check.returncode != 0:
+        if not trapped(check.stdout + check.stderr):
+            # A slow or busy machine, a missing model: the build itself is fine and stays cached.
+            sys.exit("llama.cpp could not decode one token with this build (see above); the build is kept.")
         # A trapping build must not stay cached, or every rerun would install it again.
         shutil.rmtree(wheel.parent, ignore_errors=True)
         marker.unlink(missing_ok=True)
         sys.exit("llama.cpp could not decode one token with this build (see above). The cached build was "
                  "removed; set SPECDECK_CMAKE_ARGS to safer flags (e.g. '-DGGML_NATIVE=OFF -DGGML_AVX2=ON') "
                  "and run this again.")
+
+
+def trapped(check_output: str) -> bool:
+    """Whether a failed decode check died of an instruction this CPU cannot run (the build is unusable)."""
+    return bool(re.search(r"SIGILL|Illegal instruction|instructions this machine cannot run", check_output))
 
 
 def has_display() -> bool:

@@ -170,3 +170,11 @@ def test_this_venv_runs_the_build_its_flags_describe() -> None:
         pytest.skip("this venv's build used flags from SPECDECK_CMAKE_ARGS that are not known here")
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     assert bootstrap.build_mismatches(flags, info) == []
+
+
+def test_only_a_trapping_build_is_dropped_from_the_cache() -> None:
+    assert bootstrap.trapped("decode check failed: the engine stopped with SIGILL (Illegal instruction)")
+    assert bootstrap.trapped("this llama.cpp build uses CPU instructions this machine cannot run; rebuild")
+    # A timeout on a busy machine, or no model: the 10-minute build stays cached.
+    assert not bootstrap.trapped("decode check failed: no answer within 300 s")
+    assert not bootstrap.trapped("no model to check: pass --model PATH")
