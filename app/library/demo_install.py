@@ -7,7 +7,6 @@ file renamed into place, so a failure never leaves a half-written model behind.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
