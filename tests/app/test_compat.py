@@ -146,7 +146,7 @@ def test_gemma_and_smollm2_refused_with_the_reason(demo_models: tuple[Path, Path
 def test_header_values_match_llama_cpp_loaded_vocab(demo_models: tuple[Path, Path], tiny_target: Path,
                                                     tiny_drafter_other_vocab: Path) -> None:
     """The rule on header values gives llama.cpp's answer on the values it loads (vocab_only)."""
-    llama = pytest.importorskip("llama_cpp")
+    import llama_cpp as llama
 
     @llama.llama_log_callback  # type: ignore[misc]
     def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:

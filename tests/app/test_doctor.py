@@ -215,7 +215,6 @@ def plain_decode_rate(path: Path) -> tuple[float, int]:
 @pytest.mark.parametrize("which", [0, 1], ids=["smollm2", "gemma3"])
 def test_ceiling_is_at_or_above_the_measured_plain_decode(env: dict[str, str], demo_models: tuple[Path, Path],
                                                           which: int) -> None:
-    pytest.importorskip("llama_cpp")
     path = demo_models[which]
     measured, context = plain_decode_rate(path)
     r = doctor_json(env, "--model", str(path), "--ctx", str(max(context, 16)))
@@ -228,8 +227,12 @@ def test_ceiling_is_at_or_above_the_measured_plain_decode(env: dict[str, str], d
     # Doctor names the roof that holds the time. A 4-5 bit model does about 2-3 FLOPs per byte read,
     # below any CPU's ratio of peak FLOP/s to bandwidth, so plain decoding is under the memory roof;
     # verify passes a few tokens wide are under the compute roof (see test_wide_verify_pass_*).
-    expected = "compute" if ceil["compute_seconds"] > ceil["memory_seconds"] else "memory"
-    assert ceil["binding"] == expected
+    # Recomputed from the inputs (bytes and FLOPs per pass, the CPU's measured roofs), not from the
+    # report's own two times, so a wrong roof or a swapped comparison fails here.
+    memory_s = ceil["bytes_per_pass"] / r["cpu"]["bandwidth"]
+    compute_s = ceil["flops_per_pass"] / r["cpu"]["peak_flops"]
+    assert ceil["seconds_per_pass"] == pytest.approx(max(memory_s, compute_s), rel=1e-6)
+    assert ceil["binding"] == ("compute" if compute_s > memory_s else "memory")
     assert ceil["binding_device"] == "cpu"
 
 
@@ -252,7 +255,6 @@ def test_wide_verify_pass_is_compute_bound_on_this_cpu(
 def test_decode_check_loads_the_first_demo_model_and_calibrates(
     env: dict[str, str], demo_models: tuple[Path, Path]
 ) -> None:
-    pytest.importorskip("llama_cpp")
     from app.library.demo_install import installed_demo_models
 
     r = doctor_json(env, "--decode-check")  # what the setup script runs, with no --model
@@ -285,7 +287,6 @@ def test_a_crash_is_one_sentence(exit_code: int, during: str, lines: tuple[str, 
 
 def test_a_failed_decode_check_fails_doctor(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             specdeck_home: Path) -> None:
-    pytest.importorskip("llama_cpp")
     from tests.gguf_fixtures import write_tiny_model
 
     path = write_tiny_model(tmp_path / "aborting.gguf", aborting=True)
@@ -343,7 +344,6 @@ def test_a_refused_chat_template_is_reported_with_its_fallback(tmp_path: Path, s
 
 
 def test_a_model_that_aborts_at_its_first_decode_is_one_sentence(env: dict[str, str], tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp")
     from tests.gguf_fixtures import write_tiny_model
 
     path = write_tiny_model(tmp_path / "aborting.gguf", aborting=True)

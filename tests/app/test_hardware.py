@@ -372,7 +372,6 @@ def test_backend_info_round_trips_through_json() -> None:
 
 
 def test_this_build_describes_itself() -> None:
-    pytest.importorskip("llama_cpp")
     info = probe_backend()
     assert info.available
     assert info.error is None
