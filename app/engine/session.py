@@ -263,7 +263,7 @@ class EngineSession:
         else:
             tokens, warning = self.prompt_tokens(messages)
         if not tokens:
-            raise TemplateError("The prompt is empty.")
+            raise PromptTooLongError("The prompt is empty; type a message first.")
         if len(tokens) >= self.ctx.n_ctx:
             raise PromptTooLongError(
                 f"The prompt is {len(tokens)} tokens but the context holds {self.ctx.n_ctx}; "
