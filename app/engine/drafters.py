@@ -111,7 +111,9 @@ class NGramDrafter:
         if sum(len(s) for s in self._pool) <= self.POOL_TOKENS:
             self._index(len(self._pool) - 1)
             return
-        while sum(len(s) for s in self._pool) > self.POOL_TOKENS:
+        # Down to half the budget at once: the index is rebuilt once per half-budget of new tokens, not at
+        # every context (a full pool otherwise costs a whole rebuild per answer).
+        while len(self._pool) > 1 and sum(len(s) for s in self._pool) > self.POOL_TOKENS // 2:
             del self._pool[0]
         self._pool_maps = {}
         for doc in range(len(self._pool)):
