@@ -5,6 +5,7 @@ Discovery reads ``/v1/models``, ``/props``, ``/metrics`` and ``/slots`` (whateve
 from the *deltas* of the server's counters between two scrapes, never from its averaged gauges (each
 ``/metrics`` scrape resets llama-server's). A figure a server does not expose is ``None``, shown as "not
 reported by this server", never as zero. Each figure says where it came from (``RemoteRates.sources``).
+Over 450 lines: one reader per engine family (llama-server, vLLM, SGLang, SpecDeck) beside the shared client.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 One request is answered at a time. A second client waits in a bounded queue (``max_waiting`` requests, at
 most ``wait_seconds`` each); past either bound it gets 429 with ``Retry-After``. A client that goes away is
 cancelled in the engine within one verify pass. Every refusal is a 4xx in OpenAI's error shape; an engine
-crash is a 500 with its reason, and the worker is restarted.
+crash is a 500 with its reason, and the worker is restarted. Over 450 lines: the routes share one request
+life cycle (queue, limits, streaming, cancel, history), which reads best in one place.
 """
 
 from __future__ import annotations
