@@ -12,6 +12,7 @@ from typing import Any
 from app.engine.bench import EngineCrashedError, read_prompts
 from app.engine.tune import Progress, save_winner, table, tune
 from app.errors import AppError, SettingsError
+from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1
 EXIT_ENGINE_CRASHED = 3
@@ -100,17 +101,18 @@ def run(args: argparse.Namespace) -> int:
                                         encoding="utf-8")
             base = bench_namespace(args.target, prompts_file, args)
             drafter = str(args.drafter) if args.drafter else None
-            print(f"tuning {args.target.name}" + (f" with {args.drafter.name}" if args.drafter else "")
+            print(f"tuning {terminal_safe(args.target.name, one_line=True)}"
+                  + (f" with {terminal_safe(args.drafter.name, one_line=True)}" if args.drafter else "")
                   + f" on {len(prompts)} prompts from {source}, {args.repeat} side-by-side runs each"
                   + (f", budget {_minutes(args.budget_s)}" if args.budget_s else "") + "; Ctrl-C keeps what "
                   "was measured", flush=True)
             report = tune(base, drafter=drafter, source=source, prompts=len(prompts), budget_s=args.budget_s,
                           on_progress=print_progress)
         except EngineCrashedError as exc:
-            print(f"specdeck tune: {exc}", file=sys.stderr)
+            print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
             return EXIT_ENGINE_CRASHED
         except AppError as exc:
-            print(f"specdeck tune: {exc}", file=sys.stderr)
+            print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
             return EXIT_ERROR
         except OSError as exc:
             print(f"specdeck tune: cannot write the history's prompts: {exc.strerror}.", file=sys.stderr)
@@ -131,7 +133,7 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
     try:
         tuned = save_winner(report)
     except AppError as exc:
-        print(f"specdeck tune: {exc}", file=sys.stderr)
+        print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         code = EXIT_ERROR
     else:
         if tuned is not None:
