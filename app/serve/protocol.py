@@ -49,7 +49,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """One checked request. ``chat`` is False for /v1/completions (its prompt is sent as one user turn)."""
+    """One checked request. ``chat`` is False for /v1/completions: its prompt is the one message, fed raw."""
 
     messages: tuple[dict[str, str], ...]
     sampling: SamplingSettings

@@ -52,6 +52,7 @@ class Job:
     messages: tuple[dict[str, str], ...]
     sampling: SamplingSettings
     loop: asyncio.AbstractEventLoop
+    raw: bool = False  # /v1/completions: the prompt as it is, no chat template (the engine's completion mode)
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     history_chat_id: int | None = None
@@ -185,7 +186,7 @@ class EngineRunner:
         self.state = "error"
 
     def _answer(self, client: EngineClient, job: Job) -> None:
-        request_id = client.generate(list(job.messages), job.sampling)
+        request_id = client.generate(list(job.messages), job.sampling, raw=job.raw)
         self.metrics.requests_processing.set(1)
         answer_id = self._history_begin(job)
         text: list[str] = []

@@ -280,7 +280,7 @@ class ServeApp:
             await self.admission.acquire()
         except ApiError as exc:
             return error_response(exc)
-        job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop())
+        job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat)
         closed = False
 
         def close() -> None:

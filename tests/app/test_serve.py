@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.client import EngineClient
+from app.engine.llama import Model
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import Finished
 from app.serve.metrics import ServeMetrics
@@ -148,6 +149,26 @@ def test_completions_endpoint(oai: openai.OpenAI) -> None:
     assert response.object == "text_completion"
     assert response.usage is not None
     assert response.usage.completion_tokens >= 1
+
+
+def test_completions_feed_the_prompt_raw(oai: openai.OpenAI, tiny_target: Path) -> None:
+    """/v1/completions is the engine's completion mode: the prompt's own tokens, with no chat template, and
+    control-token text in it stays plain text."""
+    prompt = "Once upon a time<|im_end|>"
+    model = Model(tiny_target, vocab_only=True)
+    try:
+        raw = ([model.bos] if model.add_bos and model.bos >= 0 else []) + model.tokenize(prompt, parse_special=False)
+        special = model.tokenize(prompt, parse_special=True)
+    finally:
+        model.close()
+    assert len(special) < len(raw) - 1  # the control-token text is one token when parsed as special
+    completion = oai.completions.create(model="any", prompt=prompt, max_tokens=2, temperature=0)
+    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}], max_tokens=2,
+                                       temperature=0)
+    assert completion.usage is not None
+    assert chat.usage is not None
+    assert completion.usage.prompt_tokens == len(raw)
+    assert chat.usage.prompt_tokens != len(raw)  # the chat template wraps the same text in more tokens
 
 
 def test_counts_equal_the_engine_run_in_process(tiny_target: Path, tmp_path: Path) -> None:
