@@ -1,4 +1,4 @@
-"""The ceiling: how fast a decode pass can possibly be on given hardware. Pure arithmetic, no I/O.
+"""The ceiling: how fast a decode pass can possibly be on given hardware. Arithmetic on a model's shape.
 
 A pass reads the weights of every layer it runs plus the KV cache at the current context, and does
 2 FLOPs per parameter per token in the pass (plus attention over the context). On each device the pass
@@ -7,8 +7,10 @@ pipeline for one sequence), so the times add up. Ceiling = 1 / that time. Every 
 on what the hardware delivers and every byte and FLOP counted is work llama.cpp really does, so the
 ceiling is a true upper bound on the measured rate, never an estimate of it.
 
-Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds. Over 450 lines because the pass
-estimate, the fit and the KV-cache arithmetic share one model of what a pass reads: split, they would drift.
+The one read is ``ModelShape.from_gguf``'s look at the model's tensor table (``app.ceiling.tensor_split``),
+for the bytes llama.cpp places per layer. Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds.
+Over 450 lines because the pass estimate, the fit and the KV-cache arithmetic share one model of what a pass
+reads: split, they would drift.
 """
 
 from __future__ import annotations
@@ -73,11 +75,19 @@ class ModelShape:
     n_vocab: int = 0
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()  # per layer; empty = no sliding-window layers
+    # Where llama.cpp puts the weights (from the tensor table; all empty when it could not be read):
+    input_bytes: int = 0  # the input layer (token embeddings), which llama.cpp keeps in host memory
+    output_bytes: int = 0  # the output layer's own tensors, and every other tensor outside the layers
+    layer_bytes: tuple[int, ...] = ()  # per repeating layer
+    tied_output_bytes: int = 0  # no output matrix: llama.cpp copies the token embeddings to the output layer
 
     @classmethod
     def from_gguf(cls, info: GGUFInfo) -> ModelShape:
-        # Untied token embeddings are counted in full although a pass reads one row of them: for an 8B
-        # model that overstates bytes by ~6%. GGUFInfo has no per-tensor sizes to subtract them.
+        from app.ceiling.tensor_split import tensor_split
+
+        # Untied token embeddings are counted in full in a pass although it reads one row of them: for an 8B
+        # model that overstates bytes per pass by ~6%.
+        split = tensor_split(info)
         return cls(
             name=info.name or info.path,
             weight_bytes=info.tensor_bytes,
@@ -91,6 +101,10 @@ class ModelShape:
             n_vocab=info.n_vocab,
             sliding_window=info.sliding_window,
             swa_layers=tuple(info.swa_layers) if info.sliding_window > 0 else (),
+            input_bytes=split.input_bytes if split else 0,
+            output_bytes=split.output_bytes if split else 0,
+            layer_bytes=split.layer_bytes if split else (),
+            tied_output_bytes=split.tied_output_bytes if split else 0,
         )
 
     def is_swa(self, layer: int) -> bool:
@@ -423,6 +437,18 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
 # --- fit ----------------------------------------------------------------------------------------
 
 
+def share_weight_bytes(shape: ModelShape, share: Share) -> int:
+    """The weights llama.cpp allocates on a share's device: its layers' tensors, and the output layer's (with
+    its copy of tied token embeddings off the CPU). The input layer is not in any share: it stays in host
+    memory (see ``fit_estimate``). Without the tensor table, weights are spread evenly over the layers."""
+    if len(shape.layer_bytes) != shape.n_layer:
+        return round(shape.weight_bytes * share.weight_fraction(shape.n_layer))
+    weights = sum(shape.layer_bytes[i] for i in share.layers)
+    if share.output:
+        weights += shape.output_bytes + (shape.tied_output_bytes if share.device.kind != "cpu" else 0)
+    return weights
+
+
 @dataclass(frozen=True)
 class DeviceFit:
     device: str  # Device.key
@@ -487,6 +513,7 @@ def fit_estimate(
     """Weights + both KV caches + compute buffers per device, against each device's free memory."""
     need: dict[str, list[int]] = {d.key: [0, 0, 0] for d in devices}
     by_key = {d.key: d for d in devices}
+    host = next((d.key for d in devices if d.kind == "cpu"), None)
 
     def add(shape: ModelShape, ctx: int, layers_on_gpu: int) -> None:
         shares = place(shape, devices, layers_on_gpu)
@@ -495,10 +522,12 @@ def fit_estimate(
         full_kv = _pad(ctx, KV_PAD) * per_cell * shape.n_layer
         for share in shares:
             slot = need[share.device.key]
-            slot[0] += round(shape.weight_bytes * share.weight_fraction(shape.n_layer))
+            slot[0] += share_weight_bytes(shape, share)
             layer_kv = _pad(ctx, KV_PAD) * per_cell * len(share.layers)
             # SWA layers hold less: scale this device's share of the full-size cache down alike.
             slot[1] += round(layer_kv * (total_kv / full_kv)) if full_kv else 0
+        if host is not None:  # llama.cpp keeps the input layer (token embeddings) in host memory
+            need[host][0] += shape.input_bytes
         # The compute buffer lives on the device that runs the output layer.
         main = next((s.device.key for s in shares if s.output), shares[-1].device.key)
         need[main][2] += compute_buffer_bytes(shape, ctx, n_ubatch=n_ubatch, flash_attn=flash_attn)

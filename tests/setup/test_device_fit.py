@@ -43,7 +43,8 @@ def test_weights_beyond_the_device_memory_are_refused_with_the_numbers(big_model
     info = read_gguf_info(big_model)
     message = device_fit_error(info, -1, 4096, [CPU, LLVMPIPE])
     assert message is not None
-    assert "big-8gb.gguf needs 7.70 GB of weights on Vulkan0 (llvmpipe" in message
+    # 7.70 GB in all, less the token embeddings (0.14 GB), which llama.cpp keeps in host memory.
+    assert "big-8gb.gguf needs 7.56 GB of weights on Vulkan0 (llvmpipe" in message
     assert "2.15 GB of memory in all" in message
     assert "GPU layers" in message
     assert message.count(".") >= 1
