@@ -220,8 +220,11 @@ def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
         return None
 
 
-def bench(args: Any, out: TextIO, *, client: Any = None) -> dict[str, Any]:
-    """Run the benchmark that ``args`` (the CLI's namespace) describes; print a table; return the report."""
+def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark that ``args`` (the CLI's namespace) describes; print a table; return the report.
+
+    ``told`` holds the warnings already printed (a caller running several benches, like tune, passes one set
+    so each warning is printed once across them)."""
     from app.engine.client import EngineClient
 
     draft = DraftSettings(
@@ -247,19 +250,20 @@ def bench(args: Any, out: TextIO, *, client: Any = None) -> dict[str, Any]:
         note = settings.context_note(loaded.n_ctx)
         if note:
             print(f"specdeck bench: {note}", file=sys.stderr)
-        return _measure(client, args, draft, sampling, prompts, repeats, loaded, out)
+        return _measure(client, args, draft, sampling, prompts, repeats, loaded, out,
+                        set() if told is None else told)
     finally:
         if own_client:
             client.close()
 
 
 def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSettings,
-             prompts: list[list[dict[str, str]]], repeats: int, loaded: Loaded, out: TextIO) -> dict[str, Any]:
+             prompts: list[list[dict[str, str]]], repeats: int, loaded: Loaded, out: TextIO,
+             told: set[str]) -> dict[str, Any]:
     from app.library.pair_stats import drafter_key
     from app.library.pair_stats import record as record_acceptance
 
     verify_cost: list[tuple[int, float]] = []
-    told: set[str] = set()
 
     def run(messages: list[dict[str, str]], plain: bool) -> RunResult:
         client.bench_run(messages, sampling, plain)

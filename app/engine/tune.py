@@ -210,6 +210,7 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
     from app.engine.client import EngineClient
 
     report = TuneReport(str(base.target), drafter, source, prompts)
+    told: set[str] = set()  # warnings the benches printed (a refused template): once for the whole sweep
     own_client = client is None
     client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
     t0 = time.monotonic()
@@ -224,7 +225,8 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
                 if cand in seen:
                     continue
                 seen.add(cand)
-                stop = _measure_one(report, cand, base, drafter, client, bench_out, cancelled, budget_s, t0)
+                stop = _measure_one(report, cand, base, drafter, client, bench_out, cancelled, budget_s, t0,
+                                    told)
                 if stop:
                     report.stopped = stop
                     return report
@@ -247,7 +249,7 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
 
 def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, drafter: str | None,
                  client: Any, bench_out: TextIO | None, cancelled: Callable[[], bool] | None,
-                 budget_s: float | None, t0: float) -> str | None:
+                 budget_s: float | None, t0: float, told: set[str]) -> str | None:
     """Measure ``cand`` into ``report``; returns why the sweep stops instead (cancelled, budget), or None."""
     if cancelled is not None and cancelled():
         return "cancelled"
@@ -263,7 +265,7 @@ def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, 
     args.raw = False
     t_cand = time.monotonic()
     try:
-        result = bench(args, bench_out or io.StringIO(), client=client)
+        result = bench(args, bench_out or io.StringIO(), client=client, told=told)
     except KeyboardInterrupt:
         client.kill()  # mid-answer: its reply would arrive for a request nobody reads any more
         return "cancelled"

@@ -251,3 +251,24 @@ def test_with_a_drafter_the_sweep_tries_each_drafter_choice() -> None:
     settings = Candidate(use_model=True, ngram=0, adaptive=False, k=4, k_max=4).draft_settings("/m/d.gguf")
     assert (settings.drafter_path, settings.ngram, settings.adaptive, settings.k) == ("/m/d.gguf", 0, False, 4)
     assert Candidate(use_model=False, ngram=3).draft_settings("/m/d.gguf").drafter_path is None
+
+
+def test_a_missing_chat_template_is_told_once_for_the_whole_sweep(
+        tiny_model_factory: Any, tmp_path: Path, specdeck_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from app.engine.bench import bench
+
+    base_model = tiny_model_factory("no-template.gguf", chat_template=None)
+    args = base_args(base_model, write_prompts(tmp_path), repeat=1)
+    bench(args, io.StringIO())  # one bench alone names the template's absence
+    alone = capsys.readouterr().err
+    warnings = [line for line in alone.splitlines() if "chat template" in line]
+    assert len(warnings) == 1, alone
+
+    seen: list[Progress] = []
+    report = tune(args, drafter=None, source="test", prompts=2, on_progress=seen.append,
+                  cancelled=lambda: len(seen) >= 3)
+    assert len(report.results) == 3
+    err = capsys.readouterr().err
+    assert err.count(warnings[0]) == 1, err
