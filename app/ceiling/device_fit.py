@@ -12,15 +12,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.ceiling.backend import BackendDevice
+from app.ceiling.memory import offload_devices
 from app.ceiling.roofline import Device, ModelShape, fit_estimate
 from app.library.gguf_reader import GGUFInfo
 from app.units import format_bytes
 
 
 def device_fit_error(target: GGUFInfo, n_gpu_layers: int, n_ctx: int, devices: Sequence[BackendDevice],
-                     *, kv_type: str = "f16", drafter: GGUFInfo | None = None) -> str | None:
-    """Why these weights cannot go on these GPUs (one sentence), or None when they can or there is no GPU."""
-    gpus = [d for d in devices if d.type in ("gpu", "igpu") and d.memory_total]
+                     *, kv_type: str = "f16", drafter: GGUFInfo | None = None,
+                     main_gpu: int | None = None) -> str | None:
+    """Why these weights cannot go on these GPUs (one sentence), or None when they can or there is no GPU.
+    ``main_gpu``: the one GPU chosen (an index into llama.cpp's GPUs), else all of them share the layers."""
+    gpus = list(offload_devices(devices))
+    if main_gpu is not None:
+        gpus = gpus[main_gpu:main_gpu + 1] if main_gpu >= 0 else []
+    gpus = [d for d in gpus if d.memory_total]
     if not gpus or n_gpu_layers == 0:
         return None
     roof = [Device("cpu", "CPU", "cpu", 1.0)] + [

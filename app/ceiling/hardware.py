@@ -13,7 +13,8 @@ from typing import Any
 
 from app.ceiling.backend import BackendInfo
 from app.ceiling.cpu import CPUInfo, probe_cpu
-from app.ceiling.gpus import GPUInfo, guess_vendor, lookup_gpu, normalize_name, probe_nvidia
+from app.ceiling.gpus import GPUInfo, guess_vendor, lookup_gpu, probe_nvidia
+from app.ceiling.memory import device_memory, match_backend_gpus
 from app.ceiling.roofline import Device
 from app.storage.settings import default_path as settings_path
 
@@ -34,18 +35,16 @@ def _merge_backend_gpus(nvidia: Sequence[GPUInfo], backend: BackendInfo | None,
     notes: list[str] = []
     if backend is None:
         return gpus, notes
-    unclaimed = list(range(len(gpus)))
-    for dev in backend.gpu_devices:
-        label = dev.description or dev.name
-        match = next((i for i in unclaimed if normalize_name(gpus[i].name) == normalize_name(label)), None)
-        if match is None and dev.backend.upper() == "CUDA" and unclaimed:
-            # CUDA numbers devices as NVML does (unless CUDA_VISIBLE_DEVICES says otherwise).
-            match = unclaimed[0]
-        if match is not None:
-            unclaimed.remove(match)
-            g = gpus[match]
-            gpus[match] = GPUInfo(**{**asdict(g), "backend_device": dev.name})
+    matches = match_backend_gpus(nvidia, backend.devices)
+    memory = {m.device: m for m in device_memory(nvidia, backend.devices) if m.source == "llama.cpp"}
+    for i, dev in enumerate(backend.devices):
+        if dev.type not in ("gpu", "igpu"):
             continue
+        if i in matches:
+            g = gpus[matches[i]]
+            gpus[matches[i]] = GPUInfo(**{**asdict(g), "backend_device": dev.name})
+            continue
+        label = dev.description or dev.name
         known = lookup_gpu(label)
         bandwidth: float | None
         if override:
@@ -56,10 +55,11 @@ def _merge_backend_gpus(nvidia: Sequence[GPUInfo], backend: BackendInfo | None,
             bandwidth, source = None, "unknown"
             notes.append(f"The memory bandwidth of {label} is not known: set bandwidth_override_gbps in "
                          f"{settings_path()} (or pass doctor --gpu-bandwidth) to get a ceiling for it.")
-        used = (dev.memory_total - dev.memory_free) if dev.memory_total and dev.memory_free else None
+        mem = memory.get(dev.name)
         gpus.append(GPUInfo(
-            index=len(gpus), name=label, vendor=guess_vendor(label), memory_total=dev.memory_total,
-            memory_used=used, memory_free=dev.memory_free, process_memory=None, bus_width_bits=None,
+            index=len(gpus), name=label, vendor=guess_vendor(label),
+            memory_total=mem.total if mem else None, memory_used=mem.used if mem else None,
+            memory_free=mem.free if mem else None, process_memory=None, bus_width_bits=None,
             max_memory_clock_mhz=None, bandwidth=bandwidth, bandwidth_source=source,
             peak_flops=known.peak_flops if known else None, driver_version=None, source="llama.cpp",
             backend_device=dev.name,

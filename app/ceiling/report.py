@@ -14,6 +14,7 @@ from app.ceiling.backend import probe_backend_isolated
 from app.ceiling.builder import ceiling_model, probe_machine
 from app.ceiling.decode_check import calibrate, decode_check, one_line
 from app.ceiling.hardware import HardwareReport
+from app.ceiling.memory import device_memory
 from app.ceiling.roofline import (
     CeilingModel,
     Device,
@@ -108,6 +109,9 @@ def hardware_block(hw: HardwareReport, devices: Sequence[Device]) -> dict[str, A
         },
         "nvml": {"status": hw.nvml_status, "driver_version": hw.driver_version},
         "gpus": [asdict(g) for g in hw.gpus],
+        # Memory per device, the CPU device included (NVML for NVIDIA GPUs, llama.cpp's report for the rest).
+        "memory": [asdict(m) for m in device_memory([g for g in hw.gpus if g.source == "nvml"],
+                                                    hw.backend.devices if hw.backend is not None else ())],
         "devices": [asdict(d) for d in devices],
         "notes": list(hw.notes),
     }

@@ -73,6 +73,19 @@ def physical_cores() -> int:
         return os.cpu_count() or 1
 
 
+def model_params(*, n_gpu_layers: int = -1, main_gpu: int | None = None,
+                 vocab_only: bool = False) -> lc.llama_model_params:
+    """llama.cpp's load parameters. ``main_gpu`` None: llama.cpp's default, layers spread over every GPU it
+    uses; an index into those GPUs: that GPU alone (split mode NONE, the only mode that reads main_gpu)."""
+    params = lc.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers if lc.llama_supports_gpu_offload() else 0
+    if main_gpu is not None:
+        params.split_mode = lc.LLAMA_SPLIT_MODE_NONE
+        params.main_gpu = main_gpu
+    params.vocab_only = vocab_only
+    return params
+
+
 class Model:
     """A loaded GGUF model (weights and vocabulary). One model may serve several contexts."""
 
@@ -81,7 +94,7 @@ class Model:
         path: str | Path,
         *,
         n_gpu_layers: int = -1,
-        main_gpu: int = 0,
+        main_gpu: int | None = None,
         vocab_only: bool = False,
         progress: Callable[[float], bool] | None = None,
     ) -> None:
@@ -89,10 +102,9 @@ class Model:
         p = Path(path)
         if not p.is_file():
             raise ModelFileError(f"{p} is not a file; choose a .gguf model file.")
-        params = lc.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers if lc.llama_supports_gpu_offload() else 0
-        params.main_gpu = main_gpu
-        params.vocab_only = vocab_only
+        params = model_params(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, vocab_only=vocab_only)
+        if main_gpu is not None and params.n_gpu_layers != 0:
+            _check_main_gpu(main_gpu)
         if progress is not None:
             # Returning False from the callback makes llama.cpp give up the load.
             self._progress_cb = lc.llama_progress_callback(lambda f, _ud: bool(progress(float(f))))
@@ -202,6 +214,21 @@ class Model:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _check_main_gpu(main_gpu: int) -> None:
+    """A GPU index llama.cpp does not have fails the load with only a log line: say so in a sentence."""
+    from app.ceiling.backend import ggml_devices
+    from app.ceiling.backend_modules import llama_lib_dir
+    from app.ceiling.memory import offload_devices
+
+    try:
+        gpus = offload_devices(ggml_devices(llama_lib_dir()))
+    except (AttributeError, OSError):
+        return  # the device list cannot be read here: llama.cpp checks the index itself
+    if not 0 <= main_gpu < len(gpus):
+        names = ", ".join(f"{i}: {d.name} ({d.description})" for i, d in enumerate(gpus)) or "none"
+        raise EngineLoadError(f"GPU {main_gpu} does not exist; llama.cpp's GPUs here are {names}.")
 
 
 class Detokenizer:

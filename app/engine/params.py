@@ -95,7 +95,7 @@ class LoadSettings:
     n_ctx: int = 4096
     n_batch: int = 512
     n_gpu_layers: int = -1  # -1 = all layers on the GPU when there is one
-    main_gpu: int = 0
+    main_gpu: int | None = None  # None: llama.cpp spreads the layers over its GPUs; an index: that GPU alone
     flash_attn: str = "auto"  # auto | on | off
     kv_type: str = "f16"
     n_threads: int = 0  # 0 = physical cores
@@ -106,7 +106,8 @@ class LoadSettings:
         _number("Context size", self.n_ctx, 16, MAX_CTX, integer=True)
         _number("Batch size", self.n_batch, 16, 65536, integer=True)
         _number("GPU layers", self.n_gpu_layers, -1, 10_000, integer=True)
-        _number("Main GPU", self.main_gpu, 0, 64, integer=True)
+        if self.main_gpu is not None:
+            _number("Main GPU", self.main_gpu, 0, 64, integer=True)
         _number("Threads", self.n_threads, 0, 1024, integer=True)
         if self.flash_attn not in ("auto", "on", "off"):
             raise SettingsError(f"Flash attention must be auto, on or off, not {self.flash_attn!r}.")

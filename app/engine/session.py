@@ -131,7 +131,7 @@ class EngineSession:
             return lambda f: progress(name, f) if progress else True
 
         too_big = device_fit_error(self.target_info, settings.n_gpu_layers, settings.n_ctx, probe_backend().devices,
-                                   kv_type=settings.kv_type, drafter=drafter_info)
+                                   kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu)
         if too_big:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
-from app.ceiling.memory import MemoryProbe, MemoryReading
+from app.ceiling.memory import LoadedModels, MemoryProbe, MemoryReading
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 from app.events import EngineCrashed, Finished, Loaded, PassStats
 from app.units import format_bytes
@@ -159,6 +159,7 @@ class DashboardPanel(QWidget):
     def on_loaded(self, event: Loaded) -> None:
         self.timer.stop()
         self.metrics.on_loaded(event)  # forgets the previous model's ceiling
+        self._probe().follow(LoadedModels.from_loaded(event))
         self._ceiling_serial += 1
         serial = self._ceiling_serial
         provider = self._ceiling_provider
@@ -201,6 +202,7 @@ class DashboardPanel(QWidget):
         self.timer.stop()
         self._drop_ceiling_probe()
         self.metrics.on_unloaded()
+        self._probe().follow(None)
         self._poll_memory(force=True)
         self._paint()
 
@@ -441,16 +443,19 @@ class DashboardPanel(QWidget):
         if not force and now - self._memory_at < MEMORY_PERIOD_S:
             return
         self._memory_at = now
-        if self._memory_probe is None:
-            self._memory_probe = MemoryProbe()
         with contextlib.suppress(Exception):  # psutil/NVML hiccup: keep the last reading
-            self._memory = self._memory_probe.read()
+            self._memory = self._probe().read()
         pid = self._bridge.worker_pid if self._bridge is not None else None
         self._engine_rss = None
         if pid is not None:
             with contextlib.suppress(psutil.Error):
                 self._engine_rss = int(psutil.Process(pid).memory_info().rss)
         self._paint_memory()
+
+    def _probe(self) -> MemoryProbe:
+        if self._memory_probe is None:
+            self._memory_probe = MemoryProbe()
+        return self._memory_probe
 
     def _paint(self) -> None:
         s = self.metrics.snapshot()
@@ -567,6 +572,12 @@ class DashboardPanel(QWidget):
                 rows.append(("drafter weights", float(ld.drafter.size_bytes)))
             rows.append(("KV allocated", float(ld.kv_bytes_total)))
             rows.append(("KV used", float(self.metrics.current().kv_bytes_used)))
+        for g in self._memory.gpus if self._memory is not None else ():
+            # Per GPU: the device's memory in use, and the loaded models' weights + KV placed on it.
+            name = g.device or f"GPU{g.index}"
+            rows.append((f"{name} in use", float(g.used)))
+            if g.placed is not None:
+                rows.append((f"{name} weights+KV", float(g.placed)))
         if self._engine_rss is not None:
             rows.append(("engine process", float(self._engine_rss)))
         if self._memory is not None:
@@ -580,7 +591,8 @@ class DashboardPanel(QWidget):
                    "engine process": BLUE, "window process": BLUE}
         ys = [float(len(rows) - 1 - i) for i in range(len(rows))]
         widths = [b / MB for _, b in rows]
-        brushes = [_alpha(colours[label], 110 if label == "KV allocated" else 220) for label, _ in rows]
+        brushes = [_alpha(colours.get(label, ORANGE if label.endswith("weights+KV") else BLUE),
+                          110 if label == "KV allocated" else 220) for label, _ in rows]
         self.bars_mem.setOpts(x0=np.zeros(len(rows)), y=np.array(ys), width=np.array(widths), height=0.6,
                               brushes=brushes, pens=[pg.mkPen(None)] * len(rows))
         ticks = [(y, f"{label} {b / MB:,.0f}") for y, (label, b) in zip(ys, rows, strict=True)]
@@ -589,8 +601,8 @@ class DashboardPanel(QWidget):
         self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
         text: list[str] = []
         if m is not None:
-            text += [f"GPU{g.index} {g.name}: {format_bytes(g.used, 'GB')} of {format_bytes(g.total, 'GB')} used"
-                     for g in m.gpus]
+            text += [f"{g.device or f'GPU{g.index}'} {g.name}: {format_bytes(g.used, 'GB')} of "
+                     f"{format_bytes(g.total, 'GB')} used" for g in m.gpus]
             text.append(f"RAM: {format_bytes(m.ram_used, 'GB')} of {format_bytes(m.ram_total, 'GB')} used")
         ld = self.metrics.loaded
         if ld is not None:
