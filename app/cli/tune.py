@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.bench import EngineCrashedError, read_prompts
-from app.engine.tune import Progress, save_winner, table, tune
-from app.errors import AppError, SettingsError
+from app.engine.tune import Progress, history_prompts, save_winner, table, tune
+from app.errors import AppError
 from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1
@@ -34,28 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size")
     parser.add_argument("--json", type=Path, help="write the results here")
-
-
-def history_prompts(count: int) -> list[list[dict[str, str]]]:
-    """The last ``count`` chats, each cut after its last user message (the answer is what gets timed)."""
-    from app.storage.history import HistoryStore
-
-    if count < 1:
-        raise SettingsError(f"--from-history must be at least 1, not {count}.")
-    prompts: list[list[dict[str, str]]] = []
-    with HistoryStore() as store:
-        for chat in store.list_chats():
-            if len(prompts) == count:
-                break
-            messages = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
-            messages += [{"role": m.role, "content": m.text} for m in store.messages(chat.id)
-                         if m.role in ("user", "assistant") and m.text]
-            last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-            if last_user is not None:
-                prompts.append(messages[: last_user + 1])
-    if not prompts:
-        raise SettingsError("The history holds no chat with a user message to tune on.")
-    return prompts
 
 
 def bench_namespace(target: Path, prompts: Path, args: argparse.Namespace) -> argparse.Namespace:
@@ -85,6 +63,9 @@ def print_progress(p: Progress) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print(f"specdeck tune: --repeat must be at least 1, not {args.repeat}.", file=sys.stderr)
+        return EXIT_ERROR
+    if args.from_history is not None and args.from_history < 1:
+        print(f"specdeck tune: --from-history must be at least 1, not {args.from_history}.", file=sys.stderr)
         return EXIT_ERROR
     if args.budget_s is not None and not args.budget_s > 0:
         print(f"specdeck tune: --budget-s must be above 0, not {args.budget_s}.", file=sys.stderr)

@@ -15,12 +15,13 @@ import argparse
 import copy
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from app.engine.bench import bench
-from app.engine.params import DraftSettings
+from app.engine.params import DraftSettings, SamplingSettings
+from app.errors import AppError, SettingsError
 from app.library.tuned import TunedSettings, save_tuned
 from app.library.verify_cost import record_report as record_verify_cost
 
@@ -200,12 +201,48 @@ def planned_count(has_model: bool) -> int:
     return len(seen)
 
 
+def sweep_args(target: str, prompts_file: str, *, max_tokens: int, repeat: int, threads: int = 0,
+               ctx: int = 4096, temperature: float = 0.0) -> argparse.Namespace:
+    """A bench namespace for a sweep started from the window (the CLI builds its own from bench's parser),
+    with the sampling defaults of a chat."""
+    s = SamplingSettings()
+    return argparse.Namespace(target=target, prompts=prompts_file, drafter=None, ngram=0, k=None, k_max=16,
+                              max_tokens=max_tokens, temperature=temperature, top_k=s.top_k, top_p=s.top_p,
+                              min_p=s.min_p, seed=1234, ctx=ctx, threads=threads, baseline=True,
+                              repeat=repeat, raw=False, json=None)
+
+
+def history_prompts(count: int) -> list[list[dict[str, str]]]:
+    """The last ``count`` chats, each cut after its last user message (the answer is what gets timed)."""
+    from app.storage.history import HistoryStore
+
+    if count < 1:
+        raise SettingsError(f"The number of chats to tune on must be at least 1, not {count}.")
+    prompts: list[list[dict[str, str]]] = []
+    with HistoryStore() as store:
+        for chat in store.list_chats():
+            if len(prompts) == count:
+                break
+            messages = [{"role": "system", "content": chat.system_prompt}] if chat.system_prompt else []
+            messages += [{"role": m.role, "content": m.text} for m in store.messages(chat.id)
+                         if m.role in ("user", "assistant") and m.text]
+            last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+            if last_user is not None:
+                prompts.append(messages[: last_user + 1])
+    if not prompts:
+        raise SettingsError("The history holds no chat with a user message to tune on.")
+    return prompts
+
+
 def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts: int,
          budget_s: float | None = None, on_progress: Callable[[Progress], None] | None = None,
          cancelled: Callable[[], bool] | None = None, client: Any = None,
-         bench_out: TextIO | None = None) -> TuneReport:
+         bench_out: TextIO | None = None, plan: Sequence[Candidate] | None = None) -> TuneReport:
     """Measure candidates with ``bench`` (``base`` is a bench namespace: target, prompts, sampling) until the
-    sweep ends, the budget would be passed or the user cancels; return what was measured, ranked."""
+    sweep ends, the budget would be passed or the user cancels; return what was measured, ranked.
+
+    ``plan`` measures exactly these candidates instead of the staged sweep. A cancel that ends the engine
+    worker mid-setting (the window's Cancel) keeps what was measured before it."""
     from app.engine.bench import WATCHDOG_SECONDS
     from app.engine.client import EngineClient
 
@@ -215,10 +252,13 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
     client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
     t0 = time.monotonic()
     try:
-        limit = planned_count(drafter is not None)
+        limit = len(set(plan)) if plan is not None else planned_count(drafter is not None)
         default = Candidate(use_model=drafter is not None, ngram=DEFAULT_NGRAM)
         seen: set[Candidate] = set()
-        for stage in [lambda _best: [default], *stages(drafter is not None)]:
+        sweep: list[Callable[[Candidate], list[Candidate]]] = (
+            [lambda _best: list(plan)] if plan is not None
+            else [lambda _best: [default], *stages(drafter is not None)])
+        for stage in sweep:
             measured = [m for m in report.results if m.candidate != PLAIN]
             best = max(measured, key=lambda m: m.speedup).candidate if measured else default
             for cand in stage(best):
@@ -269,6 +309,11 @@ def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, 
     except KeyboardInterrupt:
         client.kill()  # mid-answer: its reply would arrive for a request nobody reads any more
         return "cancelled"
+    except AppError:  # EngineCrashedError included: the window's Cancel ends the worker mid-setting
+        if cancelled is not None and cancelled():
+            client.kill()
+            return "cancelled"
+        raise
     record_verify_cost(result)
     report.results.append(Measured.of(cand, result, time.monotonic() - t_cand))
     return None

@@ -221,7 +221,7 @@ def test_tuned_file_keeps_other_pairs_and_ignores_damage(tmp_path: Path) -> None
 
 
 def test_history_prompts_end_at_the_last_user_message(specdeck_home: Path) -> None:
-    from app.cli.tune import history_prompts
+    from app.engine.tune import history_prompts
     from app.errors import SettingsError
     from app.storage.history import HistoryStore
 

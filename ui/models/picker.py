@@ -35,9 +35,10 @@ from app.library.discovery import DrafterReport, LibraryEntry, discover, drafter
 from app.library.gguf_reader import GGUFInfo
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
-from app.library.tuned import load_tuned
+from app.library.tuned import TunedSettings, load_tuned
 from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
+from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
@@ -165,7 +166,21 @@ class ModelPicker(QWidget):
         self.tuned_label = QLabel(draft)  # what `specdeck tune` measured for the chosen pair
         self.tuned_label.setTextFormat(Qt.TextFormat.PlainText)
         self._tuned_for: tuple[str | None, str | None] | None = None
+        self._tuned: TunedSettings | None = None
         dform.addRow(self.tuned_label)
+        tune_row = QHBoxLayout()
+        self.use_tuned_button = QPushButton("Use tuned settings", draft)
+        self.use_tuned_button.setVisible(False)
+        self.use_tuned_button.clicked.connect(self._on_use_tuned_button_clicked)
+        self.tune_button = QPushButton("Tune…", draft)
+        self.tune_button.setToolTip("Find the fastest drafting settings for the loaded pair on your own prompts")
+        self.tune_button.setEnabled(False)
+        self.tune_button.clicked.connect(self._on_tune_button_clicked)
+        self.tune_dialog: TuneDialog | None = None
+        self._loaded_pair: TunePair | None = None
+        tune_row.addWidget(self.use_tuned_button)
+        tune_row.addWidget(self.tune_button)
+        dform.addRow(tune_row)
         outer.addWidget(draft)
 
         load = QGroupBox("Loading", self)
@@ -432,23 +447,58 @@ class ModelPicker(QWidget):
         self._apply_tuned()
         self._refresh()
 
-    def _apply_tuned(self) -> None:
-        """A pair `specdeck tune` measured starts from its winning settings (once per choice of the pair, so
-        the user's own changes stay), and says what they gave."""
+    def _apply_tuned(self, *, again: bool = False) -> None:
+        """Say what `specdeck tune` measured for the chosen pair, and offer its settings. They are applied
+        only when the user asks (Use tuned settings, or a tune run in the window): choosing the pair, at
+        start-up too, keeps the user's own drafting settings."""
         pair = (self.target_path(), self.drafter_path())
-        if pair == self._tuned_for:
+        if pair == self._tuned_for and not again:
             return
         self._tuned_for = pair
-        tuned = load_tuned(pair[0], pair[1]) if pair[0] else None
+        self._tuned = tuned = load_tuned(pair[0], pair[1]) if pair[0] else None
+        self.use_tuned_button.setVisible(tuned is not None)
         if tuned is None:
             self.tuned_label.setText("")
             return
-        draft = tuned.draft
+        without = " (faster without this drafter)" if pair[1] and not tuned.draft.drafter_path else ""
+        self.tuned_label.setText(tuned.summary() + without)
+
+    def use_draft_settings(self, draft: DraftSettings) -> None:
+        """Show ``draft``'s n-gram key and depth settings (Load sends them); later changes are the user's."""
         bindings = self._bindings()
         for name in ("ngram", "adaptive", "k", "k_max"):
             bindings[name][1](getattr(draft, name))
-        without = " (faster without this drafter)" if pair[1] and not draft.drafter_path else ""
-        self.tuned_label.setText(tuned.summary() + without)
+
+    @Slot()
+    def _on_use_tuned_button_clicked(self) -> None:
+        if self._tuned is not None:
+            self.use_draft_settings(self._tuned.draft)
+
+    @Slot()
+    def _on_tune_button_clicked(self) -> None:
+        self.open_tune()
+
+    def open_tune(self) -> TuneDialog | None:
+        """The Tune window for the loaded pair (one at a time); None while nothing has been loaded."""
+        if self._loaded_pair is None:
+            return None
+        if self.tune_dialog is None or self.tune_dialog.pair != self._loaded_pair:
+            if self.tune_dialog is not None:
+                self.tune_dialog.close()
+            self.tune_dialog = TuneDialog(self._loaded_pair, self)
+            self.tune_dialog.use_settings.connect(self._on_tune_dialog_use_settings)
+            self.tune_dialog.finished_sweep.connect(self._on_tune_dialog_finished_sweep)
+        self.tune_dialog.show()
+        self.tune_dialog.raise_()
+        return self.tune_dialog
+
+    @Slot(DraftSettings)
+    def _on_tune_dialog_use_settings(self, draft: DraftSettings) -> None:
+        self.use_draft_settings(draft)
+
+    @Slot(object)
+    def _on_tune_dialog_finished_sweep(self, _report: object) -> None:
+        self._apply_tuned(again=True)  # the winner was saved: show what it gave
 
     @Slot()
     def _on_setting_changed(self, *_args: object) -> None:
@@ -524,6 +574,9 @@ class ModelPicker(QWidget):
 
     def show_loaded(self, event: Loaded) -> None:
         self.set_loading(False)
+        self._loaded_pair = TunePair(event.target.path, event.drafter.path if event.drafter else None,
+                                     event.n_ctx, self.threads_spin.value())
+        self.tune_button.setEnabled(True)
         drafts = []
         if not event.gpu_offload:
             self.set_gpu_offload_available(False)
