@@ -148,8 +148,9 @@ class LoadedModels:
 class MemoryProbe:
     """Memory per device (``device_memory``) and system RAM (psutil). Poll at ~1 Hz, not per pass.
 
-    ``probe_gpus`` replaces the whole device probe (tests); otherwise NVML is asked at each read and llama.cpp's
-    report is refreshed by ``llama_devices`` in a background thread, at most every ``LLAMA_REFRESH_S``.
+    ``probe_gpus`` replaces the whole device probe (tests); otherwise NVML is asked at each read and, while a
+    model is offloaded to a GPU, llama.cpp's report is refreshed by ``llama_devices`` in a background thread at
+    most every ``LLAMA_REFRESH_S``.
     """
 
     def __init__(self, probe_gpus: Callable[[], Sequence[GpuMemory]] | None = None, *,
@@ -200,8 +201,9 @@ class MemoryProbe:
         """Every device's memory, the CPU device included, with the loaded models' share on it."""
         if self._probe_gpus is not None:
             return tuple(self._probe_gpus()) if self._gpu_ok else ()
-        if time.monotonic() - self._llama_at >= LLAMA_REFRESH_S:
-            self.refresh_llama()
+        models = self._models
+        if models is not None and models.gpu_offload and time.monotonic() - self._llama_at >= LLAMA_REFRESH_S:
+            self.refresh_llama()  # only while a model is offloaded: a CPU-only load has no device to show
         nvidia: Sequence[GPUInfo] = ()
         if self._gpu_ok:
             nvidia = self._nvidia()

@@ -124,3 +124,26 @@ def test_llama_cpp_is_asked_no_more_once_it_lists_only_the_cpu() -> None:
     probe.refresh_llama(wait=True)
     probe.refresh_llama(wait=True)
     assert asked == [1]
+
+
+def test_llama_cpp_is_asked_only_while_a_model_is_offloaded(tiny_target: Path) -> None:
+    """A CPU-only load has no device to show: no child is started for it."""
+    asked: list[int] = []
+
+    def devices() -> tuple[BackendDevice, ...]:
+        asked.append(1)
+        return (LLVMPIPE,)
+
+    probe = MemoryProbe(llama_devices=devices, nvidia=lambda: ())
+    probe.read()
+    probe.follow(LoadedModels(str(tiny_target), None, 256, 1000, gpu_offload=False))
+    probe.read()
+    assert asked == []
+    probe.follow(LoadedModels(str(tiny_target), None, 256, 1000, gpu_offload=True))
+    probe.read()
+    probe.refresh_llama(wait=True)  # joins the refresh the read started (or asks once more)
+    assert asked
+    (vulkan,) = probe.read().gpus
+    assert vulkan.device == "Vulkan0"
+    assert vulkan.placed is not None
+    assert vulkan.placed > 1000
