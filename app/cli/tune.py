@@ -120,7 +120,7 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
         if tuned is not None:
             print(f"best: {report.best.candidate.label()}, {tuned.speedup:.2f}× "
                   f"({tuned.speedup_min:.2f}–{tuned.speedup_max:.2f}); saved to {report.saved_to}, "
-                  "the window uses it for this pair")
+                  "the window offers it for this pair (Use tuned settings)")
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(report.as_json(), indent=2))

@@ -5,7 +5,7 @@ runs side by side, alternating, in one engine worker, so each speedup is a ratio
 this machine, with its spread over the repeats. The sweep starts from the window's defaults and moves one
 dimension at a time from the best setting so far: n-gram key length, k_max, fixed against adaptive depth,
 then the drafter choice (none, n-gram, model, both). The winner is saved per (target, drafter) pair
-(``app.library.tuned``) and the window uses it as that pair's default. Cancelling (Ctrl-C, or
+(``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
 ``cancelled``) keeps every setting measured so far, and the best of them is still saved.
 """
 

@@ -1,8 +1,9 @@
 """The drafting settings `specdeck tune` found fastest per (target, drafter) pair, kept across runs.
 
 Stored as JSON beside acceptance.json, written atomically. The window reads a pair's entry when that pair
-is chosen and uses it in place of its own defaults. A file that is missing, damaged or holds invalid
-values gives no tuned settings (the defaults), never an error.
+is chosen, says what it gave and offers it; it replaces the user's drafting settings only when asked. A
+file that is missing, damaged or holds invalid values gives no tuned settings (the defaults), never an
+error.
 """
 
 from __future__ import annotations
