@@ -301,7 +301,7 @@ class MainWindow(QMainWindow):
         self.connect_server_action = self._action(model_menu, "&Connect to server…",
                                                   self._on_connect_server_action_triggered)
         self.remote = RemoteSide(self, model_menu, self.connect_server_action, self.tasks, self.notifier,
-                                 lambda: self.bridge.last_load)
+                                 lambda: self.bridge.last_load, self.picker, self.chat)
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", self._on_shortcuts_action_triggered)
         self._action(help_menu, "&About SpecDeck", self._on_about_action_triggered)
@@ -497,7 +497,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_chat_answer_finished(self, answer: ChatMessage) -> None:
-        loaded = self.bridge.loaded
+        loaded = self.chat.bridge.loaded  # the engine that answered (a remote server's model has no drafter here)
         drafter = drafter_key(loaded.drafter.path if loaded and loaded.drafter else None,
                               loaded.ngram if loaded else 0)
         stats = answer.stats

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.engine.params import SamplingSettings
 from app.errors import AppError
 from app.events import Finished, MessageStats, Token
 
@@ -305,6 +306,28 @@ def _guess_engine(prefix: str, models: list[dict[str, Any]], props: dict[str, An
     return "an OpenAI-compatible server"
 
 
+@dataclass(frozen=True)
+class RemoteModel:
+    """One model a connected server lists: what the picker offers beside the local ones."""
+
+    model: str
+    base_url: str
+    engine: str
+
+    @property
+    def where(self) -> str:
+        """host:port of the server."""
+        return self.base_url.split("://", 1)[-1].split("/", 1)[0]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} — remote, {self.where}"
+
+
+def remote_models(info: RemoteInfo) -> tuple[RemoteModel, ...]:
+    return tuple(RemoteModel(model, info.base_url, info.engine) for model in info.models)
+
+
 class RemoteEngine:
     """One server, from its base URL (with or without the trailing /v1) and an optional API key."""
 
@@ -420,13 +443,36 @@ class RemoteEngine:
         return scrape
 
     def chat(self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 512,
-             temperature: float = 0.0, request_id: int = 0, read_timeout: float = 300.0) -> Iterator[Token | Finished]:
-        """Stream one answer as ``Token`` events, then ``Finished`` with what the server reported."""
-        body: dict[str, Any] = {"messages": messages, "stream": True, "max_tokens": max_tokens,
+             temperature: float = 0.0, request_id: int = 0, read_timeout: float = 300.0,
+             options: Mapping[str, Any] | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Generator[Token | Finished, None, None]:
+        """Stream one answer as ``Token`` events, then ``Finished`` with what the server reported.
+        ``options``: more request fields (sampling, see ``sampling_options``). ``cancelled`` is asked at each
+        chunk; when it says yes the stream is closed (the server sees the client go) and the answer ends
+        "cancelled" with what arrived."""
+        body: dict[str, Any] = {"messages": messages, **self._common(model, max_tokens, temperature, options)}
+        return self._answer("/v1/chat/completions", body, request_id, read_timeout, cancelled)
+
+    def complete(self, prompt: str, *, model: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
+                 request_id: int = 0, read_timeout: float = 300.0,
+                 options: Mapping[str, Any] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Generator[Token | Finished, None, None]:
+        """Completion mode: ``prompt`` goes to ``/v1/completions`` as it is (no chat template); else as ``chat``."""
+        body: dict[str, Any] = {"prompt": prompt, **self._common(model, max_tokens, temperature, options)}
+        return self._answer("/v1/completions", body, request_id, read_timeout, cancelled)
+
+    @staticmethod
+    def _common(model: str | None, max_tokens: int, temperature: float,
+                options: Mapping[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {**(options or {}), "stream": True, "max_tokens": max_tokens,
                                 "temperature": temperature, "stream_options": {"include_usage": True},
                                 "timings_per_token": True}
         if model:
             body["model"] = model
+        return body
+
+    def _answer(self, path: str, body: dict[str, Any], request_id: int, read_timeout: float,
+                cancelled: Callable[[], bool] | None) -> Generator[Token | Finished, None, None]:
         pieces: list[str] = []
         finish = "error"
         usage: dict[str, Any] = {}
@@ -434,14 +480,17 @@ class RemoteEngine:
         t0 = time.perf_counter()
         ttft = 0.0
         try:
-            with self._http.stream("POST", "/v1/chat/completions", json=body,
+            with self._http.stream("POST", path, json=body,
                                    timeout=httpx.Timeout(10.0, read=read_timeout)) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise RemoteError(f"The server refused the chat ({response.status_code}): "
+                    raise RemoteError(f"The server refused the request ({response.status_code}): "
                                       f"{_error_message(response)}")
                 done = False
                 for line in response.iter_lines():
+                    if cancelled is not None and cancelled():
+                        done, finish = True, "cancelled"
+                        break
                     if not line or line.startswith(":"):
                         continue
                     if not line.startswith("data:"):
@@ -462,8 +511,8 @@ class RemoteEngine:
                     for choice in chunk.get("choices") or []:
                         if not isinstance(choice, dict):
                             continue
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") if isinstance(delta, dict) else None
+                        delta = choice.get("delta")
+                        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
                         if isinstance(text, str) and text:
                             if not pieces:
                                 ttft = time.perf_counter() - t0
@@ -482,6 +531,16 @@ class RemoteEngine:
                               f"({_reason(exc)}); what arrived is kept.") from None
         yield Finished(request_id, {"stop": "eog", "length": "max_tokens"}.get(finish, finish),
                        _stats(usage, timings, ttft), "".join(pieces))
+
+
+def sampling_options(sampling: SamplingSettings) -> dict[str, Any]:
+    """The window's sampling as request fields beyond temperature and max_tokens: OpenAI's top_p and seed,
+    and the top_k, min_p and repeat_penalty that llama-server, vLLM, SGLang and SpecDeck also read."""
+    options: dict[str, Any] = {"top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p,
+                               "repeat_penalty": sampling.repeat_penalty}
+    if sampling.seed >= 0:
+        options["seed"] = sampling.seed
+    return options
 
 
 def _stats(usage: Mapping[str, Any], timings: Mapping[str, Any], ttft: float) -> MessageStats:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from pytestqt.qtbot import QtBot
 
 from app.storage.history import HistoryStore
@@ -31,13 +32,27 @@ def test_server_switch_serves_the_loaded_model_and_the_dock_watches_it(
 
     # /health is 503 until the server's own engine has loaded the model.
     qtbot.waitUntil(lambda: httpx.get(url + "/health").status_code == 200, timeout=60_000)
+    # One reading just before the request and one just after, so the interval holds the whole answer
+    # (the timer's own readings could split it).
+    dock = side.dashboard
+    dock.timer.stop()
+    qtbot.waitUntil(lambda: not dock.reading, timeout=15_000)
+    dock.read_now()
+    qtbot.waitUntil(lambda: not dock.reading, timeout=15_000)
     answer = httpx.post(url + "/v1/chat/completions", timeout=120,
                         json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 48,
                               "temperature": 0}).json()
-    stats = answer["stats"]
+    dock.read_now()
+    qtbot.waitUntil(lambda: not dock.reading, timeout=15_000)
+    stats, timings = answer["stats"], answer["timings"]
     assert stats["total_draft_tokens_count"] > 0
-    expected = f"{stats['accepted_draft_tokens_count'] / stats['total_draft_tokens_count']:.0%}"
-    qtbot.waitUntil(lambda: side.dashboard.values["acceptance"].text() == expected, timeout=15_000)
+    figures = dock.latest
+    assert figures is not None
+    # The dock's acceptance and tok/s, from the server's counter deltas, are the answer's own.
+    assert figures.acceptance == stats["accepted_draft_tokens_count"] / stats["total_draft_tokens_count"]
+    assert figures.tokens_per_second == pytest.approx(timings["predicted_per_second"], rel=1e-9)
+    assert dock.values["acceptance"].text() == f"{figures.acceptance:.0%}"
+    assert dock.values["tokens_per_second"].text() == f"{figures.tokens_per_second:.1f}"
 
     side.serve_action.setChecked(False)
     assert not side.switch.running

@@ -407,6 +407,18 @@ class ChatPanel(QWidget):
         self._last_flush = time.monotonic()
         self._flush_timer.start()
 
+    def use_engine(self, engine: Any) -> None:
+        """Answer through ``engine`` from now on: the window's EngineBridge, or a remote server's model
+        (``ui.remote.route.RemoteChat``, the same requests and signals). Call it between answers."""
+        if engine is self.bridge:
+            return
+        names = ("generation_started", "token_received", "prompt_progress", "prompt_processed",
+                 "generation_finished", "engine_error", "engine_crashed")
+        for name in names:
+            getattr(self.bridge, name).disconnect(getattr(self, f"_on_bridge_{name}"))
+            getattr(engine, name).connect(getattr(self, f"_on_bridge_{name}"))
+        self.bridge = engine
+
     def stop(self) -> None:
         if self.generating:
             self.bridge.cancel()

@@ -36,6 +36,7 @@ from app.library.gguf_reader import GGUFInfo
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.library.tuned import TunedSettings, load_tuned
+from app.serve.remote import RemoteModel
 from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
@@ -43,6 +44,8 @@ from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
 NO_DRAFTER = "(no drafter model)"
+REMOTE_NOTE = ("Speculation on a remote server is the server's own, configured there; SpecDeck shows what it "
+               "reports.")
 
 
 BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which continues text rather than "
@@ -81,6 +84,7 @@ class ModelPicker(QWidget):
     folders_changed = Signal(tuple)  # tuple[str, ...]: the user's extra model folders
     demo_install_finished = Signal(bool)  # ok?
     error_raised = Signal(str)
+    remote_chosen = Signal(object)  # RemoteModel, or None when the choice moves back to a local model
 
     def __init__(self, tasks: TaskRunner, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -96,6 +100,8 @@ class ModelPicker(QWidget):
         self.scanning = False
         self.loading = False
         self.gpu_offload_available: bool | None = None  # None: not known yet
+        self.remote_models: tuple[RemoteModel, ...] = ()  # a connected server's, listed after the local ones
+        self._chosen_remote: RemoteModel | None = None
         self._build()
 
     # --- layout -------------------------------------------------------------------------------------
@@ -125,6 +131,11 @@ class ModelPicker(QWidget):
         form.addRow("Drafter", self.drafter_combo)
         form.addRow("", self.drafter_info)
         form.addRow("", self.compat_badge)
+        self.remote_note = QLabel(REMOTE_NOTE, models)
+        self.remote_note.setWordWrap(True)
+        self.remote_note.setTextFormat(Qt.TextFormat.PlainText)
+        self.remote_note.setVisible(False)
+        form.addRow("", self.remote_note)
         ngram_row = QHBoxLayout()
         self.ngram_check = QCheckBox("N-gram drafter, key", models)
         self.ngram_check.setToolTip(
@@ -281,12 +292,49 @@ class ModelPicker(QWidget):
             show(getattr(s, name))
 
     def update_settings(self, s: AppSettings) -> AppSettings:
-        return replace(s, target_path=self.target_path() or s.target_path, drafter_path=self.drafter_path(),
+        drafter = s.drafter_path if self.remote_model() else self.drafter_path()  # a remote model has none
+        return replace(s, target_path=self.target_path() or s.target_path, drafter_path=drafter,
                        model_folders=self.folders, **self.shown_values())
 
     def target_path(self) -> str | None:
         data = self.target_combo.currentData()
-        return str(data) if data else None
+        return data if isinstance(data, str) and data else None
+
+    def remote_model(self) -> RemoteModel | None:
+        data = self.target_combo.currentData()
+        return data if isinstance(data, RemoteModel) else None
+
+    def set_remote_models(self, models: Sequence[RemoteModel]) -> None:
+        """List a connected server's models after the local ones (none: it was disconnected)."""
+        chosen = self.remote_model()
+        self.remote_models = tuple(models)
+        self.target_combo.blockSignals(True)
+        for index in reversed(range(self.target_combo.count())):
+            if isinstance(self.target_combo.itemData(index), RemoteModel):
+                self.target_combo.removeItem(index)
+        self._add_remote_items()
+        self.target_combo.blockSignals(False)
+        keep = self._remote_index(chosen) if chosen else -1
+        if keep >= 0:
+            self.target_combo.setCurrentIndex(keep)
+        elif chosen is not None:  # its server is gone: back to the local model the settings name
+            index = self.target_combo.findData(self._wanted_target) if self._wanted_target else -1
+            self.target_combo.setCurrentIndex(-1)
+            self.target_combo.setCurrentIndex(max(index, 0) if self.target_combo.count() else -1)
+
+    def select_remote(self, model: RemoteModel) -> bool:
+        index = self._remote_index(model)
+        if index >= 0:
+            self.target_combo.setCurrentIndex(index)
+        return index >= 0
+
+    def _remote_index(self, model: RemoteModel | None) -> int:
+        return next((i for i in range(self.target_combo.count()) if self.target_combo.itemData(i) == model), -1)
+
+    def _add_remote_items(self) -> None:
+        for model in self.remote_models:
+            self.target_combo.addItem(model.label, model)
+            self.target_combo.setItemData(self.target_combo.count() - 1, f"{model.engine} at {model.base_url}", 3)
 
     def drafter_path(self) -> str | None:
         data = self.drafter_combo.currentData()
@@ -309,6 +357,9 @@ class ModelPicker(QWidget):
     def load_settings(self) -> LoadSettings:
         """What Load would send; raises SettingsError or IncompatibleDrafterError with the reason."""
         target = self.target_path()
+        if self.remote_model() is not None:
+            raise SettingsError("The chosen model runs on its server: there is nothing to load. Choose a local "
+                                "model to load one.")
         if target is None:
             raise SettingsError("Choose a target model first.")
         drafter = self.drafter_path()
@@ -351,6 +402,7 @@ class ModelPicker(QWidget):
             if entry.is_model and entry.info is not None:
                 self.target_combo.addItem(f"{entry.label}", entry.path)
                 self.target_combo.setItemData(self.target_combo.count() - 1, describe_model(entry.info), 3)
+        self._add_remote_items()
         self.target_combo.blockSignals(False)
         broken = [e for e in entries if not e.usable]
         models = sum(1 for e in entries if e.is_model)
@@ -362,8 +414,14 @@ class ModelPicker(QWidget):
         index = self.target_combo.findData(wanted) if wanted else -1
         if index < 0 and self.target_combo.count():
             index = 0
-        self.target_combo.setCurrentIndex(-1)
-        self.target_combo.setCurrentIndex(index)
+        remote = self._remote_index(self._chosen_remote)
+        if remote >= 0:  # the remote model stays chosen (and the chat on its server)
+            self.target_combo.blockSignals(True)
+            self.target_combo.setCurrentIndex(remote)
+            self.target_combo.blockSignals(False)
+        else:
+            self.target_combo.setCurrentIndex(-1)
+            self.target_combo.setCurrentIndex(index)
         self.library_changed.emit(entries)
 
     def has_models(self) -> bool:
@@ -390,6 +448,13 @@ class ModelPicker(QWidget):
 
     @Slot(int)
     def _on_target_combo_current_index_changed(self, _index: int) -> None:
+        remote = self.remote_model()
+        if remote != self._chosen_remote:
+            self._chosen_remote = remote
+            self._show_remote(remote)
+            self.remote_chosen.emit(remote)
+        if remote is not None:
+            return
         entry = self._entry(self.target_path())
         self._report = None
         self._report_for = None
@@ -436,6 +501,27 @@ class ModelPicker(QWidget):
         self._apply_tuned()
         self._refresh()
         self.drafters_ranked.emit()
+
+    def _show_remote(self, remote: RemoteModel | None) -> None:
+        """A remote model: drafting is the server's, so the drafter controls are off and say why."""
+        for widget in (self.drafter_combo, self.ngram_check, self.ngram_spin, self.adaptive_check, self.k_max_spin):
+            widget.setEnabled(remote is None)
+            widget.setToolTip(REMOTE_NOTE if remote else "")
+        self.k_spin.setEnabled(remote is None and not self.adaptive_check.isChecked())
+        self.remote_note.setVisible(remote is not None)
+        if remote is None:
+            return
+        self._rank_serial += 1  # a ranking still running was for a local target
+        self._report, self._report_for, self._tuned_for = None, None, None
+        self.drafter_combo.blockSignals(True)
+        self.drafter_combo.clear()
+        self.drafter_combo.addItem(NO_DRAFTER, None)
+        self.drafter_combo.blockSignals(False)
+        self.target_info.setText(f"{remote.model}: served by {remote.engine} at {remote.base_url}. The chat goes "
+                                 "through its /v1/chat/completions; nothing is loaded here.")
+        self.drafter_info.setText("")
+        self.tuned_label.setText("")
+        self._refresh()
 
     @staticmethod
     def _rec_label(rec: Recommendation) -> str:
@@ -506,7 +592,7 @@ class ModelPicker(QWidget):
 
     @Slot(bool)
     def _on_adaptive_check_toggled(self, adaptive: bool) -> None:
-        self.k_spin.setEnabled(not adaptive)
+        self.k_spin.setEnabled(not adaptive and self.remote_model() is None)
 
     def _refresh(self) -> None:
         """Badge, drafter description, fit estimate and the Load button for the current choice."""
@@ -515,7 +601,9 @@ class ModelPicker(QWidget):
         drafter = self._entry(drafter_path)
         self.drafter_info.setText(describe_model(drafter.info) if drafter and drafter.info else "")
         result = self.compat_for(drafter_path)
-        if drafter_path is None:
+        if self.remote_model() is not None:
+            self.compat_badge.setText("")
+        elif drafter_path is None:
             checking = self._report is None and target is not None
             self.compat_badge.setText("Checking drafters…" if checking else "")
         elif result is None:

@@ -21,6 +21,7 @@ from app.units import format_si
 from ui.tasks import TaskRunner
 
 SCRAPE_MS = 1000
+NOT_CONNECTED = "Not connected to a server. Model → Connect to server… watches one."
 HISTORY_POINTS = 600
 BLUE = QColor(31, 119, 180)
 GREEN = QColor(44, 160, 44)
@@ -56,7 +57,7 @@ class RemoteDashboard(QWidget):
         self.latest: RemoteRates | None = None
 
         layout = QVBoxLayout(self)
-        self.header = _plain("Not connected to a server. Model → Connect to server… watches one.")
+        self.header = _plain(NOT_CONNECTED)
         layout.addWidget(self.header)
         form = QFormLayout()
         self.values: dict[str, QLabel] = {}
@@ -104,7 +105,7 @@ class RemoteDashboard(QWidget):
             label.setText("waiting for two readings…")
         self.status.setText("")
         self.timer.start()
-        self._on_timer_timeout()
+        self.read_now()
 
     def stop(self) -> None:
         self.timer.stop()
@@ -112,10 +113,28 @@ class RemoteDashboard(QWidget):
             self.engine.close()
         self.engine = None
 
+    def disconnect_server(self) -> None:
+        """Stop watching and say so: the figures shown were the server's, which is gone from the window."""
+        self.stop()
+        self.info, self._last, self.latest = None, None, None
+        self.header.setText(NOT_CONNECTED)
+        for label in self.values.values():
+            label.setText("—")
+        self.status.setText("")
+
     # --- scraping -----------------------------------------------------------------------------------
+
+    @property
+    def reading(self) -> bool:
+        """A reading of the server is under way."""
+        return self._in_flight
 
     @Slot()
     def _on_timer_timeout(self) -> None:
+        self.read_now()
+
+    def read_now(self) -> None:
+        """Take a reading now (the timer takes one a second); none while one is under way."""
         if self._in_flight or self.engine is None:
             return
         self._in_flight = True

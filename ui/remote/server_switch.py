@@ -26,6 +26,7 @@ class ServerSwitch(QObject):
         super().__init__(parent)
         self.port = port
         self.server: Server | None = None
+        self.last_url = ""  # the base URL of the server started last
 
     @property
     def running(self) -> bool:
@@ -47,6 +48,7 @@ class ServerSwitch(QObject):
             self.failed.emit(f"The server could not start: {exc}")
             return
         self.server = server
+        self.last_url = server.base_url
         self.started.emit(server.base_url)
 
     def stop(self) -> None:

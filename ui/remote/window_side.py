@@ -1,6 +1,11 @@
 """What the main window gets for serving and remote engines, wired in one place so its own edits stay small:
-a "Remote engine" dock with the remote dashboard, Model → Connect to server…, and Model → Serve the loaded
-model (the Server switch), whose requests the dock then watches live."""
+a "Remote engine" dock with the remote dashboard, Model → Connect to server… and Disconnect, and Model → Serve
+the loaded model (the Server switch), whose requests the dock then watches live.
+
+While connected, the picker lists the server's models (marked remote, with the server's host:port) after
+the local ones; choosing one makes the chat answer through the server (``RemoteChat``), and choosing a local
+model, or disconnecting, brings it back to the window's own engine. The switch waits for an answer being
+written to end."""
 
 from __future__ import annotations
 
@@ -10,17 +15,26 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QMenu
 
-from app.serve.remote import RemoteEngine, RemoteInfo
+from app.serve.remote import RemoteEngine, RemoteInfo, RemoteModel, remote_models
+from ui.chat.panel import ChatPanel
+from ui.models.picker import ModelPicker
 from ui.remote.connect import ConnectDialog, connect_in_background
 from ui.remote.panel import RemoteDashboard
+from ui.remote.route import RemoteChat
 from ui.remote.server_switch import ServerSwitch
 from ui.tasks import TaskRunner
 
 
 class RemoteSide(QObject):
     def __init__(self, window: QMainWindow, menu: QMenu, connect_action: QAction, tasks: TaskRunner,
-                 notifier: Any, last_load: Any) -> None:
+                 notifier: Any, last_load: Any, picker: ModelPicker, chat: ChatPanel) -> None:
         super().__init__(window)
+        self.picker = picker
+        self.chat = chat
+        self.local_engine = chat.bridge  # the window's own engine, which the chat goes back to
+        self.route: RemoteChat | None = None  # the chat's engine while a remote model is chosen
+        self._wanted: RemoteModel | None = None  # the picker's remote choice, applied between answers
+        self._key: str | None = None
         self.window = window
         self.tasks = tasks
         self.notifier = notifier
@@ -34,6 +48,10 @@ class RemoteSide(QObject):
         self.connect_action = connect_action
         connect_action.setEnabled(True)
         connect_action.setToolTip("Watch llama-server, vLLM, SGLang or another SpecDeck from its /metrics")
+        self.disconnect_action = QAction("&Disconnect from server", window)
+        self.disconnect_action.setEnabled(False)
+        self.disconnect_action.triggered.connect(self.disconnect_server)
+        menu.addAction(self.disconnect_action)
         self.switch = ServerSwitch(self)
         self.serve_action = QAction("&Serve the loaded model (OpenAI API)", window)
         self.serve_action.setCheckable(True)
@@ -42,6 +60,9 @@ class RemoteSide(QObject):
         self.serve_action.toggled.connect(self._on_serve_action_toggled)
         self.switch.started.connect(self._on_switch_started)
         self.switch.failed.connect(self._on_switch_failed)
+        self.switch.stopped.connect(self._on_switch_stopped)
+        picker.remote_chosen.connect(self._on_picker_remote_chosen)
+        chat.generation_state_changed.connect(self._on_chat_generation_state_changed)
         self._url = ""
 
     # --- connect ------------------------------------------------------------------------------------
@@ -54,14 +75,50 @@ class RemoteSide(QObject):
 
     def connect_to(self, url: str, key: str | None = None) -> None:
         self._url = url
+        self._key = key or None
         self.connect_action.setEnabled(False)
         connect_in_background(self.tasks, url, key or None, self._on_connected, self._on_connect_failed)
 
     def _on_connected(self, engine: RemoteEngine, info: RemoteInfo) -> None:
         self.connect_action.setEnabled(True)
+        self.disconnect_action.setEnabled(True)
         self.dashboard.watch(engine, info)
+        self.picker.set_remote_models(remote_models(info))
         self.dock.show()
         self.dock.raise_()
+
+    def disconnect_server(self) -> None:
+        """Stop watching the server and take its models out of the picker; the chat goes back home."""
+        self.dashboard.disconnect_server()
+        self.picker.set_remote_models(())
+        self.disconnect_action.setEnabled(False)
+        self.dock.hide()
+
+    # --- the chat's engine --------------------------------------------------------------------------
+
+    @Slot(object)
+    def _on_picker_remote_chosen(self, model: RemoteModel | None) -> None:
+        self._wanted = model
+        if not self.chat.generating:
+            self._route_chat()
+
+    @Slot(bool)
+    def _on_chat_generation_state_changed(self, generating: bool) -> None:
+        if not generating:
+            self._route_chat()
+
+    def _route_chat(self) -> None:
+        model = self._wanted
+        if self.route is not None and self.route.model == model:
+            return
+        old, self.route = self.route, None
+        if model is not None:
+            info = self.dashboard.info
+            n_ctx = info.n_ctx if info is not None and info.base_url == model.base_url else None
+            self.route = RemoteChat(model, self._key, n_ctx, self)
+        self.chat.use_engine(self.route or self.local_engine)
+        if old is not None:
+            old.close()
 
     def _on_connect_failed(self, exc: Exception) -> None:
         self.connect_action.setEnabled(True)
@@ -83,6 +140,12 @@ class RemoteSide(QObject):
                            "It runs its own engine with the same model and settings.")
         self.connect_to(url)
 
+    @Slot()
+    def _on_switch_stopped(self) -> None:
+        info = self.dashboard.info
+        if info is not None and self.switch.last_url == info.base_url:
+            self.disconnect_server()  # the dock was watching the server that just stopped
+
     @Slot(str)
     def _on_switch_failed(self, message: str) -> None:
         self.serve_action.blockSignals(True)
@@ -92,4 +155,8 @@ class RemoteSide(QObject):
 
     def shutdown(self) -> None:
         self.dashboard.stop()
+        if self.route is not None:
+            self.chat.use_engine(self.local_engine)
+            self.route.close()
+            self.route = None
         self.switch.stop()

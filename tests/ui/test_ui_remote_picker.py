@@ -1,0 +1,116 @@
+"""Remote models in the model picker, against SpecDeck's own real server (`specdeck serve` on 127.0.0.1):
+connected, the picker lists the server's models marked remote with its host:port; choosing one turns the
+drafter controls off with the reason and sends the chat through the server's /v1/chat/completions (its
+counters move by the answer's own drafted and accepted counts); disconnecting takes them away and the chat
+goes back to the window's engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pytestqt.qtbot import QtBot
+
+from app.engine.params import DraftSettings, LoadSettings
+from app.events import MessageStats
+from app.serve.metrics import ServeMetrics
+from app.serve.remote import RemoteModel
+from app.serve.runner import EngineRunner
+from app.serve.server import ServeOptions, Server
+from tests.ui.conftest import set_sampling
+from ui.models.picker import REMOTE_NOTE
+
+PROMPT = "abc abc abc abc abc abc abc abc abc abc abc abc"
+DRAFTED = "specdeck:spec_decode_num_draft_tokens_total"
+ACCEPTED = "specdeck:spec_decode_num_accepted_tokens_total"
+
+
+@pytest.fixture
+def served(tiny_target: Path, tmp_path: Path) -> Iterator[Server]:
+    settings = LoadSettings(target_path=str(tiny_target), n_ctx=512, n_threads=1,
+                            draft=DraftSettings(ngram=2, adaptive=False, k=3))
+    metrics = ServeMetrics()
+    server = Server(EngineRunner(settings, metrics, history_path=tmp_path / "served.sqlite3"), metrics,
+                    ServeOptions(port=0))
+    server.start_in_thread()
+    deadline = time.monotonic() + 120
+    while httpx.get(server.base_url + "/health").status_code != 200:
+        assert time.monotonic() < deadline, "the served model did not load"
+        time.sleep(0.1)
+    yield server
+    server.stop()
+
+
+def counters(url: str) -> dict[str, float]:
+    return {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for s in f.samples if not s.labels}
+
+
+def test_remote_models_in_the_picker_chat_through_the_server(qtbot: QtBot, make_window: object, tiny_target: Path,
+                                                            served: Server) -> None:
+    window = make_window(start_engine=False, folders=(tiny_target.parent,))  # type: ignore[operator]
+    picker, chat, side = window.picker, window.chat, window.remote
+    local = picker.target_combo.count()
+    assert local >= 1
+    side.connect_to(served.base_url)
+    qtbot.waitUntil(lambda: bool(picker.remote_models), timeout=30_000)
+
+    # Listed after the local models, marked remote with the server's host:port.
+    where = served.base_url.removeprefix("http://")
+    assert picker.target_combo.count() == local + 1
+    label = picker.target_combo.itemText(local)
+    assert label == f"{tiny_target.name} — remote, {where}"
+    assert picker.remote_model() is None  # listing a server's models does not choose one
+    model = picker.target_combo.itemData(local)
+    assert model == RemoteModel(tiny_target.name, served.base_url, "SpecDeck")
+
+    drafting = (picker.drafter_combo, picker.ngram_check, picker.ngram_spin, picker.adaptive_check, picker.k_spin,
+                picker.k_max_spin)
+    assert all(w.isEnabled() for w in drafting if w is not picker.k_spin)
+    assert picker.select_remote(model)
+    assert not any(w.isEnabled() for w in drafting)
+    assert not picker.remote_note.isHidden()
+    assert picker.remote_note.text() == REMOTE_NOTE
+    for label_widget in (picker.remote_note, picker.target_info):
+        assert label_widget.textFormat() == label_widget.textFormat().PlainText  # server text is untrusted
+    assert where in picker.target_info.text()
+    assert not picker.load_button.isEnabled()
+    assert not picker.request_load()  # nothing to load: it says so
+    assert "server" in picker.status_label.text()
+    assert side.route is not None
+    assert chat.bridge is side.route
+
+    # The chat answers through the server: its counters move by the answer's own counts.
+    set_sampling(window, temperature=0, max_tokens=48)
+    before = counters(served.base_url)
+    with qtbot.waitSignal(chat.answer_finished, timeout=120_000) as finished:
+        assert chat.send(PROMPT)
+    answer = finished.args[0]
+    after = counters(served.base_url)
+    assert answer.status == "complete", answer.text
+    assert answer.text
+    stats = answer.stats
+    assert isinstance(stats, MessageStats)
+    assert stats.drafted == after[DRAFTED] - before[DRAFTED] > 0
+    assert stats.accepted == after[ACCEPTED] - before[ACCEPTED]
+    assert answer.model == f"{tiny_target.name} (remote, {where})"
+    assert answer.drafter is None
+    assert window.store is not None
+    qtbot.waitUntil(lambda: window.store.messages(chat.chat_id)[-1].status == "complete", timeout=10_000)
+    assert window.store.messages(chat.chat_id)[-1].target_model == answer.model
+
+    # Disconnecting takes the server's models away; the chat and the controls are the window's again.
+    side.disconnect_server()
+    assert picker.remote_models == ()
+    assert picker.target_combo.count() == local
+    assert picker.remote_model() is None
+    assert picker.target_path() is not None  # a local model again
+    assert picker.drafter_combo.isEnabled()
+    assert picker.ngram_check.isEnabled()
+    assert picker.remote_note.isHidden()
+    assert side.route is None
+    assert chat.bridge is window.bridge
