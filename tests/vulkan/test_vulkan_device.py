@@ -276,3 +276,59 @@ def test_a_model_bigger_than_the_device_gives_a_clear_message(vulkan_device: Bac
     assert f"of weights on {vulkan_device.name}" in message
     assert "GPU layers" in message
     assert "\n" not in message
+
+
+def test_memory_per_device_reports_the_device_and_what_is_placed_on_it(
+        model_path: Path, vulkan_device: BackendDevice, llama_log: LlamaLog) -> None:
+    """The one place doctor and the dashboard read memory per device: the Vulkan device's total as
+    ggml_backend_dev_memory reports it (in this process and in the window's child probe alike), and the
+    weights + KV cache the fit places there against what llama.cpp allocates."""
+    from app.ceiling.memory import LoadedModels, MemoryProbe, device_memory
+
+    here = {m.device: m for m in device_memory((), probe_backend().devices)}
+    assert here[vulkan_device.name].total == vulkan_device.memory_total
+    assert here[vulkan_device.name].source == "llama.cpp"
+    assert here["CPU"].kind == "cpu"
+
+    model, ctx = load(model_path, -1)
+    try:
+        weights = llama_log.buffers("model")[vulkan_device.name] * MIB
+        kv = llama_log.buffers("KV")[vulkan_device.name] * MIB
+        probe = MemoryProbe(nvidia=lambda: ())  # the window's probe: llama.cpp asked in a child process
+        probe.follow(LoadedModels(str(model_path), None, N_CTX, round(kv), gpu_offload=True))
+        probe.refresh_llama(wait=True)
+        (gpu,) = probe.read().gpus
+        assert gpu.device == vulkan_device.name
+        assert gpu.total == vulkan_device.memory_total
+        assert 0 <= gpu.used <= gpu.total
+        assert gpu.placed is not None
+        assert abs(gpu.placed - (weights + kv)) <= 2 * LOG_RESOLUTION + 4096, (gpu, weights, kv)
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_the_dashboard_plots_the_devices_memory_and_the_models_share(
+        model_path: Path, vulkan_device: BackendDevice, qtbot: Any) -> None:
+    """The dashboard's memory rows for a real GPU device: its memory in use and the weights + KV on it."""
+    from app.ceiling.memory import MemoryProbe
+    from app.engine.params import LoadSettings
+    from app.engine.session import EngineSession
+    from ui.dashboard.panel import DashboardPanel
+
+    session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1))
+    try:
+        loaded = session.loaded_event()
+        probe = MemoryProbe(nvidia=lambda: ())
+        panel = DashboardPanel(ceiling_provider=lambda _loaded: None, memory_probe=probe)
+        qtbot.addWidget(panel)
+        panel.on_loaded(loaded)
+        probe.refresh_llama(wait=True)
+        panel._poll_memory(force=True)
+        rows = dict(panel.memory_rows())
+        name = vulkan_device.name
+        assert 0 <= rows[f"{name} in use"] <= (vulkan_device.memory_total or 0)
+        assert rows[f"{name} weights+KV"] >= loaded.kv_bytes_total
+        assert f"{name} {vulkan_device.description}:" in panel.mem_label.text()
+    finally:
+        session.close()
