@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.engine.client import EngineClient
 from app.engine.llama import Model
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
-from app.events import Finished
+from app.events import Finished, Token
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import Limits
 from app.serve.runner import EngineRunner
@@ -401,6 +401,43 @@ def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_
     assert figures.kv_usage is not None
     assert 0 < figures.kv_usage <= 1
     assert "specdeck:tokens_predicted_total" in figures.sources["tokens_per_second"]
+
+
+def test_remote_client_stops_an_answer_and_the_server_goes_on(served: tuple[Server, Path]) -> None:
+    """The window's Stop on a remote model: the stream is closed at the next chunk, the answer ends
+    "cancelled" with the text that came, and the server serves the next request."""
+    from app.serve.remote import RemoteEngine
+
+    events: list[object] = []
+    with RemoteEngine(served[0].base_url) as remote:
+        for event in remote.chat(MESSAGES, max_tokens=200, temperature=0, request_id=7,
+                                 cancelled=lambda: any(isinstance(e, Token) for e in events)):
+            events.append(event)
+    tokens = [e for e in events if isinstance(e, Token)]
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.reason == "cancelled"
+    assert finished.request_id == 7
+    assert finished.text == "".join(t.text for t in tokens)
+    assert_serving(served[0])
+
+
+def test_remote_completion_mode_is_the_raw_prompt(served: tuple[Server, Path], tiny_target: Path) -> None:
+    """Completion mode on a remote model goes to /v1/completions: the server feeds the prompt raw."""
+    from app.serve.remote import RemoteEngine
+
+    prompt = "Once upon a time"
+    model = Model(tiny_target, vocab_only=True)
+    try:
+        raw = ([model.bos] if model.add_bos and model.bos >= 0 else []) + model.tokenize(prompt, parse_special=False)
+    finally:
+        model.close()
+    with RemoteEngine(served[0].base_url) as remote:
+        events = list(remote.complete(prompt, max_tokens=4, temperature=0))
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.stats.prompt_tokens == len(raw)
+    assert finished.text == "".join(e.text for e in events if isinstance(e, Token))
 
 
 def test_engine_crash_mid_answer_is_an_error_in_the_stream_and_the_worker_restarts(tiny_target: Path,

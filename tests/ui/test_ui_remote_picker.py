@@ -6,8 +6,12 @@ goes back to the window's engine."""
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -114,3 +118,64 @@ def test_remote_models_in_the_picker_chat_through_the_server(qtbot: QtBot, make_
     assert picker.remote_note.isHidden()
     assert side.route is None
     assert chat.bridge is window.bridge
+
+
+@pytest.fixture
+def dying_server() -> Iterator[str]:
+    """Lists one model whose id is markup, and dies in the middle of every chat answer (no [DONE])."""
+    models = json.dumps({"object": "list", "data": [{"id": "<b>bold</b> model", "object": "model"}]}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path != "/v1/models":
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(models)))
+            self.end_headers()
+            self.wfile.write(models)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_a_remote_model_whose_server_dies_mid_answer(qtbot: QtBot, make_window: object, dying_server: str) -> None:
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    picker, chat = window.picker, window.chat
+    window.remote.connect_to(dying_server)
+    qtbot.waitUntil(lambda: bool(picker.remote_models), timeout=30_000)
+    model = picker.remote_models[0]
+    assert picker.select_remote(model)
+    assert picker.target_combo.currentText().startswith("<b>bold</b> model — remote, 127.0.0.1:")
+    assert "<b>bold</b> model" in picker.target_info.text()  # shown as the characters it is
+
+    for attempt in range(2):  # the window goes on working: a second question fails the same way
+        with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as finished:
+            assert chat.send(f"hello {attempt}")
+        answer = finished.args[0]
+        assert answer.status == "error"
+        assert answer.text == "Hel"  # what arrived is kept
+        assert "before it finished" in window.notifier.last_message or "broke" in window.notifier.last_message
+        assert not chat.generating
+        assert chat.send_button.isEnabled()

@@ -15,6 +15,7 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QMenu
 
+from app.events import EngineError
 from app.serve.remote import RemoteEngine, RemoteInfo, RemoteModel, remote_models
 from ui.chat.panel import ChatPanel
 from ui.models.picker import ModelPicker
@@ -116,6 +117,7 @@ class RemoteSide(QObject):
             info = self.dashboard.info
             n_ctx = info.n_ctx if info is not None and info.base_url == model.base_url else None
             self.route = RemoteChat(model, self._key, n_ctx, self)
+            self.route.engine_error.connect(self._on_route_engine_error)
         self.chat.use_engine(self.route or self.local_engine)
         if old is not None:
             old.close()
@@ -139,6 +141,10 @@ class RemoteSide(QObject):
         self.notifier.info(f"Serving the loaded model at {url}/v1 (OpenAI API; /metrics for Prometheus). "
                            "It runs its own engine with the same model and settings.")
         self.connect_to(url)
+
+    @Slot(EngineError)
+    def _on_route_engine_error(self, event: EngineError) -> None:
+        self.notifier.error(event.message)  # the chat ends the answer; the message is the window's to show
 
     @Slot()
     def _on_switch_stopped(self) -> None:
