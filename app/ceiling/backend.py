@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.ceiling.backend_modules import load_backend_modules, loaded_modules
+from app.ceiling.backend_modules import linked_library, load_backend_modules, loaded_modules
 from app.ceiling.child import ProbeFailed, run_probe
 from app.ceiling.gpus import as_text
 
@@ -96,12 +96,11 @@ def cpu_features_from_system_info(text: str) -> tuple[str, ...]:
 
 
 def _ggml_libs(lib_dir: Path) -> list[ctypes.CDLL]:
+    """libggml and libggml-base as libllama loaded them (never a second copy: see ``linked_library``)."""
     libs: list[ctypes.CDLL] = []
-    patterns = ("libggml.so", "libggml.dylib", "ggml.dll", "libggml-base.so", "libggml-base.dylib",
-                "ggml-base.dll")
-    for pattern in patterns:
-        path = lib_dir / pattern
-        if path.exists():
+    for base in ("ggml", "ggml-base"):
+        path = linked_library(lib_dir, base)
+        if path is not None:
             try:
                 libs.append(ctypes.CDLL(str(path)))
             except OSError:

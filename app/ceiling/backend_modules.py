@@ -15,9 +15,24 @@ import re
 import sys
 from pathlib import Path
 
-_LIBGGML = ("libggml.so", "libggml.dylib", "ggml.dll")
 # ggml-cpu-haswell, ggml-vulkan, ggml-cuda; not ggml-base or ggml itself.
 _MODULE = re.compile(r"(?:lib)?ggml-(?!base\b)([a-z0-9]+)(?:-([a-z0-9_]+))?\.(?:so(?:\.[0-9.]+)?|dll|dylib)$")
+
+
+def linked_library(lib_dir: Path, base: str) -> Path | None:
+    """The file of ``lib<base>`` that libllama links, by its SONAME (``libggml.so.0``), else the plain name.
+
+    A wheel holds copies, not links (libggml.so, libggml.so.0, libggml.so.0.25.3): opening another copy than
+    libllama's loads a second libggml into the process, with a backend registry of its own, so the backends
+    loaded or the devices asked through it would not be llama.cpp's.
+    """
+    plain = re.escape(base)
+    sonames = sorted(p for p in lib_dir.glob(f"lib{base}.*")
+                     if re.fullmatch(rf"lib{plain}\.so\.\d+|lib{plain}\.\d+\.dylib", p.name))
+    if sonames:
+        return sonames[0]
+    return next((lib_dir / name for name in (f"lib{base}.so", f"lib{base}.dylib", f"{base}.dll")
+                 if (lib_dir / name).exists()), None)
 
 
 def llama_lib_dir() -> Path:
@@ -37,7 +52,7 @@ def load_backend_modules(lib_dir: Path | None = None) -> bool:
     """
     global _modular
     lib_dir = lib_dir or llama_lib_dir()
-    path = next((lib_dir / name for name in _LIBGGML if (lib_dir / name).exists()), None)
+    path = linked_library(lib_dir, "ggml")
     if path is None:
         return False
     ggml = ctypes.CDLL(str(path))

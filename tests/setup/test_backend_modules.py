@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from app.ceiling.backend import probe_backend
 from app.ceiling.backend_modules import cpu_variant, describe_modules, load_backend_modules, loaded_modules
 
@@ -40,3 +44,35 @@ def test_a_build_with_linked_in_backends_is_left_alone_and_reports_no_modules() 
         assert info.modules == ()
         assert llama_cpp.llama_print_system_info() == before
         assert any(d.type == "cpu" for d in info.devices)
+
+
+def test_the_library_libllama_links_is_chosen_over_the_wheels_copies(tmp_path: Path) -> None:
+    from app.ceiling.backend_modules import linked_library
+
+    for name in ("libggml.so", "libggml.so.0", "libggml.so.0.25.3", "libggml-base.so", "libggml-base.so.0"):
+        (tmp_path / name).write_bytes(b"")
+    assert linked_library(tmp_path, "ggml") == tmp_path / "libggml.so.0"
+    assert linked_library(tmp_path, "ggml-base") == tmp_path / "libggml-base.so.0"
+    assert linked_library(tmp_path, "llama") is None
+    (tmp_path / "ggml.dll").write_bytes(b"")
+    mac = tmp_path / "mac"
+    mac.mkdir()
+    for name in ("libggml.dylib", "libggml.0.dylib"):
+        (mac / name).write_bytes(b"")
+    assert linked_library(mac, "ggml") == mac / "libggml.0.dylib"
+
+
+def test_asking_llama_cpp_for_its_devices_loads_no_second_copy_of_ggml() -> None:
+    """Two copies of libggml in one process have two backend registries: backends loaded through the wrong
+    one would be invisible to llama.cpp. A fresh process maps each ggml library once."""
+    code = ("from app.ceiling.backend import probe_backend\n"
+            "info = probe_backend()\n"
+            "assert info.devices\n"
+            "print('\\n'.join(line.rsplit('/', 1)[-1] for line in open('/proc/self/maps') if 'llama_cpp' in line))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    mapped = set(out.stdout.split())
+    for base in ("libggml", "libggml-base"):
+        copies = {name for name in mapped if name == f"{base}.so" or name.startswith(f"{base}.so.")}
+        assert len(copies) == 1, mapped
