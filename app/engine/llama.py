@@ -77,6 +77,7 @@ def model_params(*, n_gpu_layers: int = -1, main_gpu: int | None = None,
                  vocab_only: bool = False) -> lc.llama_model_params:
     """llama.cpp's load parameters. ``main_gpu`` None: llama.cpp's default, layers spread over every GPU it
     uses; an index into those GPUs: that GPU alone (split mode NONE, the only mode that reads main_gpu)."""
+    load_backend_modules()  # a module build has no GPU backend, so no offload, until its modules are loaded
     params = lc.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers if lc.llama_supports_gpu_offload() else 0
     if main_gpu is not None:
