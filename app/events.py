@@ -88,6 +88,14 @@ class Log:
 
 
 @dataclass(frozen=True)
+class WorkerReady:
+    """A new worker's first event, before it reads any request: what its llama.cpp build can do, so crash
+    advice fits the build even when the first load crashes."""
+
+    gpu_offload: bool  # llama_supports_gpu_offload() once the backends are loaded
+
+
+@dataclass(frozen=True)
 class LoadProgress:
     stage: str  # "target" or "drafter"
     fraction: float
@@ -310,7 +318,7 @@ class Unloaded:
 
 
 Event = (
-    Log | LoadProgress | Loaded | PromptProgress | PromptProcessed | Token | PassStats | Finished | BenchResult
-    | RawDecoded | EngineError | EngineCrashed | Unloaded
+    Log | WorkerReady | LoadProgress | Loaded | PromptProgress | PromptProcessed | Token | PassStats | Finished
+    | BenchResult | RawDecoded | EngineError | EngineCrashed | Unloaded
 )
 Request = Load | Generate | BenchRun | RawDecode | Cancel | Unload | Shutdown

@@ -36,6 +36,7 @@ from app.events import (
     Shutdown,
     Unload,
     Unloaded,
+    WorkerReady,
 )
 from app.logs import new_engine_log_path
 
@@ -65,6 +66,8 @@ class EngineClient:
         self._last_heard = time.monotonic()
         self.crashes_on_load = 0
         self.gpu_offload = False  # from the last Loaded: crash advice mentions the GPU only when one is used
+        self.build_gpu_offload: bool | None = None  # from the worker's WorkerReady: None until it has said
+        self._load_gpu_layers = 0  # the layers the load in progress asked to put on a GPU
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -131,6 +134,7 @@ class EngineClient:
         settings.validate()
         self.start()  # before the state is set: starting a worker resets it to "idle"
         self.state = "load"
+        self._load_gpu_layers = settings.n_gpu_layers
         self._send(Load(settings))
 
     def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings, *,
@@ -194,10 +198,17 @@ class EngineClient:
             signal_name=sig,
             during=during,
             last_log_lines=self.log_tail(),
-            message=message or self._explain(code, sig, during, self.gpu_offload),
+            message=message or self._explain(code, sig, during, self._gpu_in_play(during)),
         )
         self.kill()
         return event
+
+    def _gpu_in_play(self, during: str) -> bool:
+        """Whether GPU advice fits: a load that asked for GPU layers on a build that can offload (known from
+        the worker's first event, before any load), or an answer on a model that was offloaded."""
+        if during == "load":
+            return bool(self.build_gpu_offload) and self._load_gpu_layers != 0
+        return self.gpu_offload
 
     @staticmethod
     def _explain(code: int | None, sig: str | None, during: str, gpu: bool = False) -> str:
@@ -206,8 +217,8 @@ class EngineClient:
         )
         how = f"was killed by {sig}" if sig else f"exited with status {code}"
         advice = {
-            "load": "The model may be damaged, or there was not enough memory: try fewer GPU layers, a smaller "
-            "context or a smaller KV cache type.",
+            "load": "The model may be damaged, or there was not enough memory: try "
+            + ("fewer GPU layers, " if gpu else "") + "a smaller context or a smaller KV cache type.",
             "generate": "This is often the GPU running out of memory: try a smaller context, fewer GPU layers, "
             "or close other programs using the GPU." if gpu else "This is often the computer running out of "
             "memory: try a smaller context or model, or close other programs.",
@@ -239,6 +250,9 @@ class EngineClient:
         except (EOFError, OSError):
             return self._crashed()
         self._last_heard = time.monotonic()
+        if isinstance(event, WorkerReady):  # the client's own business: read on to the next event, if any
+            self.build_gpu_offload = event.gpu_offload
+            return self.poll(0.0)
         if isinstance(event, Loaded):
             self.state = "idle"
             self.crashes_on_load = 0

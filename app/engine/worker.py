@@ -25,6 +25,7 @@ from app.events import (
     Shutdown,
     Unload,
     Unloaded,
+    WorkerReady,
 )
 
 
@@ -164,5 +165,8 @@ def run_worker(conn: Connection, log_path: str) -> None:
 
     worker = Worker(conn)
     init_backend(worker.log)
+    import llama_cpp
+
+    worker.send(WorkerReady(gpu_offload=bool(llama_cpp.llama_supports_gpu_offload())))
     worker.send(Log("engine worker ready"))
     worker.serve()

@@ -153,3 +153,21 @@ def test_model_that_aborts_llama_cpp(client: EngineClient, tmp_path: Path, tiny_
     # The client (the GUI's side) is untouched: a restarted worker loads a good model and answers.
     client.restart()
     short_answer_works(client, tiny_target)
+
+
+def test_crash_advice_during_the_first_load_fits_the_build(client: EngineClient, tmp_path: Path) -> None:
+    """The build's GPU support is known from the worker's first event, before any load: a crash while the
+    very first model loads mentions GPU layers only on a build that can offload (and a load that asked)."""
+    from app.ceiling.backend import probe_backend_isolated
+
+    bad = write_tiny_model(tmp_path / "tiny-f64.gguf", name="tiny-f64", aborting=True)
+    settings = load_settings(bad)
+    assert settings.n_gpu_layers != 0  # the default asks for every layer on a GPU, when there is one
+    client.load(settings)
+    crashed = until(client, lambda e: isinstance(e, Loaded | Finished))[-1]
+    assert isinstance(crashed, EngineCrashed), crashed
+    assert crashed.during == "load"
+    build_offloads = probe_backend_isolated().gpu_offload
+    assert client.build_gpu_offload is build_offloads
+    assert ("GPU" in crashed.message) is build_offloads, crashed.message
+    assert "a smaller context" in crashed.message
