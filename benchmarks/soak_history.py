@@ -8,7 +8,9 @@ Each window is ``specdeck`` driven by the autopilot (``SPECDECK_AUTOPILOT``), wi
 A killer SIGKILLs one window's engine worker in turn every ``--kill-every`` seconds (the window restarts it
 and reloads); a locker holds the database's write lock for ``--lock-seconds`` at random moments. At the end
 the history is read (with what the windows had to leave in side files) and checked: every prompt a window
-sent is a user message, followed by an answer. The windows report the event loop's worst lateness.
+sent is a user message, followed by an answer. The windows report the event loop's worst lateness, and each
+stall over 100 ms with the GUI thread's stack during it and what else happened then (a kill of its worker,
+a lock, a machine so busy that an idle probe thread here woke late too); ``top_stall_stacks`` sums them.
 Exit status 0 when no turn was lost.
 """
 
@@ -59,20 +61,45 @@ class Chaos:
     def __init__(self, windows: list[subprocess.Popen[bytes]], db: Path, args: argparse.Namespace) -> None:
         self.windows, self.db, self.args = windows, db, args
         self.stop = threading.Event()
-        self.kills: list[float] = []
+        self.kills: list[tuple[float, int]] = []  # (when, which window's worker)
         self.locks: list[tuple[float, float]] = []
+        self.probe_lags: list[tuple[float, float]] = []  # (when, how late) of this process's own 20 ms sleeps
 
     def killer(self) -> None:
         n = 0
         while not self.stop.wait(self.args.kill_every):
-            worker = _engine_worker(self.windows[n % len(self.windows)])
+            window = n % len(self.windows)
+            worker = _engine_worker(self.windows[window])
             n += 1
             if worker is not None:
                 try:
                     worker.send_signal(signal.SIGKILL)
-                    self.kills.append(time.time())
+                    self.kills.append((time.time(), window))
                 except psutil.NoSuchProcess:
                     pass
+
+    def probe(self) -> None:
+        """How late a thread that does nothing else wakes: the machine's share of a window's lag."""
+        while not self.stop.is_set():
+            before = time.monotonic()
+            time.sleep(0.02)
+            late = time.monotonic() - before - 0.02
+            if late > 0.05:
+                self.probe_lags.append((time.time(), late))
+
+    def cause(self, window: int, at: float, lasted: float, loaded_at: float | None) -> list[str]:
+        """What else happened while a window's loop stalled from ``at`` for ``lasted`` seconds."""
+        end = at + lasted + 0.02
+        why = []
+        if loaded_at is None or at < loaded_at:
+            why.append("starting (before the first load)")
+        if any(w == window and at - 15 <= t <= end for t, w in self.kills):
+            why.append("own worker killed <15 s before")
+        if any(start <= end and at <= start + length for start, length in self.locks):
+            why.append("database locked")
+        if any(at - 0.05 <= t <= end + 0.05 and late > 0.05 for t, late in self.probe_lags):
+            why.append("machine busy (probe late too)")
+        return why
 
     def locker(self) -> None:
         rng = random.Random(self.args.seed)
@@ -116,9 +143,10 @@ def main() -> int:
         windows.append(subprocess.Popen(
             [sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],
             env={**env, "SPECDECK_AUTOPILOT": json.dumps(spec)}, cwd=REPO,
-            stdout=subprocess.DEVNULL, stderr=(home / f"window-{n}.err").open("wb")))
+            stdout=(home / f"window-{n}.out").open("wb"), stderr=(home / f"window-{n}.err").open("wb")))
     chaos = Chaos(windows, db, args)
-    threads = [threading.Thread(target=chaos.killer, daemon=True), threading.Thread(target=chaos.locker, daemon=True)]
+    threads = [threading.Thread(target=chaos.killer, daemon=True), threading.Thread(target=chaos.locker, daemon=True),
+               threading.Thread(target=chaos.probe, daemon=True)]
     started = time.time()
     for t in threads:
         t.start()
@@ -144,12 +172,14 @@ def main() -> int:
     result: dict[str, Any] = {"model": str(model), "minutes": args.minutes, "windows": [], "kills": len(chaos.kills),
                               "locks": [round(d, 1) for _, d in chaos.locks], "exit_codes": codes}
     lost_total = 0
-    for report in reports:
+    stacks: dict[str, dict[str, Any]] = {}
+    for index, report in enumerate(reports):
         try:
             doc = json.loads(report.read_text())
         except (OSError, ValueError):
             doc = {"sent": [], "results": [], "max_lag_s": None}
         sent = doc.get("sent", [])
+        loaded_at = doc.get("first_loaded_at")
         lost = [p for p in sent if p not in saved]
         unanswered = [p for p in sent if p in saved and saved[p] == ["none"]]
         lost_total += len(lost)
@@ -157,7 +187,19 @@ def main() -> int:
             "sent": len(sent), "answered": len(doc.get("results", [])), "lost": len(lost),
             "without_answer_row": len(unanswered), "max_lag_ms": round(1000 * (doc.get("max_lag_s") or 0), 1),
             "p99_lag_ms": round(1000 * (doc.get("p99_lag_s") or 0), 1),
-            "lags_over_100ms": doc.get("lags_over_100ms"), "ticks": doc.get("ticks")})
+            "lags_over_100ms": doc.get("lags_over_100ms"), "ticks": doc.get("ticks"),
+            "max_lag_after_load_ms": round(1000 * (doc.get("max_lag_after_load_s") or 0), 1),
+            "stalls": [{**stall, "with": chaos.cause(index, stall["at"], stall["ms"] / 1000, loaded_at)}
+                       for stall in doc.get("stall_watch", {}).get("each", [])]})
+        for top in doc.get("stall_watch", {}).get("top_stacks", []):
+            merged = stacks.setdefault("\n".join(top["stack"]), {"stall_s": 0.0, "stalls": 0, "stack": top["stack"]})
+            merged["stall_s"] = round(merged["stall_s"] + top["stall_s"], 3)
+            merged["stalls"] += top["stalls"]
+    probe = sorted(late for _, late in chaos.probe_lags)
+    result["machine_probe"] = {"wakes_over_50ms": len(probe), "over_100ms": sum(1 for p in probe if p > 0.1),
+                               "max_ms": round(1000 * probe[-1], 1) if probe else 0.0}
+    # Why the loops were late: the GUI threads' stacks while stalled, most stall time first.
+    result["top_stall_stacks"] = sorted(stacks.values(), key=lambda t: -t["stall_s"])[:8]
     result["lost_total"] = lost_total
     result["home"] = str(home)
     text = json.dumps(result, indent=2)

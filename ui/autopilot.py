@@ -9,7 +9,8 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
 
 ``duration_s``: stop sending prompts once this many seconds have passed (the soak script); ``new_chat_every``:
 start a new chat every N prompts, so a long run never outgrows the context. The report then also holds
-what was sent and the event loop's worst lateness (a 20 ms timer's), for the soak's checks.
+what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI thread's stacks behind each
+late tick (``ui/stall_watch.py``), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -29,6 +30,7 @@ from PySide6.QtCore import QObject, QTimer, Slot
 
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
+from ui.stall_watch import StallWatch
 
 ENV = "SPECDECK_AUTOPILOT"
 
@@ -48,8 +50,12 @@ class Autopilot(QObject):
         self._cpu0, self._wall0 = 0.0, 0.0
         self.sent: list[str] = []
         self.started = time.monotonic()
+        self.first_loaded_at: float | None = None  # wall clock: stalls before it are the window's start
+        self._ticks_before_load = 0
         self.lags: list[float] = []  # seconds the 20 ms timer fired late, for the soak's freeze check
         self._tick = time.monotonic()
+        # The soak asks why the loop was late: the GUI thread's stack, sampled while it stalls.
+        self.stall_watch = StallWatch() if spec.get("duration_s") is not None else None
         self._lag_timer = QTimer(self)
         self._lag_timer.timeout.connect(self._on_lag_timer_timeout)
         self._lag_timer.start(20)
@@ -102,6 +108,9 @@ class Autopilot(QObject):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         say(f"loaded {event.target.name}")
+        if self.first_loaded_at is None:
+            self.first_loaded_at = time.time()
+            self._ticks_before_load = len(self.lags)
         self._next()
 
     @Slot()
@@ -109,6 +118,8 @@ class Autopilot(QObject):
         now = time.monotonic()
         self.lags.append(max(0.0, now - self._tick - 0.020))
         self._tick = now
+        if self.stall_watch is not None:
+            self.stall_watch.beat()
 
     def _next(self) -> None:
         duration = self.spec.get("duration_s")
@@ -168,7 +179,12 @@ class Autopilot(QObject):
                 doc = {"results": self.results, "sent": self.sent, "ticks": len(lags),
                        "max_lag_s": lags[-1] if lags else 0.0,
                        "p99_lag_s": lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
-                       "lags_over_100ms": sum(1 for lag in lags if lag > 0.1)}
+                       "lags_over_100ms": sum(1 for lag in lags if lag > 0.1),
+                       "first_loaded_at": self.first_loaded_at,
+                       "max_lag_after_load_s": max(self.lags[self._ticks_before_load:], default=0.0)}
+                if self.stall_watch is not None:
+                    self.stall_watch.stop()
+                    doc["stall_watch"] = self.stall_watch.report()
             with open(report, "w", encoding="utf-8") as fh:
                 json.dump(doc, fh, indent=2)
         if self.spec.get("quit", True):
