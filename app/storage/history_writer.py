@@ -7,7 +7,8 @@ runs every call there, in the order given:
 - writes whose result the window does not need (saving the answer as it streams, finishing it, renames,
   deletes) are queued and return at once; a failure reaches ``on_error`` (called on the writer thread);
 - creates (they return the new id) and reads wait for their turn and return the result, so a read always
-  sees every write queued before it.
+  sees every write queued before it;
+- :meth:`chats_later` reads the chat list without waiting: the caller takes the result from a Future.
 
 BufferedHistory's guarantees hold unchanged, since every call still goes through it: a locked database
 keeps writes in memory, in order, and :meth:`close` writes them or saves them to a side file.
@@ -62,6 +63,10 @@ class HistoryThread:
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the writer thread after everything queued before it; return its result or raise."""
+        return self._submit(fn, *args, **kwargs).result()
+
+    def _submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        """Queue ``fn`` on the writer thread; the Future gets its result or exception."""
         if self._closed:
             raise StorageError("The chat history is closed.")
         future: Future[T] = Future()
@@ -73,7 +78,7 @@ class HistoryThread:
                 future.set_exception(exc)
 
         self._jobs.put(job)
-        return future.result()
+        return future
 
     def _post(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Queue ``fn`` on the writer thread and return at once; a failure goes to ``on_error``."""
@@ -146,6 +151,17 @@ class HistoryThread:
 
     def list_chats(self) -> list[ChatSummary]:
         return self._call(self._store.list_chats)
+
+    def chats_later(self, query: str = "") -> Future[tuple[list[ChatSummary], set[int] | None]]:
+        """The chats (and the ids matching ``query``, when one is given) without waiting for them: the window's
+        list is filled from the Future once the writes queued before it have run, so a slow write (an fsync, a
+        lock) never holds the GUI thread."""
+
+        def read() -> tuple[list[ChatSummary], set[int] | None]:
+            chats = self._store.list_chats()
+            return chats, (set(self._store.search_chats(query)) if query else None)
+
+        return self._submit(read)
 
     def chat(self, chat_id: int) -> ChatSummary:
         return self._call(self._store.chat, chat_id)

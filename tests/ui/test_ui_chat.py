@@ -100,7 +100,7 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     chat.input.setPlainText("Hello again.")
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
         assert chat.send()
-    assert chat.history_list.count() == 2
+    qtbot.waitUntil(lambda: chat.history_list.count() == 2, timeout=10_000)  # the list is read off the GUI thread
     item = next(chat.history_list.item(i) for i in range(chat.history_list.count())
                 if chat.history_list.item(i).text() == "Name three colours.")
     chat.history_list.setCurrentItem(item)

@@ -20,7 +20,8 @@ def _window_with_chats(qtbot: QtBot, make_window: object) -> object:
         store.add_message(chat, "user", text)
         answer = store.begin_answer(chat)
         store.finish_answer(answer, f"About {title}.", "complete", None, stop_reason="max_tokens")
-    window.chat.refresh_history()
+    with qtbot.waitSignal(window.chat.history_refreshed, timeout=10_000):  # the list is read off the GUI thread
+        window.chat.refresh_history()
     window.show()
     window.activateWindow()
     qtbot.waitActive(window)
@@ -61,7 +62,7 @@ def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window:
     assert "Borrow checker" not in _titles(window)
     assert chat.undo_delete_button.isVisibleTo(chat)
     chat.undo_delete_button.click()
-    assert "Borrow checker" in _titles(window)
+    qtbot.waitUntil(lambda: "Borrow checker" in _titles(window), timeout=10_000)
     assert chat.chat_id == current
     lst.setFocus()
     qtbot.waitUntil(lst.hasFocus, timeout=2000)
@@ -88,9 +89,9 @@ def test_context_menu_shows_the_clicked_chat_and_offers_rename_and_delete(qtbot:
 def test_search_filters_by_title_and_text(qtbot: QtBot, make_window: object) -> None:
     window = _window_with_chats(qtbot, make_window)
     window.chat.search_edit.setText("knead")
-    assert _titles(window) == ["Bread"]
+    qtbot.waitUntil(lambda: _titles(window) == ["Bread"], timeout=10_000)
     window.chat.search_edit.clear()
-    assert len(_titles(window)) == 2
+    qtbot.waitUntil(lambda: len(_titles(window)) == 2, timeout=10_000)
 
 
 def test_the_last_chat_reopens_on_start(qtbot: QtBot, make_window: object) -> None:

@@ -49,3 +49,34 @@ def test_history_writes_run_on_the_writer_thread_while_streaming(
     updates = [sql for _, sql in statements if sql.lstrip().upper().startswith("UPDATE")]
     assert len(updates) >= 2  # the answer saved while streaming, then finished
     assert window.store.messages(chat.chat_id)[-1].text == chat.messages[-1].text
+
+
+def _titles(window) -> list[str]:  # type: ignore[no-untyped-def]
+    lst = window.chat.history_list
+    return [lst.item(i).text() for i in range(lst.count())]
+
+
+def test_the_chat_list_is_read_without_waiting_for_a_busy_writer(
+    qtbot: QtBot, make_window  # type: ignore[no-untyped-def]
+) -> None:
+    """Ending an answer and sending refresh the chat list; the writer may be busy for a while then (an fsync,
+    another program's lock). The GUI thread asks and goes on; the list is filled when the read arrives."""
+    window = make_window(start_engine=False)
+    store = window.store
+    assert isinstance(store, HistoryThread)
+    store.new_chat("Held up")
+    gate = threading.Event()
+    writer_done: list[bool] = []
+
+    def busy_write() -> None:  # a write that waits for a lock or a slow disk
+        gate.wait(60)
+        writer_done.append(True)
+
+    store._post(busy_write)
+    try:
+        window.chat.refresh_history()
+        assert not writer_done  # the call came back while the writer was still held
+        assert "Held up" not in _titles(window)  # not read yet: the read waits its turn behind the write
+    finally:
+        gate.set()
+    qtbot.waitUntil(lambda: _titles(window) == ["Held up"], timeout=10_000)

@@ -126,7 +126,8 @@ def test_chat_titles_in_tooltips_are_escaped(qtbot: QtBot, make_window) -> None:
     if store is None:
         pytest.skip("no history store in this window")
     store.new_chat('<img src="file:///etc/passwd"><h1>Title</h1>')
-    window.chat.refresh_history()
+    with qtbot.waitSignal(window.chat.history_refreshed, timeout=10_000):
+        window.chat.refresh_history()
     item = window.chat.history_list.item(0)
     assert item.text() == '<img src="file:///etc/passwd"><h1>Title</h1>'
     tip = item.toolTip()

@@ -8,9 +8,11 @@ the panel's state (the open chat, generating) and lives here with it.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
@@ -34,7 +36,7 @@ from PySide6.QtWidgets import (
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, PromptProgress, Token
 from app.storage.buffered_history import BufferedHistory
-from app.storage.history import HistoryStore
+from app.storage.history import ChatSummary, HistoryStore
 from app.storage.history_writer import HistoryThread
 from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey
@@ -65,6 +67,8 @@ class ChatPanel(QWidget):
     chat_opened = Signal(int)
     chat_deleted = Signal(int)  # hidden at once; deleted for good unless undone in time
     completion_mode_toggled = Signal(bool)  # by the user (not by set_completion_mode)
+    history_refreshed = Signal()  # the chat list shows what the store held when it was last asked
+    _chats_read = Signal(int, object)  # from the writer thread: request number, (chats, matching ids) or an error
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class ChatPanel(QWidget):
         self._dirty = False
         self._last_flush = 0.0
         self._pending_delete: int | None = None
+        self._chat_list_requests = 0  # only the newest request's answer is shown
         self.context_menu: QMenu | None = None
         self._delete_timer = QTimer(self)
         self._delete_timer.setSingleShot(True)
@@ -102,6 +107,7 @@ class ChatPanel(QWidget):
         bridge.generation_finished.connect(self._on_bridge_generation_finished)
         bridge.engine_error.connect(self._on_bridge_engine_error)
         bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+        self._chats_read.connect(self._on_chats_read)
         self.refresh_history()
         self._update_buttons()
 
@@ -226,25 +232,56 @@ class ChatPanel(QWidget):
         return None
 
     def refresh_history(self) -> None:
-        self.history_list.blockSignals(True)
-        self.history_list.clear()
-        self.history_list.blockSignals(False)
+        """Ask for the chat list; it is shown when it arrives (``history_refreshed``). With the window's writer
+        thread the GUI thread never waits for it: the read queues behind the writes (an fsync, a lock)."""
         if self.store is None:
+            self._fill_history([])
             return
-        try:
+        self._chat_list_requests += 1
+        number = self._chat_list_requests
+        query = self.search_edit.text().strip()
+        if isinstance(self.store, HistoryThread):
+            try:
+                future = self.store.chats_later(query)
+            except StorageError as exc:
+                self.error_raised.emit(f"Could not read the chat history: {exc}")
+                return
+            future.add_done_callback(lambda done: self._deliver_chats(number, done))
+            return
+        try:  # a store without a writer thread (a test's): read here
             chats = self.store.list_chats()
         except Exception as exc:
             self.error_raised.emit(f"Could not read the chat history: {exc}")
             return
-        query = self.search_edit.text().strip()
+        matching: set[int] | None = None
         if query:
             try:
                 matching = set(self.store.search_chats(query))
             except StorageError as exc:
                 self.error_raised.emit(str(exc))
-                matching = {c.id for c in chats}
+        self._fill_history(chats, matching)
+
+    def _deliver_chats(self, number: int, done: Future[tuple[list[ChatSummary], set[int] | None]]) -> None:
+        """On the writer thread: hand the read to the GUI thread (a queued signal)."""
+        exc = done.exception()
+        with contextlib.suppress(RuntimeError):  # the panel is gone (the window closed meanwhile)
+            self._chats_read.emit(number, exc if exc is not None else done.result())
+
+    @Slot(int, object)
+    def _on_chats_read(self, number: int, result: object) -> None:
+        if number != self._chat_list_requests:
+            return  # a newer request is on its way
+        if isinstance(result, BaseException):
+            self.error_raised.emit(f"Could not read the chat history: {result}")
+            return
+        assert isinstance(result, tuple)
+        self._fill_history(*result)
+
+    def _fill_history(self, chats: list[ChatSummary], matching: set[int] | None = None) -> None:
+        if matching is not None:
             chats = [c for c in chats if c.id in matching]
         self.history_list.blockSignals(True)
+        self.history_list.clear()
         for chat in chats:
             if chat.id == self._pending_delete:
                 continue
@@ -258,6 +295,7 @@ class ChatPanel(QWidget):
             if chat.id == self.chat_id:
                 self.history_list.setCurrentItem(item)
         self.history_list.blockSignals(False)
+        self.history_refreshed.emit()
 
     def open_chat(self, chat_id: int) -> None:
         if self.generating or self.store is None:
@@ -687,6 +725,12 @@ class ChatPanel(QWidget):
         self._delete_timer.start(UNDO_DELETE_MS)
         if chat_id == self.chat_id:
             self.new_chat()
+        for row in range(self.history_list.count()):  # hidden now, before the refreshed list arrives
+            if self.history_list.item(row).data(Qt.ItemDataRole.UserRole) == chat_id:
+                self.history_list.blockSignals(True)
+                self.history_list.takeItem(row)
+                self.history_list.blockSignals(False)
+                break
         self.refresh_history()
         self.undo_delete_button.setVisible(True)
         self.chat_deleted.emit(chat_id)
