@@ -24,7 +24,7 @@ from app.cli import doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TOP_LEVEL = {"schema", "specdeck", "backend", "cpu", "nvml", "gpus", "devices", "notes", "settings",
+TOP_LEVEL = {"schema", "specdeck", "backend", "cpu", "nvml", "gpus", "devices", "memory", "notes", "settings",
              "target", "drafter", "ceiling", "speculative", "fit", "compatibility", "chat_template",
              "decode_check"}
 CPU_FIELDS = {"model", "physical_cores", "logical_cores", "ram_total", "ram_available", "bandwidth",
@@ -118,6 +118,9 @@ def test_json_report_field_names(env: dict[str, str], demo_models: tuple[Path, P
     r = doctor_json(env, "--model", str(gemma), "--drafter", str(smollm2), "--ctx", "2048")
     assert set(r) == TOP_LEVEL
     assert set(r["cpu"]) == CPU_FIELDS
+    cpu_device = next(m for m in r["memory"] if m["kind"] == "cpu")  # llama.cpp's own memory report
+    assert set(cpu_device) >= {"name", "device", "kind", "source", "total", "used", "ours"}
+    assert cpu_device["source"] == "llama.cpp"
     assert set(r["target"]) == set(r["drafter"]) == MODEL_FIELDS
     assert set(r["ceiling"]) == PASS_FIELDS
     assert set(r["speculative"]) == {"draft_k", "pass", "break_even_tokens_per_pass", "leviathan"}
