@@ -332,3 +332,19 @@ def test_the_dashboard_plots_the_devices_memory_and_the_models_share(
         assert f"{name} {vulkan_device.description}:" in panel.mem_label.text()
     finally:
         session.close()
+
+
+def test_a_chosen_gpu_loads_the_model_alone_and_a_missing_one_is_refused(
+        model_path: Path, vulkan_device: BackendDevice, llama_log: LlamaLog) -> None:
+    """main_gpu with split mode NONE: every layer on the chosen device; an index llama.cpp lacks is named."""
+    from app.errors import EngineLoadError
+
+    model = Model(model_path, n_gpu_layers=-1, main_gpu=0)
+    try:
+        assert f"using device {vulkan_device.name} (" in llama_log.text
+        assert f"offloaded {N_LAYER + 1}/{N_LAYER + 1} layers to GPU" in llama_log.text
+        assert set(llama_log.layer_devices().values()) == {vulkan_device.name}
+    finally:
+        model.close()
+    with pytest.raises(EngineLoadError, match=r"GPU 1 does not exist; llama\.cpp's GPUs here are 0: "):
+        Model(model_path, n_gpu_layers=-1, main_gpu=1)
