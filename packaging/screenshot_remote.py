@@ -6,8 +6,9 @@
 
 Starts the llama-server built by packaging/build_llama_server (or `specdeck serve`) on the SmolLM2 demo
 model with metrics and n-gram speculation, opens SpecDeck (no local engine) under Xvfb, connects it to the
-server (Model → Connect to server…), sends the edit prompts to the server while the dock plots its
-counters, then grabs the window. Needs Xvfb and Qt's X11 libraries (see packaging/screenshot.py).
+server (Model → Connect to server…), chooses the server's model in the picker and chats with the edit
+prompts through it while the dock plots the server's counters, then grabs the window while an answer
+streams. Needs Xvfb and Qt's X11 libraries (see packaging/screenshot.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -37,8 +37,9 @@ def free_port() -> int:
 
 
 def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
-    """Runs inside Xvfb: the window, connected to ``url``, while a thread keeps the server busy."""
-    import httpx
+    """Runs inside Xvfb: the window connected to ``url``, its chat on the server's model (chosen in the
+    picker, where it is listed as remote) sending the edit prompts one after another, so the dock plots the
+    server's counters while answers stream; the grab waits for an answer in progress."""
     from PySide6.QtCore import Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -49,28 +50,45 @@ def child(url: str, out: Path, seconds: float, size: tuple[int, int]) -> int:
     window.resize(*size)
     window.show()
     window.dashboard_dock.hide()
-    stop = threading.Event()
+    picker, chat = window.picker, window.chat
+    state = {"next": 0, "stop": False}
 
-    def traffic() -> None:
-        while not stop.is_set():
-            for prompt in PROMPTS:
-                if stop.is_set():
-                    return
-                httpx.post(url + "/v1/chat/completions", timeout=300,
-                           json={**prompt, "max_tokens": 64, "temperature": 0})  # short: tok/s moves per answer
+    def ask() -> None:
+        if state["stop"] or chat.generating:
+            return
+        prompt = PROMPTS[state["next"] % len(PROMPTS)]["messages"][-1]["content"]
+        state["next"] += 1
+        chat.new_chat()
+        chat.send(prompt)
 
-    threading.Thread(target=traffic, daemon=True).start()
+    def choose_remote() -> None:
+        if not picker.remote_models:
+            QTimer.singleShot(200, choose_remote)
+            return
+        picker.select_remote(picker.remote_models[0])
+        window.sampling_form.set_value("temperature", 0)
+        window.sampling_form.set_value("max_tokens", 64)  # short: tok/s moves with each answer
+        window.resizeDocks([window.remote.dock], [int(size[0] * 0.45)], Qt.Orientation.Horizontal)
+        chat.answer_finished.connect(lambda _answer: QTimer.singleShot(300, ask))
+        ask()
+
     window.remote.connect_to(url)
-    QTimer.singleShot(3000, lambda: window.resizeDocks([window.remote.dock], [int(size[0] * 0.55)],
-                                                       Qt.Orientation.Horizontal))
+    choose_remote()
+    deadline = time.monotonic() + seconds + 60
 
     def grab() -> None:
-        stop.set()
+        if not chat.generating and time.monotonic() < deadline:
+            QTimer.singleShot(100, grab)  # the shot shows an answer streaming
+            return
+        state["stop"] = True
         window.remote.dashboard.timer.stop()
         window.grab().save(str(out))
+        print(f"picker: {picker.target_combo.currentText()}")
         print(f"dock: {window.remote.dashboard.header.text()}")
         for key, label in window.remote.dashboard.values.items():
             print(f"  {key}: {label.text()}")
+        print(f"  sources: {window.remote.dashboard.sources.text()}")
+        print(f"answers sent: {state['next']}; streaming at the shot: {chat.generating}")
         window.close()
         app.quit()
 

@@ -377,7 +377,7 @@ class MainWindow(QMainWindow):
         qs.setValue("geometry", self.saveGeometry())
         qs.setValue("state", self.saveState(WINDOW_STATE_VERSION))
         qs.setValue("chat_splitter", self.chat.splitter.saveState())
-        qs.setValue("last_chat", self.chat.chat_id)
+        qs.setValue("last_chat", self.chat.stored_chat_id())
         qs.sync()
 
     def save_app_settings(self) -> None:
@@ -436,7 +436,7 @@ class MainWindow(QMainWindow):
 
     @Slot(list)
     def _on_picker_library_changed(self, entries: list[LibraryEntry]) -> None:
-        has_models = any(e.is_model for e in entries)
+        has_models = any(e.is_model for e in entries) or bool(self.picker.remote_models)
         self.stack.setCurrentWidget(self.chat if has_models else self.first_run)
 
     @Slot()

@@ -87,6 +87,10 @@ def test_remote_models_in_the_picker_chat_through_the_server(qtbot: QtBot, make_
     assert "server" in picker.status_label.text()
     assert side.route is not None
     assert chat.bridge is side.route
+    with qtbot.waitSignal(picker.library_changed, timeout=30_000):
+        picker.rescan()  # a rescan of the local folders keeps the remote choice
+    assert picker.remote_model() == model
+    assert chat.bridge is side.route
 
     # The chat answers through the server: its counters move by the answer's own counts.
     set_sampling(window, temperature=0, max_tokens=48)
@@ -168,7 +172,9 @@ def test_a_remote_model_whose_server_dies_mid_answer(qtbot: QtBot, make_window: 
     model = picker.remote_models[0]
     assert picker.select_remote(model)
     assert picker.target_combo.currentText().startswith("<b>bold</b> model — remote, 127.0.0.1:")
-    assert "<b>bold</b> model" in picker.target_info.text()  # shown as the characters it is
+    header = window.remote.dashboard.header
+    assert "<b>bold</b> model" in header.text()  # shown as the characters it is
+    assert header.textFormat() == header.textFormat().PlainText
 
     for attempt in range(2):  # the window goes on working: a second question fails the same way
         with qtbot.waitSignal(chat.answer_finished, timeout=30_000) as finished:

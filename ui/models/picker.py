@@ -79,7 +79,7 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
 class ModelPicker(QWidget):
     load_requested = Signal(LoadSettings)
     cancel_load_requested = Signal()
-    library_changed = Signal(list)  # list[LibraryEntry], after each scan
+    library_changed = Signal(list)  # list[LibraryEntry], after each scan and when remote models come or go
     drafters_ranked = Signal()  # the drafter list and badge are up to date for the chosen target
     folders_changed = Signal(tuple)  # tuple[str, ...]: the user's extra model folders
     demo_install_finished = Signal(bool)  # ok?
@@ -135,7 +135,7 @@ class ModelPicker(QWidget):
         self.remote_note.setWordWrap(True)
         self.remote_note.setTextFormat(Qt.TextFormat.PlainText)
         self.remote_note.setVisible(False)
-        form.addRow("", self.remote_note)
+        form.addRow(self.remote_note)  # a whole row: an empty-label row of wrapped text is given too little height
         ngram_row = QHBoxLayout()
         self.ngram_check = QCheckBox("N-gram drafter, key", models)
         self.ngram_check.setToolTip(
@@ -321,6 +321,7 @@ class ModelPicker(QWidget):
             index = self.target_combo.findData(self._wanted_target) if self._wanted_target else -1
             self.target_combo.setCurrentIndex(-1)
             self.target_combo.setCurrentIndex(max(index, 0) if self.target_combo.count() else -1)
+        self.library_changed.emit(self.entries)  # what can be chosen changed (the window may have no local model)
 
     def select_remote(self, model: RemoteModel) -> bool:
         index = self._remote_index(model)
@@ -517,8 +518,7 @@ class ModelPicker(QWidget):
         self.drafter_combo.clear()
         self.drafter_combo.addItem(NO_DRAFTER, None)
         self.drafter_combo.blockSignals(False)
-        self.target_info.setText(f"{remote.model}: served by {remote.engine} at {remote.base_url}. The chat goes "
-                                 "through its /v1/chat/completions; nothing is loaded here.")
+        self.target_info.setText(f"Served by {remote.engine} at {remote.where}; nothing is loaded here.")
         self.drafter_info.setText("")
         self.tuned_label.setText("")
         self._refresh()
