@@ -98,9 +98,10 @@ def new_controller(curve: dict[int, float], k_max: int, fixed: int | None) -> De
 
 
 def replay(prompt: list[int], answer: list[int], curve: dict[int, float], controller: DepthController,
-           drafter: NGramDrafter) -> dict[str, float]:
-    """One answer replayed: simulated seconds (passes by the curve plus the drafter's real time). The
-    controller carries over from answer to answer, as in one loaded session; the drafter starts empty."""
+           drafter: NGramDrafter, *, draft_time: bool = True) -> dict[str, float]:
+    """One answer replayed: simulated seconds (passes by the curve plus the drafter's real time, unless
+    ``draft_time`` is off: that time is measured, so it carries this machine's load). The controller carries
+    over from answer to answer, as in one loaded session; the drafter starts empty."""
     drafter.reset()
     tokens = list(prompt)
     drafter.observe(tokens)
@@ -129,6 +130,8 @@ def replay(prompt: list[int], answer: list[int], curve: dict[int, float], contro
         drafted += len(draft)
         accepted_total += n_acc
     plain = len(answer) * cost(curve, 1)
+    if not draft_time:
+        draft_seconds = 0.0
     return {"tokens": len(answer), "passes": passes, "drafted": drafted, "accepted": accepted_total,
             "seconds": seconds + draft_seconds, "draft_ms_per_pass": 1000 * draft_seconds / max(passes, 1),
             "speedup": plain / (seconds + draft_seconds) if seconds else 1.0}
@@ -163,6 +166,8 @@ def main() -> int:
     parser.add_argument("--k", type=int, help="fixed depth instead of the adaptive policy")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--curve-only", action="store_true",
+                        help="charge only the curve's pass costs, not the drafter's measured time (no noise)")
     parser.add_argument("--drafter-file", type=Path, help="take NGramDrafter from this file instead (A/B runs)")
     args = parser.parse_args()
     drafter_class = NGramDrafter
@@ -186,7 +191,8 @@ def main() -> int:
             raise SystemExit("no curve measured for this target: run `specdeck bench` on it, or pass --curve")
         curve = {w: ms / 1000 for w, ms in measured.widths_ms.items()}
     controller = new_controller(curve, args.k_max, args.k)
-    runs = [replay(r["prompt"], r["answer"], curve, controller, drafter_class(args.ngram))
+    runs = [replay(r["prompt"], r["answer"], curve, controller, drafter_class(args.ngram),
+                   draft_time=not args.curve_only)
             for r in record(args.target, args.prompts, args.max_tokens, args.threads)]
     for i, r in enumerate(runs):
         print(f"{i:>2} tokens {r['tokens']:>4} passes {r['passes']:>4} τ {r['tokens'] / r['passes']:.2f} "
