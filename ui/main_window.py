@@ -377,7 +377,7 @@ class MainWindow(QMainWindow):
         qs.setValue("geometry", self.saveGeometry())
         qs.setValue("state", self.saveState(WINDOW_STATE_VERSION))
         qs.setValue("chat_splitter", self.chat.splitter.saveState())
-        qs.setValue("last_chat", self.chat.chat_id)
+        qs.setValue("last_chat", self.chat.stored_chat_id())
         qs.sync()
 
     def save_app_settings(self) -> None:

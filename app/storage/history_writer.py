@@ -8,7 +8,10 @@ runs every call there, in the order given:
   deletes) are queued and return at once; a failure reaches ``on_error`` (called on the writer thread);
 - creates (they return the new id) and reads wait for their turn and return the result, so a read always
   sees every write queued before it;
-- :meth:`chats_later` reads the chat list without waiting: the caller takes the result from a Future.
+- :meth:`chats_later` reads the chat list without waiting: the caller takes the result from a Future;
+- the ``*_later`` creates return at once with a handle (a large negative number) that stands for the new id:
+  every later call, read or write, may pass it, and the writer thread puts the real id in its place (the
+  create ran before, in order). The chat list gives this session's new chats their handles back.
 
 BufferedHistory's guarantees hold unchanged, since every call still goes through it: a locked database
 keeps writes in memory, in order, and :meth:`close` writes them or saves them to a side file.
@@ -16,6 +19,8 @@ keeps writes in memory, in order, and :meth:`close` writes them or saves them to
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -27,6 +32,8 @@ from app.storage.buffered_history import BufferedHistory
 from app.storage.history import ChatSummary, StoredMessage
 
 T = TypeVar("T")
+HANDLE_BASE = -(1 << 30)  # ids handed out before their row exists: far below BufferedHistory's provisional
+# ids (which count down from -1), and still a 32-bit int, as Qt signals and item data carry them
 JOIN_TIMEOUT_S = 30.0  # close: BufferedHistory waits up to 5 s for a lock, then writes a side file
 
 
@@ -36,6 +43,9 @@ class HistoryThread:
     def __init__(self, open_store: Callable[[], BufferedHistory] = BufferedHistory,
                  on_error: Callable[[Exception], None] | None = None) -> None:
         self.on_error = on_error
+        self._handles: dict[int, int] = {}  # handle -> the store's id; written on the writer thread only
+        self._chat_handles: dict[int, int] = {}  # the same, for chats only (chat and message ids overlap)
+        self._handle_counter = itertools.count(HANDLE_BASE, -1)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="history-writer", daemon=True)
         self._thread.start()
@@ -73,7 +83,7 @@ class HistoryThread:
 
         def job() -> None:
             try:
-                future.set_result(fn(*args, **kwargs))
+                future.set_result(fn(*self._resolve(args), **kwargs))
             except BaseException as exc:  # handed to the caller, which raises it
                 future.set_exception(exc)
 
@@ -87,7 +97,7 @@ class HistoryThread:
 
         def job() -> None:
             try:
-                fn(*args, **kwargs)
+                fn(*self._resolve(args), **kwargs)
             except KeyError:
                 pass  # the chat or message was deleted meanwhile: the window's copy is what counts now
             except Exception as exc:
@@ -95,6 +105,22 @@ class HistoryThread:
                     self.on_error(exc)
 
         self._jobs.put(job)
+
+    def _resolve(self, args: tuple[Any, ...]) -> list[Any]:
+        """On the writer thread: handles replaced by the ids their creates got (KeyError if a create failed)."""
+        return [self._handles[a] if isinstance(a, int) and not isinstance(a, bool) and a <= HANDLE_BASE else a
+                for a in args]
+
+    def _create_later(self, method: str, *args: Any, chat: bool = False, **kwargs: Any) -> int:
+        handle = next(self._handle_counter)
+
+        def create(*resolved: Any) -> None:
+            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **kwargs))
+            if chat:
+                self._chat_handles[handle] = new_id
+
+        self._post(create, *args)
+        return handle
 
     def _stop(self) -> None:
         self._closed = True
@@ -111,6 +137,17 @@ class HistoryThread:
 
     def begin_answer(self, chat_id: int, **kwargs: Any) -> int:
         return self._call(self._store.begin_answer, chat_id, **kwargs)
+
+    # --- creates that do not wait: a handle now, the id on the writer thread --------------------------------
+
+    def new_chat_later(self, title: str = "New chat", system_prompt: str = "", **kwargs: Any) -> int:
+        return self._create_later("new_chat", title, system_prompt, chat=True, **kwargs)
+
+    def add_message_later(self, chat_id: int, role: str, text: str, status: str = "complete", **kwargs: Any) -> int:
+        return self._create_later("add_message", chat_id, role, text, status, **kwargs)
+
+    def begin_answer_later(self, chat_id: int, **kwargs: Any) -> int:
+        return self._create_later("begin_answer", chat_id, **kwargs)
 
     # --- writes queued without waiting ----------------------------------------------------------------
 
@@ -147,6 +184,7 @@ class HistoryThread:
         return self._call(lambda: self._store.pending_count)
 
     def real_id(self, any_id: int) -> int:
+        """The id in the database for a handle, a provisional id or a real one (KeyError: its create failed)."""
         return self._call(self._store.real_id, any_id)
 
     def list_chats(self) -> list[ChatSummary]:
@@ -158,8 +196,11 @@ class HistoryThread:
         lock) never holds the GUI thread."""
 
         def read() -> tuple[list[ChatSummary], set[int] | None]:
-            chats = self._store.list_chats()
-            return chats, (set(self._store.search_chats(query)) if query else None)
+            handles = {self._store.real_id(new_id): h for h, new_id in self._chat_handles.items()}
+            chats = [dataclasses.replace(c, id=handles[c.id]) if c.id in handles else c
+                     for c in self._store.list_chats()]
+            matching = {handles.get(i, i) for i in self._store.search_chats(query)} if query else None
+            return chats, matching
 
         return self._submit(read)
 

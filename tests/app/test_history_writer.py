@@ -4,6 +4,7 @@ by another program, what waits at close) and reports a failed queued write inste
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,50 @@ def test_a_failed_queued_write_is_reported(tmp_path: Path) -> None:
     assert errors
     with pytest.raises(StorageError):
         store.new_chat("after close")
+
+
+def test_creates_that_do_not_wait_hand_out_handles_that_stand_for_the_ids(tmp_path: Path) -> None:
+    """A turn made with the *_later creates, while another program holds the lock and then after: every call
+    may pass the handles; the rows land under real ids, and the chat list shows this session's chats by
+    their handles."""
+    path = tmp_path / "history.sqlite3"
+    with HistoryThread(lambda: BufferedHistory(path)) as store:
+        store.sync()
+        with locked(path):
+            chat = store.new_chat_later("held")
+            question = store.add_message_later(chat, "user", "held: question")
+            answer = store.begin_answer_later(chat, model="/m/t.gguf")
+            store.update_answer(answer, "part")
+            store.finish_answer(answer, "held: answer", "complete", stop_reason="eog")
+            assert min(chat, question, answer) < 0  # handles, not ids
+            assert [m.text for m in store.messages(chat)] == ["held: question", "held: answer"]
+        other = store.real_id(store.new_chat("a create that waits"))
+        deadline = time.monotonic() + 30
+        while store.pending_count and time.monotonic() < deadline:  # the lock's backoff runs out, then all is written
+            store.flush_pending()
+            time.sleep(0.05)
+        real = store.real_id(chat)
+        assert real > 0
+        other = store.real_id(other)
+        assert other > 0
+        chats, matching = store.chats_later("held").result(timeout=30)
+        assert {c.title: c.id for c in chats} == {"held": chat, "a create that waits": other}
+        assert matching == {chat}
+        store.truncate_after(chat, question)  # the handles still work for later writes
+        assert [m.text for m in store.messages(chat)] == ["held: question"]
+    saved = HistoryStore(path)
+    try:
+        assert [m.text for m in saved.messages(real)] == ["held: question"]
+    finally:
+        saved.close()
+
+
+def test_a_failed_create_is_reported_and_later_calls_with_its_handle_are_dropped(tmp_path: Path) -> None:
+    errors: list[Exception] = []
+    with HistoryThread(lambda: BufferedHistory(tmp_path / "history.sqlite3"), on_error=errors.append) as store:
+        bad = store.add_message_later(123456, "nobody", "no such role")  # refused by the store
+        store.update_answer(store.begin_answer_later(bad), "nothing to attach to")
+        store.sync()
+        assert errors  # the refused create reached on_error, on the writer thread
+        with pytest.raises(KeyError):
+            store.real_id(bad)

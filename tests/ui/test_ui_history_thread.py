@@ -80,3 +80,42 @@ def test_the_chat_list_is_read_without_waiting_for_a_busy_writer(
     finally:
         gate.set()
     qtbot.waitUntil(lambda: _titles(window) == ["Held up"], timeout=10_000)
+
+
+def test_sending_does_not_wait_for_a_busy_writer(
+    qtbot: QtBot, make_window, tiny_target: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Sending creates a chat, the question and the answer's row: with the writer held (another program's
+    lock, a slow disk) the GUI thread gets handles at once and goes on; the rows are written in order later,
+    under their real ids."""
+    window = make_window(folders=(tiny_target.parent,))
+    load_pair(qtbot, window, tiny_target)
+    store = window.store
+    assert isinstance(store, HistoryThread)
+    chat = window.chat
+    set_sampling(window, temperature=0, max_tokens=8)
+    gate = threading.Event()
+    writer_done: list[bool] = []
+
+    def busy_write() -> None:
+        gate.wait(60)
+        writer_done.append(True)
+
+    store._post(busy_write)
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=60_000):
+        try:
+            assert chat.send("Say something short.")
+            assert not writer_done  # send came back while the writer was still held
+        finally:
+            gate.set()
+    qtbot.waitUntil(lambda: chat.history_list.count() == 1, timeout=10_000)
+    assert chat.history_list.currentItem() is not None  # the new chat is the current one in the list
+    stored = store.messages(chat.chat_id)  # the handle stands for the chat's real id
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert stored[0].text == "Say something short."
+    assert stored[1].text == chat.messages[-1].text
+    assert stored[1].status == "complete"
+    real = store.real_id(chat.chat_id)
+    assert real > 0
+    assert chat.stored_chat_id() == real
+    assert [c.id for c in store.list_chats()] == [real]

@@ -231,6 +231,26 @@ class ChatPanel(QWidget):
             pass  # the chat was deleted elsewhere; the chat in memory is what counts now
         return None
 
+    def _create(self, what: str, *args: Any, **kwargs: Any) -> int | None:
+        """A new chat, message or answer (``what`` names the store's method). The writer thread hands back a
+        handle at once (``*_later``), which stands for the new id in every later call; a plain store (a
+        test's) creates the row now."""
+        if self.store is None:
+            return None
+        if isinstance(self.store, HistoryThread):
+            what = f"{what}_later"
+        new_id: int | None = self._store_call(getattr(self.store, what), *args, **kwargs)
+        return new_id
+
+    def stored_chat_id(self) -> int | None:
+        """The open chat's id in the database (a handle resolved; waits for the writer: for closing only)."""
+        if self.chat_id is None or not isinstance(self.store, HistoryThread):
+            return self.chat_id
+        try:
+            return self.store.real_id(self.chat_id)
+        except (KeyError, StorageError):
+            return None
+
     def refresh_history(self) -> None:
         """Ask for the chat list; it is shown when it arrives (``history_refreshed``). With the window's writer
         thread the GUI thread never waits for it: the read queues behind the writes (an fsync, a lock)."""
@@ -362,12 +382,12 @@ class ChatPanel(QWidget):
             return False
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
-            self.chat_id = self._store_call(self.store.new_chat, title, self.system_prompt.text())
+            self.chat_id = self._create("new_chat", title, self.system_prompt.text())
         elif self.chat_id is not None and self.store is not None:
             self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
         message = ChatMessage("user", text)
         if self.chat_id is not None and self.store is not None:
-            message.store_id = self._store_call(self.store.add_message, self.chat_id, "user", text)
+            message.store_id = self._create("add_message", self.chat_id, "user", text)
         self.messages.append(message)
         self.view.append_message(message)
         self.view.follow_end()
@@ -414,8 +434,8 @@ class ChatPanel(QWidget):
                                  drafter=loaded.drafter.path if loaded and loaded.drafter else None)
             messages = self._engine_messages()
         if resume is None and self.chat_id is not None and self.store is not None:
-            answer.store_id = self._store_call(
-                self.store.begin_answer, self.chat_id,
+            answer.store_id = self._create(
+                "begin_answer", self.chat_id,
                 model=loaded.target.path if loaded else None,
                 drafter=loaded.drafter.path if loaded and loaded.drafter else None,
                 sampling=sampling,
