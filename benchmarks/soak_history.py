@@ -9,8 +9,9 @@ A killer SIGKILLs one window's engine worker in turn every ``--kill-every`` seco
 and reloads); a locker holds the database's write lock for ``--lock-seconds`` at random moments. At the end
 the history is read (with what the windows had to leave in side files) and checked: every prompt a window
 sent is a user message, followed by an answer. The windows report the event loop's worst lateness, and each
-stall over 100 ms with the GUI thread's stack during it and what else happened then (a kill of its worker,
-a lock, a machine so busy that an idle probe thread here woke late too); ``top_stall_stacks`` sums them.
+stall over 100 ms with the GUI thread's stack during it, its kind (the GUI thread computing, blocked, or
+ready but waiting for a core on a busy machine) and what else happened then (the window's start, a kill of
+its worker, a lock, an idle probe thread here waking late too); ``top_stall_stacks`` sums the stacks.
 Exit status 0 when no turn was lost.
 """
 
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,18 @@ class Chaos:
         if any(at - 0.05 <= t <= end + 0.05 and late > 0.05 for t, late in self.probe_lags):
             why.append("machine busy (probe late too)")
         return why
+
+    @staticmethod
+    def kind(stall: dict[str, Any]) -> str:
+        """What held the GUI thread, from its CPU and run-queue shares over the stall (ui/stall_watch.py)."""
+        cpu, queued = stall.get("gui_cpu"), stall.get("gui_runqueue")
+        if cpu is None or queued is None:
+            return "too short to tell"
+        if queued >= 0.5:
+            return "machine busy: ready, waiting for a core"
+        if cpu >= 0.5:
+            return "GUI thread computing"
+        return "GUI thread blocked (a lock, I/O, the GIL)" if cpu + queued < 0.5 else "mixed"
 
     def locker(self) -> None:
         rng = random.Random(self.args.seed)
@@ -180,6 +194,7 @@ def main() -> int:
             doc = {"sent": [], "results": [], "max_lag_s": None}
         sent = doc.get("sent", [])
         loaded_at = doc.get("first_loaded_at")
+        stalls = doc.get("stall_watch", {}).get("each", [])
         lost = [p for p in sent if p not in saved]
         unanswered = [p for p in sent if p in saved and saved[p] == ["none"]]
         lost_total += len(lost)
@@ -189,8 +204,9 @@ def main() -> int:
             "p99_lag_ms": round(1000 * (doc.get("p99_lag_s") or 0), 1),
             "lags_over_100ms": doc.get("lags_over_100ms"), "ticks": doc.get("ticks"),
             "max_lag_after_load_ms": round(1000 * (doc.get("max_lag_after_load_s") or 0), 1),
-            "stalls": [{**stall, "with": chaos.cause(index, stall["at"], stall["ms"] / 1000, loaded_at)}
-                       for stall in doc.get("stall_watch", {}).get("each", [])]})
+            "stall_kinds": dict(Counter(chaos.kind(stall) for stall in stalls).most_common()),
+            "stalls": [{**stall, "kind": chaos.kind(stall), "with": chaos.cause(index, stall["at"], stall["ms"] / 1000,
+                                                                                  loaded_at)} for stall in stalls]})
         for top in doc.get("stall_watch", {}).get("top_stacks", []):
             merged = stacks.setdefault("\n".join(top["stack"]), {"stall_s": 0.0, "stalls": 0, "stack": top["stack"]})
             merged["stall_s"] = round(merged["stall_s"] + top["stall_s"], 3)

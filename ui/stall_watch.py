@@ -89,8 +89,9 @@ class StallWatch:
     def _watch(self) -> None:
         current: Stall | None = None
         current_beat = 0.0
-        first: tuple[float, dict[int, float], float | None] = (0.0, {}, None)  # when first seen; clocks then
+        first: tuple[float, dict[int, float]] = (0.0, {})  # when the stall was first seen; thread clocks then
         gui_tid = self.gui_native_id
+        gui_prev = gui_first = _gui_clocks(gui_tid)  # read on every wake: a short stall has a baseline too
         last_wake = time.monotonic()
         while not self._stop.wait(SAMPLE_S):
             now = time.monotonic()
@@ -98,32 +99,35 @@ class StallWatch:
             last_wake = now
             beat = self._beat
             late = now - beat - self.beat_interval_s
+            gui_now = _gui_clocks(gui_tid)
             if current is not None and beat != current_beat:  # the loop came back: the stall is over
                 current = None
             if late < self.threshold_s:
+                gui_prev = gui_now
                 continue
             frames = sys._current_frames()
             clocks = _cpu_clocks(frames)
             if current is None:
                 current = Stall(started=self._beat_wall)
                 current_beat = beat
-                first = (now, clocks, _runqueue_wait(gui_tid))
+                first = (now, clocks)
+                gui_first = gui_prev
                 self.stalls.append(current)
             current.lasted_s = late
             current.watcher_late_s = max(current.watcher_late_s, overslept)
             frame = frames.get(self.gui_thread)
             current.samples[format_stack(frame) if frame is not None else "(no frame)"] += 1
+            gui_span = gui_now[0] - gui_first[0]
+            if gui_span > 0 and gui_now[1] is not None and gui_first[1] is not None:
+                current.gui_cpu_share = (gui_now[1] - gui_first[1]) / gui_span
+            if gui_span > 0 and gui_now[2] is not None and gui_first[2] is not None:
+                current.gui_runqueue_share = (gui_now[2] - gui_first[2]) / gui_span
             span = now - first[0]
             if span > 0:
-                used = {t: c - first[1][t] for t, c in clocks.items() if t in first[1]}
-                if self.gui_thread in used:
-                    current.gui_cpu_share = used[self.gui_thread] / span
-                waited = _runqueue_wait(gui_tid)
-                if waited is not None and first[2] is not None:
-                    current.gui_runqueue_share = (waited - first[2]) / span
                 names = {t.ident: t.name for t in threading.enumerate()}
-                for ident, cpu in used.items():
-                    if ident not in (self.gui_thread, threading.get_ident()) and cpu > span / 3:
+                for ident, clock in clocks.items():
+                    used = clock - first[1].get(ident, clock)
+                    if ident not in (self.gui_thread, threading.get_ident()) and used > span / 3:
                         other = frames.get(ident)
                         current.busy_threads[names.get(ident, str(ident))] = (
                             format_stack(other) if other is not None else "(no frame)")
@@ -151,23 +155,33 @@ class StallWatch:
         }
 
 
-def _cpu_clocks(frames: dict[int, Any]) -> dict[int, float]:
-    """CPU seconds each live Python thread has used (Linux only: empty elsewhere).
+def _gui_clocks(tid: int) -> tuple[float, float | None, float | None]:
+    """Now, the thread's CPU seconds, and its seconds waiting for a core (None where not known)."""
+    return time.monotonic(), _thread_cpu(tid), _runqueue_wait(tid)
+
+
+def _thread_cpu(tid: int) -> float | None:
+    """CPU seconds used by thread ``tid`` (a native id) of this process (Linux only).
 
     The kernel's per-thread CPU clock is named from the thread's id (what glibc's pthread_getcpuclockid
     does), so a thread that has just ended gives an error here, never a read of freed memory.
     """
     if not sys.platform.startswith("linux"):
-        return {}
+        return None
+    try:
+        return time.clock_gettime((~tid << 3) | 6)  # CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD
+    except OSError:
+        return None
+
+
+def _cpu_clocks(frames: dict[int, Any]) -> dict[int, float]:
+    """CPU seconds each live Python thread in ``frames`` has used (Linux only: empty elsewhere)."""
     out: dict[int, float] = {}
     for thread in threading.enumerate():
-        tid = thread.native_id
-        if thread.ident not in frames or tid is None:
-            continue
-        try:
-            out[thread.ident] = time.clock_gettime((~tid << 3) | 6)  # CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD
-        except OSError:
-            continue
+        if thread.ident in frames and thread.native_id is not None:
+            cpu = _thread_cpu(thread.native_id)
+            if cpu is not None:
+                out[thread.ident] = cpu
     return out
 
 

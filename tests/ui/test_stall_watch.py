@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from ui.stall_watch import StallWatch
@@ -29,6 +30,10 @@ def test_a_stall_is_reported_with_the_stack_that_caused_it() -> None:
     stall = report["each"][0]
     assert stall["ms"] >= 50
     assert "held_by_a_blocking_call" in stall["where"]
+    if sys.platform.startswith("linux"):  # the thread CPU clock and schedstat tell blocked from computing
+        assert stall["gui_cpu"] is not None
+        assert stall["gui_cpu"] < 0.5  # it slept: blocked, not computing
+        assert stall["gui_runqueue"] is not None
 
 
 def test_no_stall_while_the_loop_beats() -> None:
