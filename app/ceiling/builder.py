@@ -128,10 +128,12 @@ class CeilingInfo:
         return self.measured_tps
 
 
-def _find_devices() -> Sequence[Device] | None:
-    """The machine's devices as the roofline sees them, without asking llama.cpp (the GUI never loads it)."""
+def _find_devices(loaded: Loaded) -> Sequence[Device] | None:
+    """The machine's devices as the roofline sees them. For a model on a GPU, llama.cpp's own device list
+    (asked in a child: the GUI never loads llama.cpp) decides which GPUs count, so a Vulkan or Metal GPU
+    that NVML cannot see is one of them."""
     try:
-        return probe_machine()[1]
+        return probe_machine(backend=probe_backend_isolated() if loaded.gpu_offload else None)[1]
     except Exception:  # a probe failure means no ceiling, never a broken dashboard
         log.exception("the hardware probe failed; the dashboard shows no ceiling")
         return None
@@ -145,7 +147,7 @@ def ceiling_for_loaded(
     n_gpu_layers: int = -1,
     calibration: Calibration | None = None,
     grid: int = 9,
-    find_devices: Callable[[], Sequence[Device] | None] = _find_devices,
+    find_devices: Callable[[Loaded], Sequence[Device] | None] = _find_devices,
 ) -> CeilingInfo | None:
     """The ceilings for a loaded target (None when the model or the devices cannot be described).
 
@@ -153,7 +155,7 @@ def ceiling_for_loaded(
     thread.
     """
     if devices is None:
-        devices = find_devices()
+        devices = find_devices(loaded)
     if not devices:
         if calibration is not None:
             return CeilingInfo(measured_tps=calibration.tokens_per_second)

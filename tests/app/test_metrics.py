@@ -191,7 +191,7 @@ def test_ceiling_for_loaded_with_given_devices(tiny_target: Path) -> None:
 
 
 def test_ceiling_for_loaded_without_devices(tiny_target: Path) -> None:
-    assert ceiling_for_loaded(loaded(str(tiny_target)), find_devices=lambda: None) is None
+    assert ceiling_for_loaded(loaded(str(tiny_target)), find_devices=lambda _loaded: None) is None
 
 
 def test_memory_probe_reads_ram_and_injected_gpus() -> None:

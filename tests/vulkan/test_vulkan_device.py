@@ -348,3 +348,20 @@ def test_a_chosen_gpu_loads_the_model_alone_and_a_missing_one_is_refused(
         model.close()
     with pytest.raises(EngineLoadError, match=r"GPU 1 does not exist; llama\.cpp's GPUs here are 0: "):
         Model(model_path, n_gpu_layers=-1, main_gpu=1)
+
+
+def test_the_dashboards_ceiling_counts_the_vulkan_device(model_path: Path, vulkan_device: BackendDevice,
+                                                          specdeck_home: Path) -> None:
+    """The dashboard's roof for a model on the device: llama.cpp's device list (a child probe) makes the
+    Vulkan GPU count although NVML cannot see it; its bandwidth is the saved override."""
+    from app.ceiling.builder import ceiling_for_loaded
+    from app.events import Loaded, ModelSummary
+    from app.storage.settings import AppSettings, save_settings
+
+    save_settings(AppSettings(bandwidth_override_gbps=20.0))
+    info = read_gguf_info(model_path)
+    summary = ModelSummary(str(model_path), "tiny", "llama", info.n_params, info.tensor_bytes, info.context_length,
+                           N_LAYER, info.n_vocab)
+    ceiling = ceiling_for_loaded(Loaded(summary, None, 0, N_CTX, "vulkan", True, 1024, 1024 * N_CTX, 1.0))
+    assert ceiling is not None
+    assert ceiling.device == f"{vulkan_device.description} (20 GB/s)"
