@@ -289,6 +289,7 @@ class RemoteInfo:
     has_slots: bool
     speculation: str  # what the server says about its own speculation, or NOT_REPORTED
     notes: tuple[str, ...] = ()
+    speculating: bool | None = None  # None: the server does not say (llama-server's /slots and SpecDeck's /props do)
 
 
 def _guess_engine(prefix: str, models: list[dict[str, Any]], props: dict[str, Any] | None) -> str:
@@ -412,17 +413,24 @@ class RemoteEngine:
             settings = props.get("default_generation_settings")
             value = settings.get("n_ctx") if isinstance(settings, dict) else None
             n_ctx = int(value) if isinstance(value, int | float) and value > 0 else None
-        speculation = NOT_REPORTED
+        speculation, speculating = NOT_REPORTED, None
+        slot_list = slots if isinstance(slots, list) else []
+        slot_flags = [s["speculative"] for s in slot_list
+                      if isinstance(s, dict) and isinstance(s.get("speculative"), bool)]
         if props is not None and isinstance(props.get("specdeck"), dict):
             meta = props["specdeck"]
             parts = [f"drafter {meta['drafter']}" if meta.get("drafter") else "",
                      f"n-gram {meta['ngram']}" if meta.get("ngram") else ""]
             speculation = ", ".join(p for p in parts if p) or "off"
+            speculating = speculation != "off"
+        elif slot_flags:  # llama-server: each slot says whether it can speculate
+            speculating = any(slot_flags)
+            speculation = "on (its /slots say so)" if speculating else "off (its /slots say so)"
         elif has_metrics and self._last is not None and "draft_tokens" in self._last.counters:
             speculation = "configured on the server (it reports spec-decode counters)"
         self.info = RemoteInfo(self.base_url, _guess_engine(prefix, models, props),
                                tuple(m["id"] for m in models), n_ctx, has_metrics, isinstance(slots, list),
-                               speculation, tuple(notes))
+                               speculation, tuple(notes), speculating)
         return self.info
 
     def scrape(self) -> Scrape:

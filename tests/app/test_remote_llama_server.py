@@ -7,6 +7,7 @@ in a cached step of its own or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -39,16 +40,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def llama_server(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def running_llama_server(model: Path, log_dir: Path, *extra: str) -> Iterator[str]:
+    """llama-server on 127.0.0.1 with --metrics and --slots and ``extra`` arguments, until the block ends."""
     binary = llama_server_binary()
     if binary is None:
         pytest.skip("llama-server is not built; run packaging/build_llama_server (several minutes, once)")
     port = free_port()
-    log = (tmp_path_factory.mktemp("llama-server") / "server.log").open("wb")
+    log = (log_dir / "server.log").open("wb")
     proc = subprocess.Popen(
-        [str(binary), "-m", str(tiny_target), "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
-         "-c", "1024", "-np", "1", "-t", "1", "--spec-type", "ngram-simple", "--spec-draft-n-max", "4"],
+        [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
+         "-c", "1024", "-np", "1", "-t", "1", *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -73,6 +75,21 @@ def llama_server(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
         log.close()
 
 
+@pytest.fixture(scope="module")
+def llama_server(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """With n-gram speculation (ngram-simple, up to 4 draft tokens)."""
+    with running_llama_server(tiny_target, tmp_path_factory.mktemp("llama-server"), "--spec-type", "ngram-simple",
+                              "--spec-draft-n-max", "4") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def llama_server_plain(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Without speculation."""
+    with running_llama_server(tiny_target, tmp_path_factory.mktemp("llama-server-plain")) as url:
+        yield url
+
+
 def test_discovers_llama_server(llama_server: str, tiny_target: Path) -> None:
     with RemoteEngine(llama_server) as remote:
         info = remote.discover()
@@ -81,6 +98,25 @@ def test_discovers_llama_server(llama_server: str, tiny_target: Path) -> None:
     assert info.has_slots
     assert info.n_ctx == 1024
     assert len(info.models) == 1
+    assert info.speculating is True  # its /slots say so
+    assert info.speculation == "on (its /slots say so)"
+
+
+def test_llama_server_without_speculation_says_so(llama_server_plain: str) -> None:
+    """Its spec-decode counters are there but stay still; /slots says it does not speculate."""
+    with RemoteEngine(llama_server_plain) as remote:
+        info = remote.discover()
+        before = remote.scrape()
+        events = list(remote.chat([{"role": "user", "content": PROMPT}], max_tokens=16, temperature=0))
+        after = remote.scrape()
+    assert info.speculating is False
+    assert info.speculation == "off (its /slots say so)"
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.stats.drafted == 0
+    figures = rates(before, after)
+    assert figures.tokens_per_second is not None
+    assert figures.acceptance is None
 
 
 def test_rates_from_llama_server_counters(llama_server: str) -> None:

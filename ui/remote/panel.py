@@ -21,6 +21,7 @@ from app.units import format_si
 from ui.tasks import TaskRunner
 
 SCRAPE_MS = 1000
+SPECULATION_FIGURES = ("acceptance", "mean_accepted_length")
 NOT_CONNECTED = "Not connected to a server. Model → Connect to server… watches one."
 HISTORY_POINTS = 600
 BLUE = QColor(31, 119, 180)
@@ -161,6 +162,8 @@ class RemoteDashboard(QWidget):
             value = getattr(figures, key)
             if value is not None:
                 text = fmt(value)
+            elif key in SPECULATION_FIGURES and self.info is not None and self.info.speculating is False:
+                text = "speculation is off on this server"
             elif exposed.get(key):
                 text = "idle (nothing new since the last reading)"
             else:
