@@ -97,6 +97,28 @@ def test_garbage_metrics_text_is_a_message() -> None:
         parse_metrics("this is {not metrics\n")
 
 
+def test_llama_server_rates_from_a_real_scrape() -> None:
+    """Two real scrapes around one answer whose timings were predicted_n 200 in 10810.387 ms, draft_n 162,
+    draft_n_accepted 108 (tests/data/README.md): the rates are that answer's own."""
+    before = read_scrape(recorded("metrics_llamacpp_1.txt"), 0.0)
+    after = read_scrape(recorded("metrics_llamacpp_2.txt"), 30.0, kv_from_slots=0.0)
+    assert after.prefix == "llamacpp"
+    figures = rates(before, after)
+    # The counter rounds the seconds to 10.8104 (six significant digits).
+    assert figures.tokens_per_second == pytest.approx(200 / 10.810387, rel=1e-5)
+    assert figures.acceptance == 108 / 162
+    assert figures.mean_accepted_length == 1 + 108 / 4  # 4 verify steps that drafted
+    assert figures.per_position_acceptance is not None
+    assert figures.per_position_acceptance[0] == 1.0
+    assert sum(figures.per_position_acceptance) * 4 == 108
+    exposed = reported(after)
+    assert not exposed["read_bytes_per_second"]
+    assert not exposed["ceiling_tokens_per_second"]
+    assert exposed["kv_usage"]  # from /slots
+    assert figures.read_bytes_per_second is None
+    assert figures.ceiling_tokens_per_second is None
+
+
 def test_kv_from_llama_server_slots() -> None:
     slots = [
         {"id": 0, "n_ctx": 4096, "is_processing": True, "n_prompt_tokens": 1000, "next_token": [{"n_decoded": 24}]},
