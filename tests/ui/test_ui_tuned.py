@@ -91,6 +91,11 @@ def test_tune_window_sweeps_plots_saves_and_uses_the_winner(
     else:  # plain decoding won: no measured setting is starred
         assert len(wx) == 0
 
+    lines = dialog.settings_label.text().splitlines()  # what each number along x stands for
+    assert [line.split(": ", 1)[1].split(",")[0] for line in lines] == ["n-gram", "n-gram"]
+    assert len(lines) == 2
+    assert sum("★" in line for line in lines) == (1 if best in report.results else 0)
+
     saved = load_tuned(str(tiny_target), None)
     assert saved is not None
     assert saved.speedup == best.speedup

@@ -77,7 +77,7 @@ class SweepPlot(QWidget):
         self.graph.showGrid(y=True, alpha=0.3)
         self.plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
                                           pen=pg.mkPen((128, 128, 128), width=1.5, style=Qt.PenStyle.DashLine),
-                                          label="plain 1.0×", labelOpts={"position": 0.05})
+                                          label="plain 1.0×", labelOpts={"position": 0.9})
         self.graph.addItem(self.plain_line)
         self.bars = pg.ErrorBarItem(x=np.zeros(0), y=np.zeros(0), top=np.zeros(0), bottom=np.zeros(0),
                                     beam=0.25, pen=pg.mkPen(BLUE, width=1.5))
@@ -88,9 +88,13 @@ class SweepPlot(QWidget):
         self.graph.addItem(self.winner)
         self.measured: list[Measured] = []
         self.best: Measured | None = None
+        self.legend_lines: list[str] = []
 
     def show_results(self, measured: Sequence[Measured], best: Measured | None) -> None:
         self.measured, self.best = list(measured), best
+        self.legend_lines = [
+            f"{n}: {m.candidate.label()}, {m.speedup:.2f}× ({m.speedup_min:.2f}–{m.speedup_max:.2f})"
+            + (" ★" if m is best else "") for n, m in enumerate(measured, 1)]
         x = np.arange(1, len(measured) + 1, dtype=float)
         y = np.array([m.speedup for m in measured], dtype=float)
         top = np.array([m.speedup_max - m.speedup for m in measured], dtype=float)
@@ -190,6 +194,10 @@ class TuneDialog(QDialog):
         outer.addWidget(self.status_label)
         self.plot = SweepPlot(self)
         outer.addWidget(self.plot, 1)
+        self.settings_label = QLabel("", self)  # what each number along x stands for
+        self.settings_label.setWordWrap(True)
+        self.settings_label.setTextFormat(Qt.TextFormat.PlainText)
+        outer.addWidget(self.settings_label)
         self.best_label = QLabel("", self)
         self.best_label.setWordWrap(True)
         self.best_label.setTextFormat(Qt.TextFormat.PlainText)
@@ -213,6 +221,7 @@ class TuneDialog(QDialog):
         self._measured = []
         self.report = None
         self.plot.show_results([], None)
+        self.settings_label.setText("")
         self.best_label.setText("")
         self.use_button.setEnabled(False)
         self.start_button.setEnabled(False)
@@ -276,6 +285,7 @@ class TuneDialog(QDialog):
                                   f"{_minutes(p.elapsed_s)} so far, about {_minutes(p.left_s)} left.")
         ranked = sorted(self._measured, key=lambda m: -m.speedup)
         self.plot.show_results(self._measured, ranked[0] if ranked else None)
+        self.settings_label.setText("\n".join(self.plot.legend_lines))
 
     def _on_sweep_done(self, report: TuneReport) -> None:
         self.report = report
@@ -283,6 +293,7 @@ class TuneDialog(QDialog):
         measured = list(report.results)
         best = report.best
         self.plot.show_results(measured, best if best in measured else None)
+        self.settings_label.setText("\n".join(self.plot.legend_lines))
         how = {"cancelled": "Cancelled; kept what was measured.", "budget": "Stopped at the time budget."}
         self.status_label.setText(how.get(report.stopped, "Done.") + f" {len(measured)} settings measured.")
         if best is None:
