@@ -47,6 +47,7 @@ class Autopilot(QObject):
         self.prompts: list[str] = list(spec.get("prompts", []))
         self.results: list[dict[str, Any]] = []
         self.chars = 0
+        self._folder_added = False
         self._cpu0, self._wall0 = 0.0, 0.0
         self.sent: list[str] = []
         self.started = time.monotonic()
@@ -84,7 +85,13 @@ class Autopilot(QObject):
             form.set_settings(replace(form.settings(), max_tokens=int(spec["max_tokens"])))
         target = str(spec["target"])
         if not picker.select_target(target):
+            if self._folder_added:
+                say(f"load refused: {target} is not in the library even after adding its folder")
+                self.window.close()
+                return
             say(f"{target} is not in the library; adding its folder")
+            self._folder_added = True
+            picker.library_changed.connect(self._on_picker_library_changed)  # then try again
             picker.add_folder(str(Path(target).parent))
             return
         if spec.get("drafter"):

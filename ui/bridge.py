@@ -41,6 +41,10 @@ PAINT_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
 MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
+# The window's engine worker yields the CPU to the GUI thread when they compete for a core: on a busy machine
+# (measured in the soak) the GUI thread otherwise waits for a core behind the decode threads, and the window
+# freezes for hundreds of milliseconds. Uncontended, the worker runs as fast as before.
+WORKER_NICE = 5
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class EngineBridge(QObject):
         auto_restart: bool = True,
     ) -> None:
         super().__init__(parent)
-        self._client = client if client is not None else EngineClient(log_dir=logs_dir())
+        self._client = client if client is not None else EngineClient(log_dir=logs_dir(), nice=WORKER_NICE)
         self.auto_restart = auto_restart
         self._commands: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
         self._pending: deque[Any] = deque()

@@ -55,9 +55,10 @@ def _signal_name(code: int | None) -> str | None:
 class EngineClient:
     """One engine worker at a time. Not thread-safe: one thread sends and reads."""
 
-    def __init__(self, log_dir: Path | None = None, watchdog_seconds: float = 120.0) -> None:
+    def __init__(self, log_dir: Path | None = None, watchdog_seconds: float = 120.0, nice: int = 0) -> None:
         self.log_dir = log_dir
         self.watchdog_seconds = watchdog_seconds
+        self.nice = nice  # > 0: the worker runs at a lower CPU priority than this process (the window's choice)
         self._proc: Any = None
         self._conn: Connection | None = None
         self._log_path: Path | None = None
@@ -80,7 +81,7 @@ class EngineClient:
         name = str(self._log_path)
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=run_worker, args=(child, name), name="specdeck-engine", daemon=True)
+        self._proc = ctx.Process(target=run_worker, args=(child, name, self.nice), name="specdeck-engine", daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

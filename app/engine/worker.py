@@ -155,8 +155,24 @@ class Worker:
                 cancelled = True
 
 
-def run_worker(conn: Connection, log_path: str) -> None:
-    """Entry point of the worker process (spawned by ``EngineClient``)."""
+def lower_priority(nice: int) -> None:
+    """Give the CPU to other programs first (the window's GUI thread): before any thread starts, so llama.cpp's
+    threads inherit it. Best effort: a system that refuses leaves the priority as it was."""
+    try:
+        if hasattr(os, "nice"):
+            os.nice(nice)
+        else:  # Windows
+            import psutil
+
+            psutil.Process().nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
+    except (OSError, ImportError, AttributeError):
+        pass
+
+
+def run_worker(conn: Connection, log_path: str, nice: int = 0) -> None:
+    """Entry point of the worker process (spawned by ``EngineClient``); ``nice`` > 0 lowers its priority."""
+    if nice > 0:
+        lower_priority(nice)
     _redirect_stderr(log_path)
     # On an abort GGML otherwise attaches gdb and logs a backtrace of ~100 lines, which pushes the abort
     # message itself out of the tail that EngineCrashed reports (and takes seconds).
