@@ -22,13 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.params import SamplingSettings
 from app.errors import AppError
-from app.events import Finished, MessageStats, Token
+from app.events import Finished, MessageStats, PromptProcessed, Token
 
 MAX_METRICS_BYTES = 4 << 20
 MAX_JSON_BYTES = 1 << 20
 NOT_REPORTED = "not reported by this server"
 
 ENGINE_NAMES = {"llamacpp": "llama-server", "vllm": "vLLM", "sglang": "SGLang", "specdeck": "SpecDeck"}
+
+
+AnswerEvents = Generator[Token | PromptProcessed | Finished, None, None]
 
 
 class RemoteError(AppError):
@@ -321,8 +324,13 @@ class RemoteModel:
         return self.base_url.split("://", 1)[-1].split("/", 1)[0]
 
     @property
+    def name(self) -> str:
+        """The model's id, or only its file name where the id is a .gguf path (llama-server's without --alias)."""
+        return self.model.replace("\\", "/").rsplit("/", 1)[-1] if self.model.lower().endswith(".gguf") else self.model
+
+    @property
     def label(self) -> str:
-        return f"{self.model} — remote, {self.where}"
+        return f"{self.name} — remote, {self.where}"
 
 
 def remote_models(info: RemoteInfo) -> tuple[RemoteModel, ...]:
@@ -453,8 +461,9 @@ class RemoteEngine:
     def chat(self, messages: list[dict[str, str]], *, model: str | None = None, max_tokens: int = 512,
              temperature: float = 0.0, request_id: int = 0, read_timeout: float = 300.0,
              options: Mapping[str, Any] | None = None,
-             cancelled: Callable[[], bool] | None = None) -> Generator[Token | Finished, None, None]:
-        """Stream one answer as ``Token`` events, then ``Finished`` with what the server reported.
+             cancelled: Callable[[], bool] | None = None) -> AnswerEvents:
+        """Stream one answer as ``Token`` events (and ``PromptProcessed`` once the server's per-chunk
+        ``timings`` give its prompt figures), then ``Finished`` with what the server reported.
         ``options``: more request fields (sampling, see ``sampling_options``). ``cancelled`` is asked at each
         chunk; when it says yes the stream is closed (the server sees the client go) and the answer ends
         "cancelled" with what arrived."""
@@ -464,7 +473,7 @@ class RemoteEngine:
     def complete(self, prompt: str, *, model: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
                  request_id: int = 0, read_timeout: float = 300.0,
                  options: Mapping[str, Any] | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> Generator[Token | Finished, None, None]:
+                 cancelled: Callable[[], bool] | None = None) -> AnswerEvents:
         """Completion mode: ``prompt`` goes to ``/v1/completions`` as it is (no chat template); else as ``chat``."""
         body: dict[str, Any] = {"prompt": prompt, **self._common(model, max_tokens, temperature, options)}
         return self._answer("/v1/completions", body, request_id, read_timeout, cancelled)
@@ -480,13 +489,14 @@ class RemoteEngine:
         return body
 
     def _answer(self, path: str, body: dict[str, Any], request_id: int, read_timeout: float,
-                cancelled: Callable[[], bool] | None) -> Generator[Token | Finished, None, None]:
+                cancelled: Callable[[], bool] | None) -> AnswerEvents:
         pieces: list[str] = []
         finish = "error"
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
         t0 = time.perf_counter()
         ttft = 0.0
+        prompt_said = False
         try:
             with self._http.stream("POST", path, json=body,
                                    timeout=httpx.Timeout(10.0, read=read_timeout)) as response:
@@ -516,6 +526,10 @@ class RemoteEngine:
                         usage = chunk["usage"]
                     if isinstance(chunk.get("timings"), dict):
                         timings = chunk["timings"]
+                        prompt_n, prompt_ms = timings.get("prompt_n"), timings.get("prompt_ms")
+                        if not prompt_said and isinstance(prompt_n, int) and isinstance(prompt_ms, int | float):
+                            prompt_said = True  # the server's own prompt figures (timings_per_token)
+                            yield PromptProcessed(request_id, prompt_n, float(prompt_ms) / 1000, None)
                     for choice in chunk.get("choices") or []:
                         if not isinstance(choice, dict):
                             continue

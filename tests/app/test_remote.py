@@ -18,6 +18,7 @@ from app.events import Finished, Token
 from app.serve.remote import (
     RemoteEngine,
     RemoteError,
+    RemoteModel,
     kv_usage_from_slots,
     parse_metrics,
     rates,
@@ -117,6 +118,15 @@ def test_llama_server_rates_from_a_real_scrape() -> None:
     assert exposed["kv_usage"]  # from /slots
     assert figures.read_bytes_per_second is None
     assert figures.ceiling_tokens_per_second is None
+
+
+def test_remote_model_labels() -> None:
+    """llama-server without --alias names its model by the file's path: the picker shows the file name."""
+    served = RemoteModel("/models/SmolLM2-135M-Instruct.Q4_1.gguf", "http://127.0.0.1:8080", "llama-server")
+    assert served.label == "SmolLM2-135M-Instruct.Q4_1.gguf — remote, 127.0.0.1:8080"
+    assert served.model == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # what requests name
+    hub = RemoteModel("Qwen/Qwen3-8B", "https://gpu.example:8000/", "vLLM")
+    assert hub.label == "Qwen/Qwen3-8B — remote, gpu.example:8000"
 
 
 def test_kv_from_llama_server_slots() -> None:

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.engine.client import EngineClient
 from app.engine.llama import Model
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
-from app.events import Finished, Token
+from app.events import Finished, PromptProcessed, Token
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import Limits
 from app.serve.runner import EngineRunner
@@ -437,6 +437,8 @@ def test_remote_completion_mode_is_the_raw_prompt(served: tuple[Server, Path], t
     finished = events[-1]
     assert isinstance(finished, Finished)
     assert finished.stats.prompt_tokens == len(raw)
+    processed = [e for e in events if isinstance(e, PromptProcessed)]  # from the per-chunk timings
+    assert [e.prompt_tokens for e in processed] == [len(raw)]
     assert finished.text == "".join(e.text for e in events if isinstance(e, Token))
 
 

@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
-from app.serve.remote import NOT_REPORTED, RemoteEngine
+from app.serve.remote import NOT_REPORTED, RemoteEngine, RemoteRates
 from ui.remote.connect import connect_in_background
 from ui.remote.panel import RemoteDashboard
 from ui.tasks import TaskRunner
@@ -102,3 +102,19 @@ def test_connecting_to_nothing_is_a_message(qtbot: QtBot) -> None:
     qtbot.waitUntil(lambda: bool(errors), timeout=15_000)
     assert "reach" in str(errors[0])
     tasks.wait()
+
+
+def test_a_figure_keeps_its_last_value_while_the_counters_stand_still(qtbot: QtBot) -> None:
+    """llama-server counts an answer when it ends: between two answers' ends the dock keeps the last rate and
+    says for how long the counters have not moved, instead of a blank or a 0."""
+    owner = QWidget()
+    qtbot.addWidget(owner)
+    panel = RemoteDashboard(TaskRunner(owner), owner)
+    exposed = {"tokens_per_second": True, "acceptance": True}
+    busy = RemoteRates(1.0, 42.0, 0.5, None, None, None, None, None, {})
+    still = RemoteRates(1.0, None, None, None, None, None, None, None, {})
+    panel.show_rates(busy, exposed, 10.0)
+    panel.show_rates(still, exposed, 13.0)
+    assert panel.values["tokens_per_second"].text() == "42.0 (counters unchanged for 3 s)"
+    assert panel.values["acceptance"].text() == "50% (counters unchanged for 3 s)"
+    assert panel.values["kv_usage"].text() == NOT_REPORTED

@@ -16,7 +16,16 @@ from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
 
-from app.serve.remote import NOT_REPORTED, RemoteEngine, RemoteInfo, RemoteRates, Scrape, rates, reported
+from app.serve.remote import (
+    NOT_REPORTED,
+    RemoteEngine,
+    RemoteInfo,
+    RemoteRates,
+    Scrape,
+    rates,
+    remote_models,
+    reported,
+)
 from app.units import format_si
 from ui.tasks import TaskRunner
 
@@ -56,6 +65,7 @@ class RemoteDashboard(QWidget):
         self._tps: deque[tuple[float, float]] = deque(maxlen=HISTORY_POINTS)
         self._acc: deque[tuple[float, float]] = deque(maxlen=HISTORY_POINTS)
         self.latest: RemoteRates | None = None
+        self._shown: dict[str, tuple[float, float]] = {}  # figure -> (its last value, when)
 
         layout = QVBoxLayout(self)
         self.header = _plain(NOT_CONNECTED)
@@ -92,10 +102,11 @@ class RemoteDashboard(QWidget):
         self.stop()
         self.engine, self.info = engine, info
         self._last, self.latest = None, None
+        self._shown.clear()
         self._tps.clear()
         self._acc.clear()
         self._t0 = time.monotonic()
-        models = ", ".join(info.models) or "no model listed"
+        models = ", ".join(m.name for m in remote_models(info)) or "no model listed"
         self.header.setText(
             f"Watching {info.engine} at {info.base_url}. Model (remote): {models}. Speculation is the server's "
             f"own, configured there: {info.speculation}. Figures come from the server's /metrics counters, "
@@ -162,8 +173,13 @@ class RemoteDashboard(QWidget):
             value = getattr(figures, key)
             if value is not None:
                 text = fmt(value)
+                self._shown[key] = (value, t)
             elif key in SPECULATION_FIGURES and self.info is not None and self.info.speculating is False:
                 text = "speculation is off on this server"
+            elif exposed.get(key) and key in self._shown:
+                # llama-server counts an answer when it ends: mid-answer its counters stand still.
+                last, when = self._shown[key]
+                text = f"{fmt(last)} (counters unchanged for {t - when:.0f} s)"
             elif exposed.get(key):
                 text = "idle (nothing new since the last reading)"
             else:

@@ -38,7 +38,7 @@ FIRST_REQUEST_ID = 1 << 30  # far from the local worker's ids, and within the 32
 
 def remote_summary(model: RemoteModel, n_ctx: int | None) -> Loaded:
     """What the chat records as the answer's writer: the server's model, named with where it runs."""
-    target = ModelSummary(path=f"{model.model} (remote, {model.where})", name=model.model, architecture="remote",
+    target = ModelSummary(path=f"{model.name} (remote, {model.where})", name=model.name, architecture="remote",
                           n_params=0, size_bytes=0, n_ctx_train=n_ctx or 0, n_layer=0, n_vocab=0)
     return Loaded(target=target, drafter=None, ngram=0, n_ctx=n_ctx or 0, backend="remote", gpu_offload=False,
                   kv_bytes_per_token=0, kv_bytes_total=0, load_seconds=0.0)
@@ -49,7 +49,7 @@ class RemoteChat(QObject):
 
     generation_started = Signal(int)
     prompt_progress = Signal(PromptProgress)  # never emitted: the API streams no prompt progress
-    prompt_processed = Signal(PromptProcessed)  # never emitted, as above
+    prompt_processed = Signal(PromptProcessed)  # when the server's per-chunk timings give its prompt figures
     token_received = Signal(Token)
     generation_finished = Signal(Finished)
     engine_error = Signal(EngineError)
@@ -164,6 +164,8 @@ class RemoteChat(QObject):
             self.generation_started.emit(item)
         elif isinstance(item, Token):
             self.token_received.emit(item)
+        elif isinstance(item, PromptProcessed):
+            self.prompt_processed.emit(item)
         elif isinstance(item, Finished | EngineError):
             self._current = None
             self.generating = False
