@@ -529,6 +529,8 @@ class RemoteEngine:
                         prompt_n, prompt_ms = timings.get("prompt_n"), timings.get("prompt_ms")
                         if not prompt_said and isinstance(prompt_n, int) and isinstance(prompt_ms, int | float):
                             prompt_said = True  # the server's own prompt figures (timings_per_token)
+                            cached = timings.get("cache_n")  # llama-server: reused from its prompt cache
+                            prompt_n += cached if isinstance(cached, int) else 0
                             yield PromptProcessed(request_id, prompt_n, float(prompt_ms) / 1000, None)
                     for choice in chunk.get("choices") or []:
                         if not isinstance(choice, dict):

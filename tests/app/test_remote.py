@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.events import Finished, Token
+from app.events import Finished, PromptProcessed, Token
 from app.serve.remote import (
     RemoteEngine,
     RemoteError,
@@ -265,7 +265,7 @@ def test_a_streamed_answer_becomes_token_and_finished_events(http_server: Callab
     chunks = [
         {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]},
         {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}],
-         "timings": {"draft_n": 4, "draft_n_accepted": 3}},
+         "timings": {"draft_n": 4, "draft_n_accepted": 3, "prompt_n": 2, "cache_n": 5, "prompt_ms": 30.0}},
         {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": "stop"}],
          "timings": {"draft_n": 6, "draft_n_accepted": 4, "predicted_per_second": 50.0, "predicted_ms": 40.0}},
         {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}},
@@ -275,6 +275,8 @@ def test_a_streamed_answer_becomes_token_and_finished_events(http_server: Callab
     with RemoteEngine(url) as remote:
         events = list(remote.chat([{"role": "user", "content": "hi"}]))
     assert [e.text for e in events if isinstance(e, Token)] == ["Hi", " there"]
+    # The prompt is what was processed plus what the server reused from its cache, said once.
+    assert [(e.prompt_tokens, e.seconds) for e in events if isinstance(e, PromptProcessed)] == [(7, 0.03)]
     finished = events[-1]
     assert isinstance(finished, Finished)
     assert finished.reason == "eog"
