@@ -111,10 +111,11 @@ def test_a_figure_keeps_its_last_value_while_the_counters_stand_still(qtbot: QtB
     qtbot.addWidget(owner)
     panel = RemoteDashboard(TaskRunner(owner), owner)
     exposed = {"tokens_per_second": True, "acceptance": True}
-    busy = RemoteRates(1.0, 42.0, 0.5, None, None, None, None, None, {})
+    busy = RemoteRates(1.0, 42.0, 0.5, None, None, None, None, None, {"tokens_per_second": "Δa / Δb"})
     still = RemoteRates(1.0, None, None, None, None, None, None, None, {})
     panel.show_rates(busy, exposed, 10.0)
     panel.show_rates(still, exposed, 13.0)
     assert panel.values["tokens_per_second"].text() == "42.0 (counters unchanged for 3 s)"
     assert panel.values["acceptance"].text() == "50% (counters unchanged for 3 s)"
     assert panel.values["kv_usage"].text() == NOT_REPORTED
+    assert "tokens_per_second: Δa / Δb" in panel.sources.text()  # the kept value keeps its source

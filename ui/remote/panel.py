@@ -66,6 +66,7 @@ class RemoteDashboard(QWidget):
         self._acc: deque[tuple[float, float]] = deque(maxlen=HISTORY_POINTS)
         self.latest: RemoteRates | None = None
         self._shown: dict[str, tuple[float, float]] = {}  # figure -> (its last value, when)
+        self._sources: dict[str, str] = {}  # figure -> the metric its shown value came from
 
         layout = QVBoxLayout(self)
         self.header = _plain(NOT_CONNECTED)
@@ -103,6 +104,7 @@ class RemoteDashboard(QWidget):
         self.engine, self.info = engine, info
         self._last, self.latest = None, None
         self._shown.clear()
+        self._sources.clear()
         self._tps.clear()
         self._acc.clear()
         self._t0 = time.monotonic()
@@ -193,5 +195,6 @@ class RemoteDashboard(QWidget):
             self.acc_curve.setData([p[0] for p in self._acc], [p[1] for p in self._acc])
         self.acc_plot.setTitle("Acceptance (accepted / drafted)" if exposed.get("acceptance")
                                else f"Acceptance: {NOT_REPORTED}")
-        self.sources.setText("Sources: " + "; ".join(f"{k}: {v}" for k, v in figures.sources.items())
-                             if figures.sources else "")
+        self._sources.update(figures.sources)  # a figure kept from an earlier interval keeps its source
+        self.sources.setText("Sources: " + "; ".join(f"{k}: {v}" for k, v in self._sources.items())
+                             if self._sources else "")
