@@ -110,11 +110,13 @@ class Model:
             # Returning False from the callback makes llama.cpp give up the load.
             self._progress_cb = lc.llama_progress_callback(lambda f, _ud: bool(progress(float(f))))
             params.progress_callback = self._progress_cb
+        self.n_gpu_layers = int(params.n_gpu_layers)  # as llama.cpp was asked: 0 on a CPU-only build
         self._ptr = lc.llama_model_load_from_file(self.path.encode(), params)
         if not self._ptr:
             raise EngineLoadError(
                 f"llama.cpp could not load {p.name}: the file is damaged or of an unsupported architecture, "
-                "or there is not enough memory for its weights (try fewer GPU layers)."
+                "or there is not enough memory for its weights ("
+                + ("try fewer GPU layers" if self.n_gpu_layers else "a smaller quantization needs less") + ")."
             )
         vocab = lc.llama_model_get_vocab(self._ptr)
         if not vocab:
@@ -282,8 +284,9 @@ class Context:
         if not self._ptr:
             raise EngineLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for {Path(model.path).name}: "
-                "most likely not enough memory for the KV cache. Try a smaller context, a smaller KV cache "
-                "type (q8_0) or fewer GPU layers."
+                "most likely not enough memory for the KV cache. Try a smaller context"
+                + (", a smaller KV cache type (q8_0) or fewer GPU layers." if model.n_gpu_layers
+                   else " or a smaller KV cache type (q8_0).")
             )
         self.n_ctx = int(lc.llama_n_ctx(self._ptr))
         self.n_batch = int(lc.llama_n_batch(self._ptr))

@@ -216,3 +216,67 @@ def test_gemma_cannot_draft_for_smollm2(demo_models: tuple[Path, Path]) -> None:
                                        n_threads=1))
         assert "BPE" in str(info.value)
         assert "SentencePiece" in str(info.value)
+
+
+# --- load-failure advice fits the build -------------------------------------------------------------
+
+
+def _unknown_architecture_gguf(path: Path) -> Path:
+    """A well-formed GGUF llama.cpp refuses to load: its architecture is one llama.cpp does not know."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from tests.gguf_fixtures import save
+
+    writer = GGUFWriter(path, "no-such-architecture")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    save(writer)
+    return path
+
+
+def test_load_failure_advice_mentions_gpu_layers_only_when_layers_were_offloaded(tmp_path: Path) -> None:
+    import llama_cpp as lc
+
+    from app.errors import EngineLoadError
+
+    init_backend(None)
+    model = _unknown_architecture_gguf(tmp_path / "unknown-arch.gguf")
+    with pytest.raises(EngineLoadError, match="unsupported architecture") as cpu_ask:
+        Model(model, n_gpu_layers=0)
+    assert "GPU" not in str(cpu_ask.value)  # no layer was to be offloaded, on any build
+    with pytest.raises(EngineLoadError, match="unsupported architecture") as default_ask:
+        Model(model)  # all layers asked: they go to a GPU only on a build that can offload
+    assert ("fewer GPU layers" in str(default_ask.value)) == bool(lc.llama_supports_gpu_offload())
+
+
+CONTEXT_FAILURE_CHILD = """
+import resource, sys
+from app.engine.llama import Context, ContextParams, Model, init_backend
+from app.errors import EngineLoadError
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+init_backend(None)
+model = Model(sys.argv[1])
+try:
+    Context(model, ContextParams(n_ctx=(1 << 32) - 256, n_batch=64, n_threads=1))
+except EngineLoadError as exc:
+    print(model.n_gpu_layers, exc)
+"""
+
+
+def test_context_failure_advice_fits_a_cpu_only_build(tiny_target: Path) -> None:
+    """A KV cache of about a terabyte under an 8 GiB address-space limit cannot be allocated anywhere; on a
+    CPU-only build the advice must not send the user to GPU layers."""
+    import subprocess
+    import sys
+
+    import llama_cpp as lc
+
+    if lc.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp build can offload; the advice names GPU layers there")
+    child = subprocess.run([sys.executable, "-c", CONTEXT_FAILURE_CHILD, str(tiny_target)], capture_output=True,
+                           text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    n_gpu_layers, _, message = child.stdout.strip().partition(" ")
+    assert n_gpu_layers == "0", child.stdout + child.stderr
+    assert "could not create a context" in message
+    assert "smaller context" in message
+    assert "GPU" not in message
