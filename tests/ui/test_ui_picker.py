@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def test_incompatible_drafter_shows_reason_and_load_refuses(
     assert picker.select_drafter(tiny_drafter_same)
     assert picker.compat_badge.text().startswith("✓")
     assert picker.load_button.isEnabled()
-    assert "needs" in picker.fit_label.text()
+    qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)  # worked out off the GUI thread
     assert "KV" in picker.fit_label.text()
     settings = picker.load_settings()
     assert settings.draft.drafter_path == str(tiny_drafter_same)
@@ -82,3 +83,50 @@ def test_gpu_layers_on_a_cpu_only_build_says_nothing_is_offloaded(
     assert "no layer will be offloaded" in picker.gpu_note.text()
     picker.set_gpu_offload_available(True)
     assert picker.gpu_note.isHidden()
+
+
+def test_fit_estimate_reads_the_model_off_the_gui_thread_and_drops_an_earlier_choice(
+    qtbot: QtBot, make_window, tiny_target: Path, tiny_drafter_same: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fit estimate parses the model's tensor table. Here each estimate is held until the test lets it go:
+    choosing another model meanwhile goes on at once, and the held estimate, for the earlier model, is never
+    shown."""
+    import ui.models.picker as picker_module
+
+    real_fit_text = picker_module.fit_text
+    gates: dict[str, threading.Event] = {}  # the models whose estimate is held, until their event is set
+    asked: list[tuple[str, threading.Thread]] = []
+
+    def held_fit_text(target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append((target.path, threading.current_thread()))
+        gate = gates.get(target.path)
+        if gate is not None:
+            gate.wait(timeout=10)
+        return real_fit_text(target, *args, **kwargs)
+
+    monkeypatch.setattr(picker_module, "fit_text", held_fit_text)
+    window = make_window(start_engine=False, folders=(tiny_target.parent,))
+    picker = window.picker
+    qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)  # the start-up choice's
+    first, second = ((tiny_target, tiny_drafter_same) if picker.target_path() != str(tiny_target)
+                     else (tiny_drafter_same, tiny_target))
+    gates.update({str(first): threading.Event(), str(second): threading.Event()})
+    try:
+        assert picker.select_target(first)
+        qtbot.waitUntil(lambda: asked[-1][0] == str(first), timeout=10_000)
+        assert picker.fit_label.text() == picker_module.FIT_READING
+        # The first model's estimate is still held: choosing another one does not wait for it.
+        assert picker.select_target(second)
+        assert picker.target_path() == str(second)
+        assert picker.fit_label.text() == picker_module.FIT_READING
+        gates[str(first)].set()
+        # The second estimate starts only once the first has come back (one at a time), which was dropped.
+        qtbot.waitUntil(lambda: asked[-1][0] == str(second), timeout=10_000)
+        assert picker.fit_label.text() == picker_module.FIT_READING
+        gates[str(second)].set()
+        qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)
+        assert all(thread is not threading.main_thread() for _, thread in asked), asked
+    finally:
+        for gate in gates.values():
+            gate.set()

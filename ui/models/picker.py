@@ -48,6 +48,11 @@ REMOTE_NOTE = ("Speculation on a remote server is the server's own, configured t
                "reports.")
 
 
+FIT_READING = "Reading the model file for a fit estimate…"
+# What a fit estimate is asked for: target and drafter paths, then context, KV type, GPU layers, flash attention.
+FitAsk = tuple[str, str | None, int, str, int, bool]
+
+
 BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which continues text rather than "
                    "answering; it is given a generic chat format.")
 
@@ -102,6 +107,12 @@ class ModelPicker(QWidget):
         self.gpu_offload_available: bool | None = None  # None: not known yet
         self.remote_models: tuple[RemoteModel, ...] = ()  # a connected server's, listed after the local ones
         self._chosen_remote: RemoteModel | None = None
+        # The fit estimate parses the model's tensor table (a second or more for a large file on a busy
+        # machine): it runs on its own worker, one at a time, so no scan or download queues it.
+        self._fit_tasks = TaskRunner(self, max_threads=1)
+        self._fit_wanted: tuple[FitAsk, GGUFInfo, GGUFInfo | None] | None = None
+        self._fit_shown: FitAsk | None = None
+        self._fit_running = False
         self._build()
 
     # --- layout -------------------------------------------------------------------------------------
@@ -612,16 +623,50 @@ class ModelPicker(QWidget):
             self.compat_badge.setText("✓ Compatible with the target.")
         else:
             self.compat_badge.setText(f"✗ Incompatible: {result.reason}. Load refuses this pair.")
-        if target is not None and target.info is not None:
-            self.fit_label.setText(fit_text(
-                target.info, drafter.info if drafter else None, self.ctx_spin.value(),
-                self.kv_combo.currentText(),
-                self.gpu_layers_spin.value(), self.flash_combo.currentText() != "off",
-            ))
-        else:
-            self.fit_label.setText("")
+        self._ask_fit(target, drafter)
         can_load = target is not None and (drafter_path is None or bool(result and result.ok))
         self.load_button.setEnabled(can_load and not self.loading)
+
+    def _ask_fit(self, target: LibraryEntry | None, drafter: LibraryEntry | None) -> None:
+        """Show the fit estimate for the current choice: worked out on the fit worker, "reading…" until it
+        comes; an estimate that arrives for an earlier choice is dropped."""
+        if target is None or target.info is None or self.remote_model() is not None:
+            self._fit_wanted = self._fit_shown = None
+            self.fit_label.setText("")
+            return
+        if drafter is None or drafter.info is None:
+            drafter = None
+        ask: FitAsk = (target.path, drafter.path if drafter else None, self.ctx_spin.value(),
+                       self.kv_combo.currentText(), self.gpu_layers_spin.value(),
+                       self.flash_combo.currentText() != "off")
+        if self._fit_wanted is not None and self._fit_wanted[0] == ask:
+            return
+        self._fit_wanted = (ask, target.info, drafter.info if drafter else None)
+        if self._fit_shown is None or self._fit_shown[:2] != ask[:2]:
+            self._fit_shown = None
+            self.fit_label.setText(FIT_READING)  # another pair's estimate would mislead; a new setting keeps it
+        if not self._fit_running:
+            self._start_fit()
+
+    def _start_fit(self) -> None:
+        if self._fit_wanted is None:
+            return
+        ask, target, drafter = self._fit_wanted
+        n_ctx, kv_type, n_gpu_layers, flash_attn = ask[2:]
+        self._fit_running = True
+        self._fit_tasks.run(lambda: fit_text(target, drafter, n_ctx, kv_type, n_gpu_layers, flash_attn),
+                            lambda text: self._on_fit_done(ask, text),
+                            lambda exc: self._on_fit_done(ask, f"No fit estimate: {exc}"))
+
+    def _on_fit_done(self, ask: FitAsk, text: str) -> None:
+        self._fit_running = False
+        if self._fit_wanted is None:
+            return
+        if self._fit_wanted[0] != ask:
+            self._start_fit()  # the choice changed meanwhile: only the latest one is worked out
+            return
+        self._fit_shown = ask
+        self.fit_label.setText(text)
 
     # --- loading ------------------------------------------------------------------------------------
 
