@@ -4,6 +4,7 @@ generating, and an update costs little next to a decode pass."""
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -124,7 +125,7 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     panel.on_finished(make_finished())
     mem = panel.findChild(type(lab["tps"]), "dashboard_memory")
     assert mem is not None
-    assert "GPU0 Test GPU: 6.00 GB of 24.0 GB" in mem.text()
+    qtbot.waitUntil(lambda: "GPU0 Test GPU: 6.00 GB of 24.0 GB" in mem.text(), timeout=5000)  # read off the GUI thread
     assert f"context {ctx} of 4,096 tokens" in mem.text()
     # One bar per part, in MB: a small model is as readable as a large one.
     rows = dict(panel.memory_rows())
@@ -203,3 +204,38 @@ def test_updates_create_no_plot_items(qtbot: QtBot, panel: DashboardPanel) -> No
     panel._paint()
     QApplication.processEvents()
     assert (len(scene.items()), [len(p.listDataItems()) for p in plots]) == before
+
+
+def test_nvml_is_read_off_the_gui_thread_and_a_held_read_blocks_nothing(qtbot: QtBot) -> None:
+    """NVML is asked on the memory worker: while one read is held, passes are painted and the models' rows
+    are shown; the GPU appears once the read comes back."""
+    from app.ceiling.gpus import GPUInfo
+
+    gpu = GPUInfo(0, "Held GPU", "nvidia", 24 * 10**9, 5 * 10**9, 19 * 10**9, None, None, None, None, "unknown",
+                  None, None)
+    release = threading.Event()
+    asked: list[threading.Thread] = []
+
+    def held_nvml() -> tuple[GPUInfo, ...]:  # NVML's answer, given when the test lets it go
+        asked.append(threading.current_thread())
+        release.wait(timeout=10)
+        return (gpu,)
+
+    panel = DashboardPanel(ceiling_provider=lambda _loaded: CEILING,
+                           memory_probe=MemoryProbe(nvidia=held_nvml, llama_devices=None))
+    qtbot.addWidget(panel)
+    try:
+        panel.on_loaded(make_loaded())
+        qtbot.waitUntil(lambda: bool(asked), timeout=5000)
+        assert "target weights" in dict(panel.memory_rows())  # shown without waiting for NVML
+        before = panel.repaints
+        for i in range(5):
+            panel.on_pass(make_pass(i))
+        qtbot.waitUntil(lambda: panel.repaints > before, timeout=5000)
+        assert "Held GPU" not in panel.mem_label.text()
+        assert not release.is_set()  # all of the above happened while NVML was still held
+        release.set()
+        qtbot.waitUntil(lambda: "Held GPU: 5.00 GB of 24.0 GB used" in panel.mem_label.text(), timeout=5000)
+        assert all(thread is not threading.main_thread() for thread in asked), asked
+    finally:
+        release.set()

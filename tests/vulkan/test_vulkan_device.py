@@ -325,8 +325,10 @@ def test_the_dashboard_plots_the_devices_memory_and_the_models_share(
         panel.on_loaded(loaded)
         probe.refresh_llama(wait=True)
         panel._poll_memory(force=True)
-        rows = dict(panel.memory_rows())
         name = vulkan_device.name
+        # The panel reads memory on its worker thread: wait for the reading taken after the refresh.
+        qtbot.waitUntil(lambda: f"{name} weights+KV" in dict(panel.memory_rows()), timeout=30_000)
+        rows = dict(panel.memory_rows())
         assert 0 <= rows[f"{name} in use"] <= (vulkan_device.memory_total or 0)
         assert rows[f"{name} weights+KV"] >= loaded.kv_bytes_total
         assert f"{name} {vulkan_device.description}:" in panel.mem_label.text()

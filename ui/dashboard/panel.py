@@ -106,6 +106,18 @@ class _YRange:
             self.plot.setYRange(0.0, self.top, padding=0)
 
 
+def _read_memory(probe: MemoryProbe, engine_pid: int | None) -> tuple[MemoryReading | None, int | None]:
+    """Memory per device and RAM, and the engine worker's resident memory (None: could not be read)."""
+    reading: MemoryReading | None = None
+    rss: int | None = None
+    with contextlib.suppress(Exception):
+        reading = probe.read()
+    if engine_pid is not None:
+        with contextlib.suppress(psutil.Error):
+            rss = int(psutil.Process(engine_pid).memory_info().rss)
+    return reading, rss
+
+
 class DashboardPanel(QWidget):
     """Live plots of one loaded model's decoding, fed by the bridge's signals (``attach``) on the GUI
     thread; the panel repaints itself at 10 Hz while tokens stream and sits still otherwise."""
@@ -126,6 +138,11 @@ class DashboardPanel(QWidget):
         self._ceiling_provider = ceiling_provider
         self._tasks = tasks if tasks is not None else TaskRunner(self)
         self._memory_probe = memory_probe
+        # NVML, psutil and the loaded models' placement are read on this one-thread worker (NVML can stall
+        # for a while under load); the paint shows the latest reading.
+        self._memory_tasks = TaskRunner(self, max_threads=1)
+        self._memory_reading = False  # a read is running
+        self._memory_again = False  # the state changed while it ran: read once more when it ends
         self._memory: MemoryReading | None = None
         self._memory_at = 0.0
         self._bridge: EngineBridge | None = None
@@ -443,14 +460,26 @@ class DashboardPanel(QWidget):
         if not force and now - self._memory_at < MEMORY_PERIOD_S:
             return
         self._memory_at = now
-        with contextlib.suppress(Exception):  # psutil/NVML hiccup: keep the last reading
-            self._memory = self._probe().read()
+        if force:
+            self._paint_memory()  # the models' rows change now; the devices' follow with the reading
+        if self._memory_reading:
+            self._memory_again = self._memory_again or force
+            return
+        self._memory_reading = True
+        probe = self._probe()
         pid = self._bridge.worker_pid if self._bridge is not None else None
-        self._engine_rss = None
-        if pid is not None:
-            with contextlib.suppress(psutil.Error):
-                self._engine_rss = int(psutil.Process(pid).memory_info().rss)
+        self._memory_tasks.run(lambda: _read_memory(probe, pid), self._on_memory_read,
+                               lambda _exc: self._on_memory_read((None, None)))
+
+    def _on_memory_read(self, read: tuple[MemoryReading | None, int | None]) -> None:
+        self._memory_reading = False
+        reading, self._engine_rss = read
+        if reading is not None:  # psutil/NVML hiccup: keep the last reading
+            self._memory = reading
         self._paint_memory()
+        if self._memory_again:
+            self._memory_again = False
+            self._poll_memory(force=True)
 
     def _probe(self) -> MemoryProbe:
         if self._memory_probe is None:
