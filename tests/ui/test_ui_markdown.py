@@ -194,3 +194,21 @@ def test_a_cached_prompt_says_cached_instead_of_an_absurd_rate() -> None:
              "tokens_per_pass": 1.0, "speedup_estimate": 1.0}
     assert "prefill cached" in format_stats(stats)
     assert "prefill 850 tok/s" in format_stats({**stats, "prefill_tps": 850.0})
+
+
+def test_a_remote_answer_shows_no_passes_or_speedup_it_never_reported() -> None:
+    """A server's answer has decode figures but no passes: its footer must not invent 0 tokens/pass or 1.00×."""
+    from app.serve.remote import _stats
+    from ui.chat.view import format_stats
+
+    remote = format_stats(_stats({"prompt_tokens": 9, "completion_tokens": 40},
+                                 {"predicted_per_second": 44.7, "predicted_ms": 895.0, "prompt_per_second": 300.0},
+                                 0.05))
+    assert "decode 44.7 tok/s" in remote
+    assert "tokens/pass" not in remote
+    assert "vs plain" not in remote
+    local = format_stats({"ttft_seconds": 0.05, "prefill_tps": 850.0, "decode_tps": 21.3, "drafted": 10,
+                          "accepted": 8, "acceptance": 0.8, "passes": 12, "tokens_per_pass": 2.5,
+                          "speedup_estimate": 1.6})
+    assert "2.50 tokens/pass" in local
+    assert "1.60× vs plain" in local

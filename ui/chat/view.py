@@ -99,8 +99,9 @@ def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
     ]
     if _stat(stats, "drafted") > 0:
         parts.append(f"acceptance {acceptance_text(_stat(stats, 'acceptance'))}")
-    parts.append(f"{tau_text(_stat(stats, 'tokens_per_pass'))} tokens/pass")
-    parts.append(f"{_stat(stats, 'speedup_estimate'):.2f}× vs plain")
+    if _stat(stats, "passes") > 0:  # a remote server reports no passes, so neither figure exists for its answers
+        parts.append(f"{tau_text(_stat(stats, 'tokens_per_pass'))} tokens/pass")
+        parts.append(f"{_stat(stats, 'speedup_estimate'):.2f}× vs plain")
     return " · ".join(parts)
 
 
