@@ -175,7 +175,9 @@ def test_the_engine_reports_the_device_weights_and_kv_as_llama_cpp_allocates_the
     from app.engine.params import LoadSettings
     from app.engine.session import EngineSession
 
-    session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1))
+    # The session installs its own log sink (llama.cpp's log without debug lines): hand it the test's.
+    session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1),
+                            log=llama_log.lines.append)
     try:
         loaded = session.loaded_event()
         assert loaded.backend == "vulkan"
