@@ -276,6 +276,7 @@ class BenchResult:
     overhead_seconds: tuple[float, ...]  # per pass
     verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
+    draft_step_seconds: float = 0.0  # the cost model's median model-drafter step (0: no model drafted)
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
         request_id=request.request_id, prompt_tokens=len(prompt), token_ids=tuple(token_ids), text="".join(text),
         reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
         overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())), warning=warning,
+        draft_step_seconds=session.decoder.controller.cost.draft_step,
     )
 
 
@@ -173,6 +174,13 @@ def _ratio(spec: Sequence[RunResult], base: Sequence[RunResult]) -> float:
     return s / b if b else 0.0
 
 
+def _drafter_cost(step: float, verify: dict[int, float]) -> dict[str, float]:
+    """The model drafter's step in ms and c, a step over a one-token target pass (the mission's cost ratio)."""
+    if step <= 0 or verify.get(1, 0.0) <= 0:
+        return {}
+    return {"drafter_step_ms": round(step * 1000, 3), "c": round(step / verify[1], 3)}
+
+
 def _spread(values: Sequence[float]) -> dict[str, Any]:
     """The median speedup and its spread over repeats."""
     return {"speedup": round(statistics.median(values), 3), "speedup_min": round(min(values), 3),
@@ -264,6 +272,7 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
     from app.library.pair_stats import record as record_acceptance
 
     verify_cost: list[tuple[int, float]] = []
+    draft_step = [0.0]  # the latest run's model-drafter step, kept through runs without one
 
     def run(messages: list[dict[str, str]], plain: bool) -> RunResult:
         client.bench_run(messages, sampling, plain)
@@ -272,6 +281,7 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
             told.add(result.warning)
             print(f"specdeck bench: {terminal_safe(result.warning, one_line=True)}", file=sys.stderr)
         verify_cost[:] = result.verify_cost  # what the cost model holds after the latest run
+        draft_step[0] = result.draft_step_seconds or draft_step[0]
         return RunResult.of(result)
 
     target_name = terminal_safe(loaded.target.name, one_line=True)  # GGUF metadata is untrusted
@@ -349,6 +359,7 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         "repeat": repeats,
         "backend": loaded.backend,
         "verify_cost_ms": {str(w): round(t * 1000, 3) for w, t in verify_cost},
+        **_drafter_cost(draft_step[0], dict(verify_cost)),
         "prompts": rows,
         "total": total,
         "ceiling": ceiling(str(args.target), loaded.n_ctx),
@@ -363,6 +374,8 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
             summary += f" (median of {repeats}; {total['speedup_min']:.2f}–{total['speedup_max']:.2f})"
         summary += f", identical {total['identical']}"
     summary += f", Python overhead per pass {total['overhead_ms_median']:.3f} ms (median)"
+    if "c" in report:
+        summary += f", drafter step {report['drafter_step_ms']:.2f} ms (c {report['c']:.2f})"
     print(summary, file=out)
     return report
 

@@ -73,6 +73,27 @@ def test_report_header(report: dict, tiny_target: Path) -> None:  # type: ignore
     assert all(number(v) and v > 0 for v in report["verify_cost_ms"].values())
 
 
+def test_a_model_drafter_reports_its_step_cost_and_c(tiny_target: Path, tmp_path: Path) -> None:
+    """c = a drafter step over a one-token target pass, both from the engine's own cost model; no drafter, no c."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
+    out = tmp_path / "out.json"
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--drafter", str(tiny_target),
+           "--k", "3", "--prompts", str(prompts), "--max-tokens", "40", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with_drafter = json.loads(out.read_text())
+    assert with_drafter["drafter_step_ms"] > 0
+    assert with_drafter["c"] == pytest.approx(with_drafter["drafter_step_ms"] / with_drafter["verify_cost_ms"]["1"],
+                                              abs=2e-3)
+
+
+def test_no_drafter_means_no_c(report: dict) -> None:  # type: ignore[type-arg]
+    assert "c" not in report
+    assert "drafter_step_ms" not in report
+
+
 def rate_of(run: dict) -> float:  # type: ignore[type-arg]
     """A run's decode rate recomputed from its own window."""
     return run["decode_tokens"] / run["decode_seconds"]
