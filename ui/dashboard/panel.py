@@ -622,8 +622,9 @@ class DashboardPanel(QWidget):
         widths = [b / MB for _, b in rows]
         brushes = [_alpha(colours.get(label, ORANGE if label.endswith("weights+KV") else BLUE),
                           110 if label == "KV allocated" else 220) for label, _ in rows]
+        # pyqtgraph 0.14 fails on an empty list of pens (nothing to draw: no model, no reading yet).
         self.bars_mem.setOpts(x0=np.zeros(len(rows)), y=np.array(ys), width=np.array(widths), height=0.6,
-                              brushes=brushes, pens=[pg.mkPen(None)] * len(rows))
+                              brushes=brushes, pens=[pg.mkPen(None)] * len(rows) if rows else None)
         ticks = [(y, f"{label} {b / MB:,.0f}") for y, (label, b) in zip(ys, rows, strict=True)]
         self.p_mem.getAxis("left").setTicks([ticks])
         self.p_mem.setXRange(0, max([*widths, 1.0]) * 1.05, padding=0)
