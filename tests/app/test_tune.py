@@ -155,8 +155,10 @@ def test_ctrl_c_saves_and_writes_what_was_measured(tiny_target: Path, tmp_path: 
     out = tmp_path / "tune.json"
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
     cmd = [sys.executable, "-m", "app", "tune", "--target", str(tiny_target), "--prompts",
-           str(write_prompts(tmp_path)), "--max-tokens", "24", "--repeat", "1", "--threads", "1", "--ctx", "512",
+           str(write_prompts(tmp_path)), "--max-tokens", "24", "--repeat", "10", "--threads", "1", "--ctx", "512",
            "--json", str(out)]
+    # Ten repeats make the settings after the first take tens of seconds: on a busy machine this process may
+    # read the first progress line late, and with one repeat the sweep could end before the signal lands.
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
