@@ -187,6 +187,9 @@ class NGramDrafter:
         return Draft(tokens=cont, q=[None] * len(cont), sources=[FROM_NGRAM] * len(cont), match_len=reach)
 
 
+MAX_STEP_CATCH_UP = 32  # a catch-up this long or shorter costs about one drafter step; longer is a prefill
+
+
 class ModelDrafter:
     """A small GGUF drafter with its own KV cache. Greedy targets get top-1 drafts; sampling targets get
     drafts sampled from q, with q kept for the acceptance test. Stops early when its confidence is low."""
@@ -201,14 +204,19 @@ class ModelDrafter:
         self.ctx.clear()
         self._next_row = None
 
-    def _sync(self, tokens: Sequence[int]) -> bool:
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Bring the cache up to ``tokens`` (the prompt, while the target prefills it)."""
+        if tokens:
+            self._sync(tokens)
+
+    def _sync(self, tokens: Sequence[int]) -> int:
         """Roll back to the common prefix with ``tokens`` and decode what is missing (catch-up).
 
-        True when a catch-up decode ran (one drafter step: a few tokens in one batch cost about one).
+        Returns how many tokens the catch-up decoded (0: none was needed).
         """
         common = self.ctx.common_prefix(tokens)
         if common == len(tokens) == self.ctx.n_past and self._next_row is not None:
-            return False
+            return 0
         if common == len(tokens):  # the whole context is cached but we need its last logits again
             common -= 1
         self.ctx.truncate(common)
@@ -216,7 +224,7 @@ class ModelDrafter:
             self.ctx.clear()
         row = self.ctx.prefill(list(tokens[common:]))
         self._next_row = np.array(row[-1], copy=True)
-        return True
+        return len(tokens) - common
 
     def propose(
         self,
@@ -234,8 +242,15 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return draft
-        if self._sync(tokens):
-            draft.model_steps += 1
+        t_sync = time.perf_counter()
+        caught_up = self._sync(tokens)
+        prefill_seconds = 0.0
+        if caught_up > MAX_STEP_CATCH_UP:
+            # The prompt's prefill (the first draft of an answer), not a drafter step: counted as one, a
+            # 200-token prefill made one step look like 28 target passes, and the policy never drafted again.
+            prefill_seconds = time.perf_counter() - t_sync
+        elif caught_up:
+            draft.model_steps += 1  # the few tokens of the last pass, in one batch: about one step
         row = self._next_row
         assert row is not None
         history = list(recent) if recent is not None else []
@@ -257,7 +272,7 @@ class ModelDrafter:
                 row = np.array(self.ctx.decode([tok])[-1], copy=True)
                 self._next_row = row
                 draft.model_steps += 1
-        draft.model_seconds = time.perf_counter() - t0
+        draft.model_seconds = time.perf_counter() - t0 - prefill_seconds
         return draft
 
 

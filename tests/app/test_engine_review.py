@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.engine.adaptive import PROBE_K, CostModel, DepthController
-from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.drafters import MAX_STEP_CATCH_UP, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
@@ -102,6 +102,22 @@ def test_the_drafters_catch_up_decode_counts_as_a_step(tiny: Tiny) -> None:
     # Nothing to catch up on: the rows are cached, so only the draft's own decodes count.
     again = drafter.propose(prompt + draft.tokens[:2], 2, greedy, rng)
     assert again.model_steps == 1
+
+
+def test_the_drafters_prompt_prefill_is_not_a_drafter_step(tiny: Tiny) -> None:
+    """A prompt-long catch-up counted as one step made c look like 28 on the F16/Q4_1 pair: the policy then
+    never drafted with the model again. The prompt's prefill is left out of the step cost."""
+    drafter = ModelDrafter(tiny.drafter, tiny.draft_ctx, p_min=0.0)
+    drafter.reset()
+    prompt = tiny.tokens(" ".join(["the quick brown fox jumps over the lazy dog"] * 8))
+    assert len(prompt) > MAX_STEP_CATCH_UP
+    greedy = SamplingSettings(temperature=0.0)
+    draft = drafter.propose(prompt, 3, greedy, np.random.default_rng(0))
+    assert len(draft) == 3
+    assert draft.model_steps == 2  # the two one-token decodes; the prefill is not one
+    assert tiny.draft_ctx.n_past == len(prompt) + 2
+    again = drafter.propose(prompt + draft.tokens, 2, greedy, np.random.default_rng(0))
+    assert again.model_steps == 2  # a short catch-up (the last token) is a step, and one decode
 
 
 class RecordingCost(CostModel):
