@@ -261,11 +261,19 @@ class DepthController:
             self._idle += 1
             if probe and self._idle >= self._probe_interval(ngram_available):
                 self._idle = 0
-                best_k = min(PROBE_K, limit)
+                # A model drafter that could not pay even if it were always right is not probed: its probe
+                # also catches its cache up on every token since the last one, at prefill cost per token.
+                free = ngram_available if has_model and not self.model_can_pay() else limit
+                best_k = min(PROBE_K, limit, free)
         else:
             self._idle = 0
         self.history.append(best_k)
         return best_k
+
+    def model_can_pay(self) -> bool:
+        """Whether some depth of model drafts beats plain decoding if every draft were accepted."""
+        step, one = self.cost.draft_step, self.cost.verify(1)
+        return any((k + 1) / (self.cost.verify(k + 1) + k * step) > 1.0001 / one for k in range(1, self.k_max + 1))
 
     def _probe_interval(self, ngram_available: int) -> int:
         """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
