@@ -113,6 +113,7 @@ class CostModel:
         self._one: deque[float] = deque(maxlen=self.WINDOW)
         self._samples: dict[int, deque[tuple[float, float | None]]] = {}  # (seconds, one-token cost then)
         self._draft: deque[float] = deque(maxlen=self.WINDOW)
+        self._catch_up: deque[float] = deque(maxlen=self.WINDOW)
         self._table: dict[int, float] | None = None
 
     @property
@@ -136,6 +137,15 @@ class CostModel:
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
             self._draft.append(seconds / steps)
+
+    @property
+    def catch_up_per_token(self) -> float:
+        """Seconds per token for the model drafter to read tokens it missed (measured on each prompt)."""
+        return statistics.median(self._catch_up) if self._catch_up else 0.0
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self._catch_up.append(seconds / tokens)
 
     def _fit(self) -> dict[int, float]:
         """Median per width, never above width × the one-token cost.
@@ -263,12 +273,23 @@ class DepthController:
                 self._idle = 0
                 # A model drafter that could not pay even if it were always right is not probed: its probe
                 # also catches its cache up on every token since the last one, at prefill cost per token.
-                free = ngram_available if has_model and not self.model_can_pay() else limit
+                free = ngram_available if has_model and not self.model_probe_pays() else limit
                 best_k = min(PROBE_K, limit, free)
         else:
             self._idle = 0
         self.history.append(best_k)
         return best_k
+
+    def model_probe_pays(self) -> bool:
+        """Whether probing with the model drafter at k = 0 fits PROBE_BUDGET and could lead anywhere.
+
+        While the policy does not draft, the drafter's cache falls behind by a token per pass, and a
+        probe first catches it up: that costs catch_up_per_token for every pass since the last probe,
+        however rarely it probes. Where reading a token costs the drafter a sizeable part of a target pass
+        (a CPU: 5 ms against 16 ms here), no probing interval keeps that within the budget.
+        """
+        affordable = self.cost.catch_up_per_token < PROBE_BUDGET * self.cost.verify(1)
+        return affordable and self.model_can_pay()
 
     def model_can_pay(self) -> bool:
         """Whether some depth of model drafts beats plain decoding if every draft were accepted."""

@@ -204,10 +204,9 @@ class ModelDrafter:
         self.ctx.clear()
         self._next_row = None
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Bring the cache up to ``tokens`` (the prompt, while the target prefills it)."""
-        if tokens:
-            self._sync(tokens)
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Bring the cache up to ``tokens`` (the prompt, while the target prefills it); how many it read."""
+        return self._sync(tokens) if tokens else 0
 
     def _sync(self, tokens: Sequence[int]) -> int:
         """Roll back to the common prefix with ``tokens`` and decode what is missing (catch-up).

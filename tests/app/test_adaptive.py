@@ -249,3 +249,22 @@ def test_a_model_drafter_that_cannot_pay_even_when_always_right_is_never_probed(
     # n-gram tokens on offer are still probed beside a hopeless model drafter: they cost no drafter step.
     feed(costly, match_len=20, hits=False, times=30)
     assert any(costly.choose(3, True, match_len=20) > 0 for _ in range(300))
+
+
+def test_a_model_drafter_whose_catch_up_costs_too_much_is_not_probed() -> None:
+    """Each probe first reads every token the drafter missed since the last one; on a CPU that costs ~5 ms a
+    token against a 16 ms pass, more than any probing interval's budget, whatever the drafter's step."""
+    c = controller(gpu_costs())
+    c.cost.observe_draft(1, 0.05 * c.cost.verify(1))
+    c.cost.observe_catch_up(100, 100 * 0.3 * c.cost.verify(1))
+    cheap = controller(gpu_costs())
+    cheap.cost.observe_draft(1, 0.05 * cheap.cost.verify(1))
+    cheap.cost.observe_catch_up(100, 100 * 0.001 * cheap.cost.verify(1))
+    for either in (c, cheap):
+        for _ in range(30):  # the drafts missed lately: k = 0 unless the policy probes
+            either.model.update([False])
+    assert c.model_can_pay()
+    assert not c.model_probe_pays()
+    assert all(c.choose(0, True) == 0 for _ in range(300))
+    assert cheap.model_probe_pays()
+    assert any(cheap.choose(0, True) > 0 for _ in range(300))
