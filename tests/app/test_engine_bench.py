@@ -85,8 +85,9 @@ def test_a_model_drafter_reports_its_step_cost_and_c(tiny_target: Path, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     with_drafter = json.loads(out.read_text())
     assert with_drafter["drafter_step_ms"] > 0
+    # Both ms figures are rounded to 1 µs, which on a tiny model's ~0.1 ms passes moves their ratio by ~1 %.
     assert with_drafter["c"] == pytest.approx(with_drafter["drafter_step_ms"] / with_drafter["verify_cost_ms"]["1"],
-                                              abs=2e-3)
+                                              rel=0.03)
 
 
 def test_no_drafter_means_no_c(report: dict) -> None:  # type: ignore[type-arg]

@@ -159,7 +159,10 @@ def test_ctrl_c_saves_and_writes_what_was_measured(tiny_target: Path, tmp_path: 
            "--json", str(out)]
     # Ten repeats make the settings after the first take tens of seconds: on a busy machine this process may
     # read the first progress line late, and with one repeat the sweep could end before the signal lands.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A child inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt: give it the default,
+    # as a terminal's Ctrl-C finds it (in the full suite something before this test leaves SIGINT ignored).
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         lines = []
