@@ -245,8 +245,8 @@ class ModelDrafter:
         caught_up = self._sync(tokens)
         prefill_seconds = 0.0
         if caught_up > MAX_STEP_CATCH_UP:
-            # The prompt's prefill (the first draft of an answer), not a drafter step: counted as one, a
-            # 200-token prefill made one step look like 28 target passes, and the policy never drafted again.
+            # A long catch-up (a probe after many passes at k = 0, or a prompt not read by `prefill`) is not
+            # a drafter step: counted as one, a 200-token catch-up made a step look like 28 target passes.
             prefill_seconds = time.perf_counter() - t_sync
         elif caught_up:
             draft.model_steps += 1  # the few tokens of the last pass, in one batch: about one step
