@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from app.events import (
     Token,
 )
 from app.serve.metrics import ServeMetrics
+from app.serve.protocol import StopMatcher
 
 HISTORY_FLUSH_SECONDS = 1.0
 API_TITLE_CHARS = 60
@@ -55,16 +56,11 @@ class Job:
     raw: bool = False  # /v1/completions: the prompt as it is, no chat template (the engine's completion mode)
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    stops: tuple[str, ...] = ()  # the answer ends before the first of these; cut on the engine thread
     history_chat_id: int | None = None
-    stop_text: str | None = None  # the answer cut at a stop sequence, set before the job is cancelled
 
     def cancel(self) -> None:
         self.cancelled.set()
-
-    def stop_at(self, text: str) -> None:
-        """A stop sequence ended the answer: it is complete with ``text``, and the engine can stop."""
-        self.stop_text = text
-        self.cancel()
 
     def put(self, item: object) -> None:
         try:
@@ -189,12 +185,15 @@ class EngineRunner:
         request_id = client.generate(list(job.messages), job.sampling, raw=job.raw)
         self.metrics.requests_processing.set(1)
         answer_id = self._history_begin(job)
+        # The stop sequences are matched here, on the thread that writes the history, so that the client and
+        # the history get the same cut answer whatever the HTTP side is doing.
+        matcher = StopMatcher(job.stops)
         text: list[str] = []
         last_flush = time.monotonic()
         sent_cancel = False
         try:
             while True:
-                if job.cancelled.is_set() and not sent_cancel:
+                if (job.cancelled.is_set() or matcher.stopped) and not sent_cancel:
                     client.cancel(request_id)
                     sent_cancel = True
                 event = client.poll(0.05)
@@ -202,6 +201,15 @@ class EngineRunner:
                     continue
                 if getattr(event, "request_id", request_id) not in (request_id, None):
                     continue  # a late event of an earlier request
+                if isinstance(event, Token):
+                    event = replace(event, text=matcher.feed(event.text))
+                elif isinstance(event, Finished):
+                    tail = matcher.flush()
+                    if tail:
+                        job.put(Token(request_id, tail, (), ()))
+                        text.append(tail)
+                    if matcher.stopped:
+                        event = replace(event, reason="stop", text="".join(text))
                 self._observe(event)
                 job.put(event)
                 if isinstance(event, Token):
@@ -210,11 +218,8 @@ class EngineRunner:
                         self._history_call("update_answer", answer_id, "".join(text))
                         last_flush = time.monotonic()
                 elif isinstance(event, Finished):
-                    if job.stop_text is not None:
-                        self._history_finish(answer_id, job.stop_text, "complete", event.stats, "stop")
-                    else:
-                        status = "cancelled" if event.reason == "cancelled" else "complete"
-                        self._history_finish(answer_id, event.text, status, event.stats, event.reason)
+                    status = "cancelled" if event.reason == "cancelled" else "complete"
+                    self._history_finish(answer_id, event.text, status, event.stats, event.reason)
                     return
                 elif isinstance(event, EngineError):
                     self.metrics.on_ended("error")

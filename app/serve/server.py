@@ -280,7 +280,8 @@ class ServeApp:
             await self.admission.acquire()
         except ApiError as exc:
             return error_response(exc)
-        job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat)
+        job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat,
+                  stops=parsed.stop)
         closed = False
 
         def close() -> None:
@@ -329,15 +330,11 @@ class ServeApp:
 
     async def _collect(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> Response:
         answer = Answer()
-        matcher = protocol.StopMatcher(parsed.stop)
         async for event in self._events(job, first, request):
             if isinstance(event, Token):
-                answer.text.append(matcher.feed(event.text))
-                if matcher.stopped:
-                    job.stop_at("".join(answer.text))
+                answer.text.append(event.text)
             elif isinstance(event, Finished):
-                answer.text.append(matcher.flush())
-                return JSONResponse(self._final_body(parsed, answer, event, matcher))
+                return JSONResponse(self._final_body(parsed, answer, event))
             elif isinstance(event, EngineError | EngineCrashed):
                 return error_response(engine_error(event))
             else:
@@ -353,27 +350,22 @@ class ServeApp:
             answer.accepted += sum(event.accepted)
             answer.completion_tokens += event.emitted
 
-    def _final_body(self, parsed: CompletionRequest, answer: Answer, event: Finished,
-                    matcher: protocol.StopMatcher) -> dict[str, Any]:
-        reason = "stop" if matcher.stopped else event.reason
+    def _final_body(self, parsed: CompletionRequest, answer: Answer, event: Finished) -> dict[str, Any]:
         return protocol.completion_body(parsed, _response_id(parsed), self.runner.model_id, "".join(answer.text),
-                                        reason, event.stats, answer.prompt_seconds, answer,
+                                        event.reason, event.stats, answer.prompt_seconds, answer,
                                         self.runner.drafter_name)
 
     async def _stream(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> AsyncIterator[bytes]:
         response_id = _response_id(parsed)
         model = self.runner.model_id
         answer = Answer()
-        matcher = protocol.StopMatcher(parsed.stop)
         if parsed.chat:
             yield protocol.sse(protocol.chunk_body(parsed, response_id, model, role=True))
         try:
             async for event in self._events(job, first, request):
                 if isinstance(event, Token):
-                    text = matcher.feed(event.text)
+                    text = event.text
                     answer.text.append(text)
-                    if matcher.stopped:
-                        job.stop_at("".join(answer.text))
                     if text:
                         chunk = protocol.chunk_body(parsed, response_id, model, text=text)
                         if parsed.timings_per_token:
@@ -381,10 +373,7 @@ class ServeApp:
                                                                 None, answer)
                         yield protocol.sse(chunk)
                 elif isinstance(event, Finished):
-                    tail = matcher.flush()
-                    if tail:
-                        yield protocol.sse(protocol.chunk_body(parsed, response_id, model, text=tail))
-                    yield protocol.sse(self._last_chunk(parsed, response_id, answer, event, matcher))
+                    yield protocol.sse(self._last_chunk(parsed, response_id, answer, event))
                     if parsed.include_usage:
                         usage_chunk = protocol.chunk_body(parsed, response_id, model)
                         usage_chunk["choices"] = []
@@ -401,9 +390,9 @@ class ServeApp:
         except ClientGone:
             return
 
-    def _last_chunk(self, parsed: CompletionRequest, response_id: str, answer: Answer, event: Finished,
-                    matcher: protocol.StopMatcher) -> dict[str, Any]:
-        reason = "stop" if matcher.stopped else event.reason
+    def _last_chunk(self, parsed: CompletionRequest, response_id: str, answer: Answer,
+                    event: Finished) -> dict[str, Any]:
+        reason = event.reason
         stats: MessageStats = event.stats
         chunk = protocol.chunk_body(parsed, response_id, self.runner.model_id,
                                     finish=protocol.FINISH_REASONS.get(reason, "stop"))
