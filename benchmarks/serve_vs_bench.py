@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/serve_vs_bench.py --target MODEL.gguf [--ngram 3] [--prompts FILE.jsonl]
                                                   [--max-tokens 128] [--repeat 3]
 
-Each repeat, in this order: `specdeck bench` (speculative), a fresh server with the same settings, a fresh
-server with speculation off; each prompt once, greedy. Fresh servers, because a server's n-gram drafter
-remembers earlier answers (good for real traffic, unfair against bench, which starts every run from a reset).
+Each repeat runs `specdeck bench` (speculative, in this process, as the command does) and a fresh server with
+the same settings, in alternating order (bench first on odd repeats, the API first on even ones) so that a
+drift of the machine's speed falls on both sides alike; then a fresh server with speculation off. Each prompt
+once, greedy. Fresh servers, because a server's n-gram drafter remembers earlier answers (good for real
+traffic, unfair against bench, which starts every run from a reset).
 Decode tok/s is RunCounts' (decode-window tokens over decode-window seconds, summed over the prompts); the API
 side reads it from each answer's `timings`, and also reports what the client saw end to end (all tokens over
 the wall time of the request). Prints per-repeat figures and the median with its spread.
@@ -14,11 +16,10 @@ the wall time of the request). Prints per-repeat figures and the median with its
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.cli.bench import add_arguments as add_bench_arguments  # noqa: E402
+from app.engine.bench import bench  # noqa: E402
 from app.engine.params import DraftSettings, LoadSettings  # noqa: E402
 from app.serve.metrics import ServeMetrics  # noqa: E402
 from app.serve.protocol import Limits  # noqa: E402
@@ -35,13 +38,13 @@ from app.serve.server import ServeOptions, Server  # noqa: E402
 
 
 def bench_tps(args: argparse.Namespace) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench.json"
-        subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(args.target), "--ngram",
-                        str(args.ngram), "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
-                        *(["--k", str(args.k)] if args.k is not None else []),
-                        "--json", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        return float(json.loads(out.read_text())["total"]["tok_s"])
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    bench_args = parser.parse_args([
+        "--target", str(args.target), "--ngram", str(args.ngram), "--prompts", str(args.prompts),
+        "--max-tokens", str(args.max_tokens), *(["--k", str(args.k)] if args.k is not None else []),
+    ])
+    return float(bench(bench_args, io.StringIO())["total"]["tok_s"])
 
 
 def api_tps(args: argparse.Namespace, ngram: int, prompts: list[dict[str, object]]) -> tuple[float, float, float]:
@@ -84,14 +87,18 @@ def main() -> int:
     parser.add_argument("--ngram", type=int, default=3)
     parser.add_argument("--prompts", type=Path, default=ROOT / "resources" / "prompts" / "edit.jsonl")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--k", type=int, help="fixed draft depth on both sides (default: adaptive)")
     args = parser.parse_args()
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     rows = []
     for r in range(args.repeat):
-        bench = bench_tps(args)
-        spec, spec_client, acc = api_tps(args, args.ngram, prompts)
+        if r % 2 == 0:
+            bench = bench_tps(args)
+            spec, spec_client, acc = api_tps(args, args.ngram, prompts)
+        else:
+            spec, spec_client, acc = api_tps(args, args.ngram, prompts)
+            bench = bench_tps(args)
         plain, plain_client, _ = api_tps(args, 0, prompts)
         rows.append((bench, spec, spec_client, plain, plain_client, acc))
         print(f"repeat {r + 1}: bench {bench:.2f} tok/s | API speculative {spec:.2f} (client {spec_client:.2f}, "
