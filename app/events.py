@@ -97,7 +97,7 @@ class WorkerReady:
 
 @dataclass(frozen=True)
 class LoadProgress:
-    stage: str  # "target" or "drafter"
+    stage: str  # "target", "drafter", or "timing" (passes of each draft width timed after the load)
     fraction: float
 
 

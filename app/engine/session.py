@@ -108,6 +108,18 @@ def summarize(model: Model) -> ModelSummary:
     )
 
 
+def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int) -> str:
+    """The flash-attention setting as llama.cpp gets it: "auto" is "off" where layers go to a Vulkan device.
+
+    The vendored llama.cpp's Vulkan flash attention crashes (SIGSEGV) on a pass after a rollback of the KV
+    cache (SmolLM2-135M on Mesa's llvmpipe: 8 tokens, +1, rolled back, +3), and speculative decoding rolls
+    back after every rejected draft; "auto" turns it on there. "on" stays the user's choice.
+    """
+    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0:
+        return "off"
+    return setting
+
+
 class EngineSession:
     """Target, drafters and the loop, loaded from ``LoadSettings``."""
 
@@ -136,8 +148,12 @@ class EngineSession:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
                             main_gpu=settings.main_gpu, progress=stage("target"))
+        flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers)
+        if flash_attn != settings.flash_attn and log is not None:
+            log("flash attention: off on Vulkan (llama.cpp's Vulkan flash attention crashes after a KV-cache "
+                "rollback, which speculative decoding does at every rejected draft); choose \"on\" to force it")
         cparams = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=settings.n_threads,
-                                flash_attn=settings.flash_attn, kv_type=settings.kv_type)
+                                flash_attn=flash_attn, kv_type=settings.kv_type)
         self.ctx = Context(self.target, cparams)
         self.drafter_model: Model | None = None
         model_drafter: ModelDrafter | None = None
@@ -178,7 +194,7 @@ class EngineSession:
             for shape in shapes
         )
         # Every width the policy may choose is timed: on a CPU the cost is far from linear in width.
-        self.decoder.calibrate(widths=range(1, k_max + 2))
+        self.decoder.calibrate(widths=range(1, k_max + 2), progress=stage("timing"))
         # Plain decoding on the same context, for side-by-side baselines.
         self.plain_decoder = SpeculativeDecoder(self.target, self.ctx)
         self.plain_decoder.kv_bytes_per_token = self.kv_per_token

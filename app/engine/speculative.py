@@ -140,15 +140,21 @@ class SpeculativeDecoder:
 
     # --- cost calibration -----------------------------------------------------------------------
 
-    def calibrate(self, widths: Sequence[int] = (1, 2, 3, 5, 9), repeats: int = 2) -> None:
-        """Time target passes of several widths once, so the first choices of k are already informed."""
+    def calibrate(self, widths: Sequence[int] = (1, 2, 3, 5, 9), repeats: int = 2,
+                  progress: Callable[[float], object] | None = None) -> None:
+        """Time target passes of several widths once, so the first choices of k are already informed.
+
+        ``progress`` gets the fraction done after each pass: on a slow device (a software Vulkan device takes
+        about a second a pass) this takes a while, and a load that says nothing looks hung."""
         ctx = self.ctx
         ctx.clear()
         widths = list(widths)
         probe = [self.target.bos if self.target.bos >= 0 else 0] * max([*widths, 8])
         ctx.decode(probe[:8])
-        for _ in range(repeats):
-            for w in widths:
+        for r in range(repeats):
+            for i, w in enumerate(widths):
+                if progress is not None:
+                    progress((r * len(widths) + i) / (repeats * len(widths)))
                 if w > ctx.n_batch or ctx.n_past + w > ctx.n_ctx:
                     continue
                 n_keep = ctx.n_past

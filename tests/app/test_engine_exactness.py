@@ -23,7 +23,7 @@ from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
-from app.engine.session import EngineSession
+from app.engine.session import EngineSession, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.events import FROM_NGRAM, Finished, PassStats, Token
 
@@ -279,3 +279,28 @@ def test_demo_model_greedy_agreement(demo_models: tuple[Path, Path], which: str,
             assert 0.0 <= gap <= noise + 1e-3, f"divergence at {agree}: gap {gap:.4f}, noise {noise:.4f}"
     finally:
         session.close()
+
+
+def test_the_load_reports_its_pass_timing_as_progress(tiny_target: Path) -> None:
+    """Timing a pass of every draft width takes minutes on a slow device; the load says so as it goes (the
+    worker's messages also keep its watchdog from taking a long timing for a hang)."""
+    seen: list[tuple[str, float]] = []
+    settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, k_max=4), n_ctx=256, n_threads=1)
+    session = EngineSession(settings, progress=lambda stage, f: seen.append((stage, f)) or True)
+    session.close()
+    timing = [f for stage, f in seen if stage == "timing"]
+    assert len(timing) == 2 * 5  # two rounds over widths 1..5
+    assert timing == sorted(timing)
+    assert timing[0] == 0.0
+    assert timing[-1] < 1.0
+
+
+@pytest.mark.parametrize(("setting", "backend", "layers", "expected"), [
+    ("auto", "vulkan", -1, "off"),  # flash attention crashes after a rollback there
+    ("auto", "vulkan", 0, "auto"),  # nothing on the device
+    ("on", "vulkan", -1, "on"),  # the user's explicit choice stands
+    ("auto", "cuda", -1, "auto"),
+    ("auto", "cpu", 0, "auto"),
+])
+def test_flash_attention_auto_is_off_on_vulkan(setting: str, backend: str, layers: int, expected: str) -> None:
+    assert flash_attention_mode(setting, backend, layers) == expected

@@ -369,3 +369,33 @@ def test_the_dashboards_ceiling_counts_the_vulkan_device(model_path: Path, vulka
     ceiling = ceiling_for_loaded(Loaded(summary, None, 0, N_CTX, "vulkan", True, 1024, 1024 * N_CTX, 1.0))
     assert ceiling is not None
     assert ceiling.device == f"{vulkan_device.description} (20 GB/s)"
+
+
+ROLLBACK_CHILD = """
+import sys
+from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.session import EngineSession
+from app.events import Token
+
+said = []
+session = EngineSession(LoadSettings(sys.argv[1], n_ctx=512, n_batch=64, n_gpu_layers=-1,
+                                     draft=DraftSettings(ngram=1, k_max=2)), log=said.append)
+print("\\n".join(said))
+messages = [{"role": "user", "content": "Say a b a b a b a b a b a b."}]
+tokens = [e for e in session.generate(1, messages, SamplingSettings(temperature=0.0, max_tokens=6))
+          if isinstance(e, Token)]
+print("tokens", sum(len(t.token_ids) for t in tokens))
+"""
+
+
+def test_speculative_decoding_on_the_device_survives_kv_rollbacks(vulkan_device: BackendDevice) -> None:
+    """llama.cpp's Vulkan flash attention, which "auto" turns on there, crashed SmolLM2 on a pass after a
+    rollback of the KV cache (8 tokens, +1, rolled back, +3): the load's pass timing did exactly that. On Vulkan
+    "auto" is off now. In a child process, so that a crash fails this test rather than ending the run."""
+    from tests.gguf_fixtures import smollm2_path
+
+    out = subprocess.run([sys.executable, "-c", ROLLBACK_CHILD, str(smollm2_path())], capture_output=True,
+                         text=True, timeout=900, env=dict(os.environ))
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-1500:]}"
+    assert "flash attention: off on Vulkan" in out.stdout
+    assert "tokens 6" in out.stdout

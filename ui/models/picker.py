@@ -699,6 +699,10 @@ class ModelPicker(QWidget):
         self._refresh()
 
     def show_progress(self, event: LoadProgress) -> None:
+        if event.stage == "timing":
+            self.progress.setValue(int(100 * max(0.0, min(1.0, event.fraction))))
+            self.status_label.setText(f"Timing a pass of each draft width… {event.fraction * 100:.0f}%")
+            return
         # Two stages (target, drafter) share the bar.
         base = 0 if event.stage == "target" else 50
         span = 50 if self.drafter_path() else (100 if event.stage == "target" else 50)
