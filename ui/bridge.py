@@ -43,8 +43,10 @@ POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at 
 MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
 # The window's engine worker yields the CPU to the GUI thread when they compete for a core: on a busy machine
 # (measured in the soak) the GUI thread otherwise waits for a core behind the decode threads, and the window
-# freezes for hundreds of milliseconds. Uncontended, the worker runs as fast as before.
-WORKER_NICE = 5
+# freezes for hundreds of milliseconds. Uncontended, the worker runs as fast as before. At +5 the soak (three
+# windows, three engines, two cores) still saw the GUI thread get half a core during 110-150 ms stalls; at +10
+# the scheduler gives a waking nice-0 thread about nine times the worker's share.
+WORKER_NICE = 10
 
 
 @dataclass(frozen=True)
