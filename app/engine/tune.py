@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from app.engine.bench import bench
+from app.engine.bench import add_bench_arguments, bench
 from app.engine.params import DraftSettings, SamplingSettings
 from app.errors import AppError, SettingsError
 from app.library.tuned import TunedSettings, save_tuned
@@ -203,13 +203,16 @@ def planned_count(has_model: bool) -> int:
 
 def sweep_args(target: str, prompts_file: str, *, max_tokens: int, repeat: int, threads: int = 0,
                ctx: int = 4096, temperature: float = 0.0) -> argparse.Namespace:
-    """A bench namespace for a sweep started from the window (the CLI builds its own from bench's parser),
+    """A bench namespace for a sweep started from the window (the CLI parses its own with the same options),
     with the sampling defaults of a chat."""
     s = SamplingSettings()
-    return argparse.Namespace(target=target, prompts=prompts_file, drafter=None, ngram=0, k=None, k_max=16,
-                              max_tokens=max_tokens, temperature=temperature, top_k=s.top_k, top_p=s.top_p,
-                              min_p=s.min_p, seed=1234, ctx=ctx, threads=threads, baseline=True,
-                              repeat=repeat, raw=False, json=None)
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    return parser.parse_args([
+        "--target", target, "--prompts", prompts_file, "--max-tokens", str(max_tokens), "--repeat", str(repeat),
+        "--threads", str(threads), "--ctx", str(ctx), "--temperature", str(temperature), "--top-k", str(s.top_k),
+        "--top-p", str(s.top_p), "--min-p", str(s.min_p), "--baseline",
+    ])
 
 
 def history_prompts(count: int) -> list[list[dict[str, str]]]:
