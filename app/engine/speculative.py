@@ -34,6 +34,10 @@ from app.events import (
     decode_rate,
 )
 
+# A pass slower than this: the load times fewer widths, once each (the cost model interpolates between them).
+SLOW_PASS_SECONDS = 0.1
+SPARSE_WIDTHS = (1, 2, 3, 5, 9, 17, 33)
+
 
 @dataclass
 class RunTotals:
@@ -144,25 +148,27 @@ class SpeculativeDecoder:
                   progress: Callable[[float], object] | None = None) -> None:
         """Time target passes of several widths once, so the first choices of k are already informed.
 
-        ``progress`` gets the fraction done after each pass: on a slow device (a software Vulkan device takes
-        about a second a pass) this takes a while, and a load that says nothing looks hung."""
+        Where one pass is slow (a big model on a CPU, a software Vulkan device at about a second a pass),
+        fewer widths are timed, once each; the cost model interpolates between them and the loop measures the
+        rest. ``progress`` gets the fraction done before each pass, so a long timing never looks hung."""
         ctx = self.ctx
         ctx.clear()
         widths = list(widths)
         probe = [self.target.bos if self.target.bos >= 0 else 0] * max([*widths, 8])
         ctx.decode(probe[:8])
+        if progress is not None:
+            progress(0.0)
+        first = self._time_pass(probe, widths[0])
+        if first is not None and first > SLOW_PASS_SECONDS:
+            widths = [w for w in widths if w in SPARSE_WIDTHS or w == widths[-1]]
+            repeats = 1
+        total, n = repeats * len(widths), 1
         for r in range(repeats):
-            for i, w in enumerate(widths):
+            for w in widths[1:] if r == 0 else widths:
                 if progress is not None:
-                    progress((r * len(widths) + i) / (repeats * len(widths)))
-                if w > ctx.n_batch or ctx.n_past + w > ctx.n_ctx:
-                    continue
-                n_keep = ctx.n_past
-                t0 = time.perf_counter()
-                ctx.decode(probe[:w], all_logits=True)
-                ctx.synchronize()
-                self.controller.cost.observe_verify(w, time.perf_counter() - t0)
-                ctx.truncate(n_keep)
+                    progress(n / total)
+                n += 1
+                self._time_pass(probe, w)
         if self.drafter is not None:
             dctx = self.drafter.ctx
             dctx.clear()
@@ -177,6 +183,21 @@ class SpeculativeDecoder:
         one = self.controller.cost.widths.get(1)
         if one:
             self.plain_tps = 1.0 / one
+
+    def _time_pass(self, probe: Sequence[int], width: int) -> float | None:
+        """Seconds of one target pass of ``width`` tokens (logits for all), recorded in the cost model and
+        rolled back; None where the context has no room for it."""
+        ctx = self.ctx
+        if width > ctx.n_batch or ctx.n_past + width > ctx.n_ctx:
+            return None
+        n_keep = ctx.n_past
+        t0 = time.perf_counter()
+        ctx.decode(probe[:width], all_logits=True)
+        ctx.synchronize()
+        seconds = time.perf_counter() - t0
+        self.controller.cost.observe_verify(width, seconds)
+        ctx.truncate(n_keep)
+        return seconds
 
     # --- the loop -------------------------------------------------------------------------------
 

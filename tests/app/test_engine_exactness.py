@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.engine import speculative
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
@@ -304,3 +305,19 @@ def test_the_load_reports_its_pass_timing_as_progress(tiny_target: Path) -> None
 ])
 def test_flash_attention_auto_is_off_on_vulkan(setting: str, backend: str, layers: int, expected: str) -> None:
     assert flash_attention_mode(setting, backend, layers) == expected
+
+
+def test_a_slow_pass_times_fewer_widths_once(tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a pass is slow, the load times a sparse set of widths once each and the cost model interpolates
+    the rest (a threshold of 0 makes every pass slow here)."""
+    monkeypatch.setattr(speculative, "SLOW_PASS_SECONDS", 0.0)
+    seen: list[float] = []
+    settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, k_max=16), n_ctx=256, n_threads=1)
+    session = EngineSession(settings, progress=lambda stage, f: stage != "timing" or seen.append(f) or True)
+    try:
+        cost = session.decoder.controller.cost
+        assert sorted(cost.widths) == [1, 2, 3, 5, 9, 17]
+        assert len(seen) == 6
+        assert 0 < cost.verify(4) < float("inf")
+    finally:
+        session.close()
