@@ -53,9 +53,11 @@ AVX2_PORTABLE = [
     "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
 ]
 # One CPU backend per x86-64 instruction-set level, chosen at run time, as loadable modules beside libllama
-# (in llama_cpp/lib): for bundles that run on any x86-64 CPU.
+# (in llama_cpp/lib): for bundles that run on any x86-64 CPU. ggml installs the modules to its BINDIR (relative
+# to the wheel); GGML_BACKEND_DIR would not do, as CMake makes a relative PATH absolute in the build folder,
+# where the modules were left behind.
 ANY_X86_64 = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
-              "-DGGML_BACKEND_DIR=llama_cpp/lib"]
+              "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
 # Named flag sets for `--build NAME`; each gets the venv .venv-NAME.
 BUILD_PRESETS = {"avx2": AVX2_PORTABLE, "portable": ANY_X86_64}
 

@@ -31,7 +31,7 @@ class GpuMemory:
     index: int
     name: str
     total: int
-    used: int
+    used: int | None  # None: the device reports all of its memory free, i.e. it does not report its use
     ours: int | None = None  # this process and the engine worker (NVML only)
     device: str = ""  # llama.cpp's name for it ("Vulkan0", "CUDA0", "CPU"), when llama.cpp lists it
     kind: str = "gpu"  # "gpu", "igpu" or "cpu"
@@ -40,7 +40,7 @@ class GpuMemory:
 
     @property
     def free(self) -> int:
-        return max(0, self.total - self.used)
+        return self.total if self.used is None else max(0, self.total - self.used)
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,12 @@ def device_memory(nvidia: Sequence[GPUInfo], devices: Sequence[BackendDevice]) -
     for i, dev in enumerate(devices):
         if i in matches or not dev.memory_total:
             continue
-        # ggml's CPU device reports all of RAM as free on Linux: "used" is then 0, not a measurement.
+        # A device that reports all of its memory free reports no use at all: ggml's CPU device on Linux, and
+        # a Vulkan driver without the memory-budget extension (llvmpipe: free = total with a model on it).
         free = dev.memory_free if dev.memory_free is not None else dev.memory_total
         out.append(GpuMemory(
             index=len(out), name=dev.description or dev.name, total=dev.memory_total,
-            used=max(0, dev.memory_total - free), device=dev.name,
+            used=dev.memory_total - free if free < dev.memory_total else None, device=dev.name,
             kind=dev.type if dev.type in ("gpu", "igpu") else "cpu", source="llama.cpp",
         ))
     return tuple(out)

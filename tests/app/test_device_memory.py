@@ -31,7 +31,13 @@ def test_the_cpu_device_report_comes_through_from_llama_cpp() -> None:
     assert cpu.kind == "cpu"
     assert cpu.source == "llama.cpp"
     assert cpu.total == PHYSICAL  # ggml's CPU device: the physical pages, as sysconf counts them
-    assert 0 <= cpu.used <= cpu.total
+    reported = next(d for d in devices if d.name == "CPU")
+    if reported.memory_free == reported.memory_total:  # Linux: all of RAM "free", no use reported
+        assert cpu.used is None
+        assert cpu.free == cpu.total
+    else:
+        assert cpu.used is not None
+        assert 0 <= cpu.used <= cpu.total
     assert [m.device for m in found] == [d.name for d in devices if d.memory_total]
 
 
@@ -46,6 +52,15 @@ def test_llama_cpp_devices_join_nvml_gpus_without_counting_one_twice() -> None:
     vulkan = found[2]
     assert (vulkan.total, vulkan.used, vulkan.free) == (2 * GIB, GIB // 2, 3 * GIB // 2)
     assert vulkan.name == LLVMPIPE.description
+
+
+def test_a_device_that_reports_all_its_memory_free_reports_no_use() -> None:
+    """A Vulkan driver without the memory-budget extension (llvmpipe) says free = total with a model on it:
+    that is no report of use, and it is never shown as 0 in use."""
+    silent = BackendDevice("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "gpu", "Vulkan", 2 * GIB, 2 * GIB)
+    (only,) = device_memory((), [silent])
+    assert only.used is None
+    assert only.free == only.total == 2 * GIB
 
 
 def test_cuda_without_nvml_is_read_from_llama_cpp() -> None:

@@ -604,7 +604,8 @@ class DashboardPanel(QWidget):
         for g in self._memory.gpus if self._memory is not None else ():
             # Per GPU: the device's memory in use, and the loaded models' weights + KV placed on it.
             name = g.device or f"GPU{g.index}"
-            rows.append((f"{name} in use", float(g.used)))
+            if g.used is not None:  # a device that does not report its use gets no bar, not a zero
+                rows.append((f"{name} in use", float(g.used)))
             if g.placed is not None:
                 rows.append((f"{name} weights+KV", float(g.placed)))
         if self._engine_rss is not None:
@@ -631,8 +632,9 @@ class DashboardPanel(QWidget):
         self.p_mem.setYRange(-0.6, max(len(rows), 1) - 0.4, padding=0)
         text: list[str] = []
         if m is not None:
-            text += [f"{g.device or f'GPU{g.index}'} {g.name}: {format_bytes(g.used, 'GB')} of "
-                     f"{format_bytes(g.total, 'GB')} used" for g in m.gpus]
+            text += [f"{g.device or f'GPU{g.index}'} {g.name}: "
+                     + (f"{format_bytes(g.used, 'GB')} of {format_bytes(g.total, 'GB')} used" if g.used is not None
+                        else f"{format_bytes(g.total, 'GB')}, use not reported by the device") for g in m.gpus]
             text.append(f"RAM: {format_bytes(m.ram_used, 'GB')} of {format_bytes(m.ram_total, 'GB')} used")
         ld = self.metrics.loaded
         if ld is not None:
