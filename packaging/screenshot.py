@@ -6,7 +6,11 @@
 
 Needs Xvfb and Qt's X11 libraries (Debian: apt-get install xvfb libxcb-cursor0 libxkbcommon-x11-0
 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-render-util0 libxcb-image0 libegl1 libgl1).
-Uses a scratch SPECDECK_HOME, so your settings and chats are untouched.
+Uses a scratch SPECDECK_HOME, so your settings and chats are untouched. The Vulkan screenshot (llvmpipe, about
+five minutes at a second a pass):
+
+    GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python packaging/screenshot.py --model smollm2 --n-ctx 2048 \
+        --prompt "Name three colours." --max-tokens 14 --size 1680x1400 --out resources/screenshot-vulkan.png
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "screenshot.png")
     parser.add_argument("--model", choices=("gemma", "smollm2"), default="gemma")
     parser.add_argument("--max-tokens", type=int, default=320)
+    parser.add_argument("--prompt", default=PROMPT, help="the message to send (default: the first edit prompt)")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="context size to load the model with")
     parser.add_argument("--size", default="1800x1000", help="screen and window size, WIDTHxHEIGHT")
     args = parser.parse_args()
     xvfb = shutil.which("Xvfb")
@@ -53,11 +59,12 @@ def main() -> int:
             env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, SPECDECK_MODELS_DIR=str(target.parent),
                        QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
             env["SPECDECK_AUTOPILOT"] = json.dumps({
-                "target": str(target), "ngram": 3, "prompts": [PROMPT], "max_tokens": args.max_tokens,
+                "target": str(target), "ngram": 3, "prompts": [args.prompt], "max_tokens": args.max_tokens,
+                "n_ctx": args.n_ctx,
                 "screenshot": str(shot), "window_size": [width, height],
             })
             done = subprocess.run([sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],
-                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
             print("\n".join(line for line in done.stdout.splitlines() if "streamed" not in line))
             if not shot.exists():
                 print(done.stderr[-3000:], file=sys.stderr)
