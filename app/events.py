@@ -256,7 +256,7 @@ class MessageStats:
 @dataclass(frozen=True)
 class Finished:
     request_id: int
-    reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error"
+    reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error", "stop" (a stop sequence, served)
     stats: MessageStats
     text: str
 

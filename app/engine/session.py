@@ -108,16 +108,21 @@ def summarize(model: Model) -> ModelSummary:
     )
 
 
-def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int) -> str:
+UNQUANTIZED_KV = ("f16", "f32", "bf16")
+
+
+def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> str:
     """The flash-attention setting as llama.cpp gets it: "auto" is "off" where layers go to a Vulkan device.
 
     The vendored llama.cpp's Vulkan flash attention crashes (SIGSEGV) on a pass after a rollback of the KV
     cache (SmolLM2-135M on Mesa's llvmpipe: 8 tokens, +1, rolled back, +3), and speculative decoding rolls
-    back after every rejected draft; "auto" turns it on there. "on" stays the user's choice.
+    back after every rejected draft; "auto" turns it on there. "on" stays the user's choice, and a quantized
+    KV cache keeps "auto" (llama.cpp refuses a quantized V cache without flash attention).
     """
-    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0:
+    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and kv_type in UNQUANTIZED_KV:
         return "off"
     return setting
+
 
 
 class EngineSession:
@@ -148,7 +153,8 @@ class EngineSession:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
                             main_gpu=settings.main_gpu, progress=stage("target"))
-        flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers)
+        flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
+                                          settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
             log("flash attention: off on Vulkan (llama.cpp's Vulkan flash attention crashes after a KV-cache "
                 "rollback, which speculative decoding does at every rejected draft); choose \"on\" to force it")

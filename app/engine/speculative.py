@@ -155,12 +155,12 @@ class SpeculativeDecoder:
         ctx.clear()
         widths = list(widths)
         probe = [self.target.bos if self.target.bos >= 0 else 0] * max([*widths, 8])
-        ctx.decode(probe[:8])
+        ctx.decode(probe[:8])  # also the warm-up: the first pass after a load is slow on any device
         if progress is not None:
             progress(0.0)
         first = self._time_pass(probe, widths[0])
         if first is not None and first > SLOW_PASS_SECONDS:
-            widths = [w for w in widths if w in SPARSE_WIDTHS or w == widths[-1]]
+            widths = [w for i, w in enumerate(widths) if w in SPARSE_WIDTHS or i in (0, len(widths) - 1)]
             repeats = 1
         total, n = repeats * len(widths), 1
         for r in range(repeats):

@@ -209,7 +209,7 @@ def sweep_args(target: str, prompts_file: str, *, max_tokens: int, repeat: int, 
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
     return parser.parse_args([
-        "--target", target, "--prompts", prompts_file, "--max-tokens", str(max_tokens), "--repeat", str(repeat),
+        f"--target={target}", f"--prompts={prompts_file}", "--max-tokens", str(max_tokens), "--repeat", str(repeat),
         "--threads", str(threads), "--ctx", str(ctx), "--temperature", str(temperature), "--top-k", str(s.top_k),
         "--top-p", str(s.top_p), "--min-p", str(s.min_p), "--baseline",
     ])

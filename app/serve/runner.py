@@ -162,7 +162,8 @@ class EngineRunner:
                 return
             for event in client.events(timeout=3600):
                 if isinstance(event, LoadProgress):
-                    self.load_fraction = event.fraction
+                    if event.stage != "timing":  # the pass timing after the load has its own 0-1
+                        self.load_fraction = event.fraction
                 elif isinstance(event, Loaded):
                     self.loaded = event
                     self.metrics.on_loaded(event)
@@ -223,11 +224,11 @@ class EngineRunner:
                     return
                 elif isinstance(event, EngineError):
                     self.metrics.on_ended("error")
-                    self._history_finish(answer_id, "".join(text), "error", None, "error")
+                    self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "error")
                     return
                 elif isinstance(event, EngineCrashed):
                     self.metrics.on_ended("crashed")
-                    self._history_finish(answer_id, "".join(text), "error", None, "crashed")
+                    self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "crashed")
                     self.log(f"the engine died: {event.message}; restarting it")
                     self.restarts += 1
                     client.restart()

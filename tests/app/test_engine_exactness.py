@@ -282,9 +282,10 @@ def test_demo_model_greedy_agreement(demo_models: tuple[Path, Path], which: str,
         session.close()
 
 
-def test_the_load_reports_its_pass_timing_as_progress(tiny_target: Path) -> None:
+def test_the_load_reports_its_pass_timing_as_progress(tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Timing a pass of every draft width takes minutes on a slow device; the load says so as it goes (the
     worker's messages also keep its watchdog from taking a long timing for a hang)."""
+    monkeypatch.setattr(speculative, "SLOW_PASS_SECONDS", float("inf"))  # every width, twice, however busy
     seen: list[tuple[str, float]] = []
     settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, k_max=4), n_ctx=256, n_threads=1)
     session = EngineSession(settings, progress=lambda stage, f: seen.append((stage, f)) or True)
@@ -305,6 +306,12 @@ def test_the_load_reports_its_pass_timing_as_progress(tiny_target: Path) -> None
 ])
 def test_flash_attention_auto_is_off_on_vulkan(setting: str, backend: str, layers: int, expected: str) -> None:
     assert flash_attention_mode(setting, backend, layers) == expected
+
+
+def test_a_quantized_kv_cache_keeps_flash_attention_auto_on_vulkan() -> None:
+    """llama.cpp refuses a quantized V cache without flash attention: "auto" stays, or the load would fail."""
+    assert flash_attention_mode("auto", "vulkan", -1, "q8_0") == "auto"
+    assert flash_attention_mode("auto", "vulkan", -1, "f16") == "off"
 
 
 def test_a_slow_pass_times_fewer_widths_once(tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:

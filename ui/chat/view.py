@@ -65,6 +65,7 @@ STOP_NOTES = {
     "eog": "end of turn",
     "max_tokens": "cut at Max tokens",
     "context_full": "context full",
+    "stop": "ended at a stop sequence",
     "cancelled": "stopped",
     "error": "failed",
     "crashed": "engine crashed",
