@@ -16,6 +16,8 @@ class FlowLayout(QLayout):
         self._items: list[QLayoutItem] = []
         self._h = h_spacing
         self._v = v_spacing
+        self._heights: dict[int, int] = {}  # heightForWidth, until the next invalidate
+        self.arrangements = 0  # times the items were placed (a relayout), for tests
         self.setContentsMargins(QMargins(0, 0, 0, 0))
 
     def addItem(self, item: QLayoutItem) -> None:
@@ -37,10 +39,18 @@ class FlowLayout(QLayout):
         return True
 
     def heightForWidth(self, width: int) -> int:
-        return self._arrange(QRect(0, 0, width, 0), apply=False)
+        # Qt asks this several times per relayout, for the same width.
+        if width not in self._heights:
+            self._heights[width] = self._arrange(QRect(0, 0, width, 0), apply=False)
+        return self._heights[width]
+
+    def invalidate(self) -> None:
+        self._heights.clear()
+        super().invalidate()
 
     def setGeometry(self, rect: QRect) -> None:
         super().setGeometry(rect)
+        self.arrangements += 1
         self._arrange(rect, apply=True)
 
     def sizeHint(self) -> QSize:

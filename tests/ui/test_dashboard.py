@@ -239,3 +239,26 @@ def test_nvml_is_read_off_the_gui_thread_and_a_held_read_blocks_nothing(qtbot: Q
         assert all(thread is not threading.main_thread() for thread in asked), asked
     finally:
         release.set()
+
+
+def test_streaming_figures_do_not_relayout_the_window(qtbot: QtBot, panel: DashboardPanel) -> None:
+    """The strip's live figures change ten times a second while tokens stream. Each new text used to ask
+    for a relayout that reached the whole window (the soak's stalls showed the strip's layout); the live
+    labels have a fixed size now, so new figures of the expected width place nothing."""
+    from PySide6.QtWidgets import QApplication
+
+    loaded_panel(qtbot, panel)
+    strip = panel.strip.layout()
+    for i in range(5):
+        panel.on_pass(make_pass(i, t0=1.0))
+    panel._paint()
+    QApplication.processEvents()
+    before = strip.arrangements
+    texts = set()
+    for i in range(5, 60):
+        panel.on_pass(make_pass(i, t0=1.0 + 0.37 * i))  # uneven timing: tok/s, τ and context all change
+        panel._paint()
+        QApplication.processEvents()
+        texts.add((panel.labels["tps"].text(), panel.labels["context"].text()))
+    assert len(texts) > 20  # the figures did change
+    assert strip.arrangements == before

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
-from PySide6.QtGui import QBrush, QColor, QPalette, QPen, QResizeEvent
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QGraphicsItem,
@@ -45,6 +45,17 @@ TWO_COLUMNS_MIN_WIDTH = 600  # narrower: the plots stack in one column
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
 MB = 1e6
+# The widest text each live figure is expected to show; its label gets that fixed width (see _build).
+LIVE_LABEL_TEMPLATES = {
+    "scope": "last second:",
+    "tps": "9999.9 tok/s",
+    "pct": "9999% of the spec-sheet roof ▲",
+    "acceptance": "accept 100%",
+    "alpha": "α 0.00",
+    "tau": "τ 99.99",
+    "k": "k 99",
+    "context": "999,999 of 999,999 tokens",
+}
 
 # Hues readable on light and dark backgrounds; the neutral colours come from the palette.
 BLUE = QColor(31, 119, 180)
@@ -291,6 +302,14 @@ class DashboardPanel(QWidget):
         f.setPointSizeF(f.pointSizeF() * 1.4)
         f.setBold(True)
         self.labels["tps"].setFont(f)
+        self._pct_style = ""
+        for name, widest in LIVE_LABEL_TEMPLATES.items():
+            # A fixed size: Qt then skips the relayout a new text asks for (it reached the whole window, ten
+            # times a second while tokens stream; the soak caught it in the strip's layout).
+            lab = self.labels[name]
+            bold = QFont(lab.font())
+            bold.setBold(True)  # the share of the roof turns bold above 100 %
+            lab.setFixedSize(QFontMetrics(bold).horizontalAdvance(widest) + 4, lab.sizeHint().height())
         outer.addWidget(self.strip)
 
         # The plots keep a readable height and scroll when the window is shorter than that.
@@ -554,41 +573,56 @@ class DashboardPanel(QWidget):
             self.p_tau.setYRange(0, kmax + 1.5, padding=0)
         self.y_k.fit(float(np.nanmax(s.k)) + 1 if len(s.k) else 0.0)
 
+    def _set_live(self, name: str, text: str) -> None:
+        """A live figure's new text; its fixed width grows (one relayout) only for a text wider than it."""
+        lab = self.labels[name]
+        if lab.text() == text:
+            return
+        need = lab.fontMetrics().horizontalAdvance(text) + 4
+        if need > lab.width() and name in LIVE_LABEL_TEMPLATES:
+            lab.setFixedWidth(need)
+        lab.setText(text)
+
     def _paint_strip(self, s: MetricsSnapshot) -> None:
         """Live figures (last second, last 32 passes) while an answer streams; the answer's own totals, as
         its stats line in the chat reads them, once it has ended."""
         c = s.current
-        lab = self.labels
+        set_text = self._set_live
         totals = s.last_stats if not s.generating else None
         spec = s.spec_ceiling
         if totals is not None:
-            lab["scope"].setText("answer:")
+            set_text("scope", "answer:")
             tps: float | None = totals.decode_tps
-            lab["tps"].setText(decode_text(totals.decode_tps))
-            lab["acceptance"].setText(f"accept {acceptance_text(totals.acceptance)}" if totals.drafted
-                                      else "accept –")
-            lab["tau"].setText(f"τ {tau_text(totals.tokens_per_pass)}")
+            set_text("tps", decode_text(totals.decode_tps))
+            set_text("acceptance", f"accept {acceptance_text(totals.acceptance)}" if totals.drafted
+                     else "accept –")
+            set_text("tau", f"τ {tau_text(totals.tokens_per_pass)}")
             alpha = s.message_alpha
         else:
-            lab["scope"].setText("last second:" if s.generating else "")
+            set_text("scope", "last second:" if s.generating else "")
             tps = c.tps
-            lab["tps"].setText(decode_text(c.tps) if c.tps is not None else "– tok/s")
-            lab["acceptance"].setText(f"accept {acceptance_text(c.acceptance)}" if c.acceptance is not None
-                                      else "accept –")
-            lab["tau"].setText(f"τ {tau_text(c.tau)}" if c.tau is not None else "τ –")
+            set_text("tps", decode_text(c.tps) if c.tps is not None else "– tok/s")
+            set_text("acceptance", f"accept {acceptance_text(c.acceptance)}" if c.acceptance is not None
+                     else "accept –")
+            set_text("tau", f"τ {tau_text(c.tau)}" if c.tau is not None else "τ –")
             alpha = c.alpha
         pct = 100.0 * tps / spec if tps is not None and spec else None
         if pct is not None:
             above = pct > 100.0
-            lab["pct"].setText(f"{pct:.0f}% of the spec-sheet roof" + (" ▲" if above else ""))
-            lab["pct"].setStyleSheet(f"color: {GREEN.name()}; font-weight: bold" if above else "")
+            set_text("pct", f"{pct:.0f}% of the spec-sheet roof" + (" ▲" if above else ""))
+            self._style_pct(f"color: {GREEN.name()}; font-weight: bold" if above else "")
         else:
-            lab["pct"].setText("roof unknown" if self.metrics.loaded else "–")
-            lab["pct"].setStyleSheet("")
-        lab["alpha"].setText(f"α {alpha:.2f}" if alpha is not None else "α –")
-        lab["k"].setText(f"k {c.k}" if c.k is not None else "k –")
-        lab["context"].setText(c.context_text if c.n_ctx else "no model")
-        lab["device"].setText(" · ".join(x for x in (c.backend, c.device) if x) or "–")
+            set_text("pct", "roof unknown" if self.metrics.loaded else "–")
+            self._style_pct("")
+        set_text("alpha", f"α {alpha:.2f}" if alpha is not None else "α –")
+        set_text("k", f"k {c.k}" if c.k is not None else "k –")
+        set_text("context", c.context_text if c.n_ctx else "no model")
+        set_text("device", " · ".join(x for x in (c.backend, c.device) if x) or "–")
+
+    def _style_pct(self, sheet: str) -> None:
+        if sheet != self._pct_style:  # a style sheet is parsed and the label polished at every set
+            self._pct_style = sheet
+            self.labels["pct"].setStyleSheet(sheet)
 
     def memory_rows(self) -> list[tuple[str, float]]:
         """The memory chart's bars, top to bottom: (label, bytes). The engine process holds the weights and
