@@ -55,13 +55,15 @@ class RawDecode:
     """Greedy one-token decodes on the loaded target through llama.cpp alone (no sampling, no drafting).
 
     Measures the bare decode loop (`specdeck bench --raw`) and checks that decoding works at all (`specdeck
-    doctor --decode-check`). ``text`` is tokenized with the model's own special tokens and prefilled first
-    (empty: the BOS token alone). The reply is one ``RawDecoded``.
+    doctor --decode-check`). ``messages``, rendered as a chat answer would be, or else ``text``, tokenized with
+    the model's own special tokens, is prefilled first (neither: the BOS token alone). The reply is one
+    ``RawDecoded``.
     """
 
     request_id: int
     n_tokens: int
     text: str = ""
+    messages: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -156,13 +156,14 @@ class EngineClient:
         self._send(BenchRun(request_id, tuple(messages), sampling, plain))
         return request_id
 
-    def raw_decode(self, n_tokens: int, text: str = "") -> int:
+    def raw_decode(self, n_tokens: int, text: str = "",
+                   messages: Sequence[dict[str, str]] = ()) -> int:
         """Bare greedy decodes on the loaded target (bench --raw, the decode check); the reply is one
         ``RawDecoded``."""
         request_id = next(self._ids)
         self.start()
         self.state = "generate"
-        self._send(RawDecode(request_id, n_tokens, text))
+        self._send(RawDecode(request_id, n_tokens, text, tuple(messages)))
         return request_id
 
     def cancel(self, request_id: int) -> None:

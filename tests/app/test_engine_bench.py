@@ -190,3 +190,35 @@ def test_bad_prompts_file_is_a_clear_error(tiny_target: Path, tmp_path: Path) ->
     assert proc.returncode == 1
     assert "bad.jsonl:1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: Path) -> None:
+    """bench --raw compares the bare llama_decode loop with plain decoding through the engine; a pass is
+    cheaper at a shorter context, so the loop is prefilled with the bench's first prompt, rendered as a chat
+    answer would be, not with the BOS token alone (which made the engine look 21 % slower on SmolLM2)."""
+    from app.engine.bench import _await
+    from app.engine.client import EngineClient
+    from app.engine.params import LoadSettings
+    from app.engine.session import EngineSession
+    from app.events import Loaded, RawDecoded
+
+    messages = [{"role": "user", "content": "Rename x to count in: for x in range(3): print(x)"}]
+    settings = LoadSettings(str(tiny_target), n_ctx=256, n_threads=1)
+    session = EngineSession(settings)
+    try:
+        expected, _warning = session.prompt_tokens(messages)
+    finally:
+        session.close()
+    client = EngineClient()
+    try:
+        client.load(settings)
+        _await(client, Loaded)
+        client.raw_decode(4, messages=messages)
+        with_prompt = _await(client, RawDecoded)
+        client.raw_decode(4)
+        bos_only = _await(client, RawDecoded)
+    finally:
+        client.close()
+    assert with_prompt.prompt_tokens == len(expected) > 1
+    assert bos_only.prompt_tokens == 1
+    assert with_prompt.tokens == bos_only.tokens == 4
