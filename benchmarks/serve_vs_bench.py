@@ -28,8 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.cli.bench import add_arguments as add_bench_arguments  # noqa: E402
-from app.engine.bench import bench  # noqa: E402
+from app.engine.bench import add_bench_arguments, bench  # noqa: E402
 from app.engine.params import DraftSettings, LoadSettings  # noqa: E402
 from app.serve.metrics import ServeMetrics  # noqa: E402
 from app.serve.protocol import Limits  # noqa: E402

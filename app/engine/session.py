@@ -124,7 +124,6 @@ def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type:
     return setting
 
 
-
 class EngineSession:
     """Target, drafters and the loop, loaded from ``LoadSettings``."""
 

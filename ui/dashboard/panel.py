@@ -302,7 +302,6 @@ class DashboardPanel(QWidget):
         f.setPointSizeF(f.pointSizeF() * 1.4)
         f.setBold(True)
         self.labels["tps"].setFont(f)
-        self._pct_style = ""
         for name, widest in LIVE_LABEL_TEMPLATES.items():
             # A fixed size: Qt then skips the relayout a new text asks for (it reached the whole window, ten
             # times a second while tokens stream; the soak caught it in the strip's layout).
@@ -620,9 +619,9 @@ class DashboardPanel(QWidget):
         set_text("device", " · ".join(x for x in (c.backend, c.device) if x) or "–")
 
     def _style_pct(self, sheet: str) -> None:
-        if sheet != self._pct_style:  # a style sheet is parsed and the label polished at every set
-            self._pct_style = sheet
-            self.labels["pct"].setStyleSheet(sheet)
+        label = self.labels["pct"]
+        if label.styleSheet() != sheet:  # a style sheet is parsed and the label polished at every set
+            label.setStyleSheet(sheet)
 
     def memory_rows(self) -> list[tuple[str, float]]:
         """The memory chart's bars, top to bottom: (label, bytes). The engine process holds the weights and
