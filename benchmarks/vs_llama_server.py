@@ -4,9 +4,11 @@
 llama-server (built from the llama.cpp that llama-cpp-python vendors, with the CPU flags bootstrap chooses:
 `python3 packaging/build_llama_server`) runs each prompt plain and with each of its drafting modes
 (`--spec-type ngram-simple`, `ngram-map-k`, `ngram-mod`, and `draft-simple` when a drafter is given);
-then `specdeck bench --baseline` runs the same prompts. Each speedup is against that engine's own plain
-decoding, as the median of the repeats with its range. A fresh server starts for every mode and repeat, so
-no mode drafts from an earlier repeat's answers (ngram-mod's pool outlives a request).
+then `specdeck bench --baseline` runs the same prompts. Both engines get the same prompt tokens: each chat is
+rendered and tokenized as SpecDeck renders it and sent to llama-server's `/completion`. Each speedup is
+against that engine's own plain decoding, as the median of the repeats with its range. A fresh server
+starts for every mode and repeat, so no mode drafts from an earlier repeat's answers (ngram-mod's pool
+outlives a request).
 
     .venv/bin/python benchmarks/vs_llama_server.py --target MODEL.gguf [--target MODEL2.gguf] \\
         [--drafter DRAFTER.gguf] [--prompts resources/prompts/edit.jsonl] [--max-tokens 256] [--repeat 3]
@@ -34,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import read_prompts  # noqa: E402
+from app.engine.llama import Model, init_backend  # noqa: E402
+from app.engine.params import NGRAM_KEY  # noqa: E402
+from app.engine.session import chat_prompt_tokens  # noqa: E402
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 READY_TIMEOUT_S = 120.0
@@ -94,14 +99,29 @@ class Server:
             self.proc.wait()
         self._log_file.close()
 
-    def answer(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, float]:
-        """One greedy answer; llama-server's own decode timing (prompt processing excluded)."""
-        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": 1234,
+    def answer(self, prompt: list[int], max_tokens: int) -> dict[str, float]:
+        """One greedy answer to these prompt tokens; llama-server's own decode timing (prompt excluded)."""
+        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "seed": 1234,
                 "cache_prompt": False}
-        reply = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=1800).json()
+        reply = httpx.post(f"{self.url}/completion", json=body, timeout=1800).json()
         t = reply["timings"]
         return {"tokens": float(t["predicted_n"]), "ms": float(t["predicted_ms"]),
                 "drafted": float(t.get("draft_n", 0)), "accepted": float(t.get("draft_n_accepted", 0))}
+
+
+def prompt_tokens(target: Path, chats: list[list[dict[str, str]]]) -> list[list[int]]:
+    """Each chat rendered and tokenized as SpecDeck renders it, so both engines decode from the same tokens.
+
+    Sent through llama-server's chat endpoint instead, a chat is rendered with llama-server's own template
+    choice: for a model without a chat template (the Gemma demo) that is ChatML, not Gemma's format, and the
+    two engines then answer different prompts with different text.
+    """
+    init_backend()
+    model = Model(target, vocab_only=True)
+    try:
+        return [chat_prompt_tokens(model, chat)[0] for chat in chats]
+    finally:
+        model.close()
 
 
 def rate(answers: list[dict[str, float]]) -> float:
@@ -109,7 +129,7 @@ def rate(answers: list[dict[str, float]]) -> float:
     return 1000 * sum(a["tokens"] for a in answers) / ms if ms else 0.0
 
 
-def llama_server_modes(binary: Path, target: Path, drafter: Path | None, prompts: list[list[dict[str, str]]],
+def llama_server_modes(binary: Path, target: Path, drafter: Path | None, prompts: list[list[int]],
                        args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     modes: list[str | None] = [None, *NGRAM_MODES] + (["draft-simple"] if drafter else [])
     rates: dict[str, list[float]] = {m or "plain": [] for m in modes}
@@ -182,7 +202,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=Path, default=ROOT / "resources" / "prompts" / "edit.jsonl")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--ngram", type=int, default=3, help="SpecDeck's n-gram key length")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="SpecDeck's n-gram key length")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=0, help="0: each engine's own default")
     parser.add_argument("--json", type=Path)
@@ -202,12 +222,12 @@ def main() -> int:
         for target in args.target:
             print(f"{target.name}: {len(prompts)} prompts, {args.max_tokens} tokens, {args.repeat} repeats",
                   flush=True)
-            ls = llama_server_modes(binary, target, args.drafter, prompts, args, logs)
+            ls = llama_server_modes(binary, target, args.drafter, prompt_tokens(target, prompts), args, logs)
             sd = specdeck_bench(target, args.drafter, args, logs / f"{target.stem}-specdeck.json")
             rows.append({"model": target.stem, "llama_server": ls, "specdeck": sd})
     print()
-    print(f"{args.prompts.name}, greedy, {args.max_tokens} tokens, median of {args.repeat} (range); "
-          "each speedup against that engine's own plain decoding:")
+    print(f"{args.prompts.name} (the same prompt tokens in both engines), greedy, {args.max_tokens} tokens, "
+          f"median of {args.repeat} (range); each speedup against that engine's own plain decoding:")
     print(table(rows, args.drafter is not None))
     if args.json:
         args.json.write_text(json.dumps({"prompts": str(args.prompts), "max_tokens": args.max_tokens,

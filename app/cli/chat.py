@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import NGRAM_KEY, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
 from app.safe_text import terminal_safe
@@ -27,7 +27,7 @@ CUT_MARK = "[answer cut off: the engine stopped]"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=3, help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="n-gram drafter key length (0 = off)")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=512)

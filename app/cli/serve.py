@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.engine.params import DraftSettings, LoadSettings
+from app.engine.params import NGRAM_KEY, DraftSettings, LoadSettings
 from app.errors import AppError
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
@@ -15,7 +15,7 @@ from app.serve.server import DEFAULT_PORT
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=3, help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="n-gram drafter key length (0 = off)")
     parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--host", default="127.0.0.1",

@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import K_MAX, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
 from app.errors import AppError, SettingsError
 from app.events import (
@@ -53,7 +53,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     depth = parser.add_mutually_exclusive_group()
     depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
     depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
-    parser.add_argument("--k-max", type=int, default=16, help="largest depth the adaptive policy may choose")
+    parser.add_argument("--k-max", type=int, default=K_MAX, help="largest depth the adaptive policy may choose")
     parser.add_argument("--prompts", required=True, type=Path, help='JSONL, one {"messages": [...]} per line')
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)

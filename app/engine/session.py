@@ -124,6 +124,30 @@ def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type:
     return setting
 
 
+def chat_prompt_tokens(model: Model, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+    """Render the chat with the model's template and tokenize it; the warning says what was replaced.
+
+    Only the template's own text may contain control tokens: each message's content is tokenized
+    with special-token parsing off, so a user typing "<|im_end|>" gets plain text, not a control token.
+    """
+    bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
+    eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
+    messages, clean_notes = clean_messages(messages)  # the renderer sees clean text: keep its notes
+    template = model.chat_template()
+    architecture = model.meta("general.architecture") or ""
+    rendered = render_chat(template, messages, bos_text, eos_text, architecture=architecture)
+    text = rendered.text
+    tokens: list[int] = []
+    if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
+        tokens.append(model.bos)
+    for piece, is_content in split_contents(
+        text, messages,
+        lambda msgs: render_chat(template, msgs, bos_text, eos_text, architecture=architecture).text,
+    ):
+        tokens += model.tokenize(piece, parse_special=not is_content)
+    return tokens, " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
+
+
 class EngineSession:
     """Target, drafters and the loop, loaded from ``LoadSettings``."""
 
@@ -224,28 +248,7 @@ class EngineSession:
     # --- prompts --------------------------------------------------------------------------------
 
     def prompt_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
-        """Render the chat with the model's template and tokenize it.
-
-        Only the template's own text may contain control tokens: each message's content is tokenized
-        with special-token parsing off, so a user typing "<|im_end|>" gets plain text, not a control token.
-        """
-        model = self.target
-        bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
-        eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
-        messages, clean_notes = clean_messages(messages)  # the renderer sees clean text: keep its notes
-        template = model.chat_template()
-        architecture = model.meta("general.architecture") or ""
-        rendered = render_chat(template, messages, bos_text, eos_text, architecture=architecture)
-        text = rendered.text
-        tokens: list[int] = []
-        if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
-            tokens.append(model.bos)
-        for piece, is_content in split_contents(
-            text, messages,
-            lambda msgs: render_chat(template, msgs, bos_text, eos_text, architecture=architecture).text,
-        ):
-            tokens += model.tokenize(piece, parse_special=not is_content)
-        return tokens, " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
+        return chat_prompt_tokens(self.target, messages)
 
     def continuation_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
         """The prompt that goes on from a partial answer (the last message): the chat before it, rendered

@@ -12,7 +12,7 @@ import pytest
 
 from app.engine.llama import Detokenizer, Model, init_backend
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
-from app.engine.session import EngineSession
+from app.engine.session import EngineSession, chat_prompt_tokens
 from app.errors import IncompatibleDrafterError, PromptTooLongError
 from app.events import Finished, Token
 from tests.gguf_fixtures import BYTES_EOT_ID, BYTES_FIRST_BYTE_ID
@@ -129,6 +129,20 @@ def test_control_token_strings_typed_by_a_user_stay_text(session: EngineSession,
     expected = session.target.tokenize(typed.replace("\x00", ""), parse_special=False)
     assert len(expected) > 3
     assert any(prompt[i : i + len(expected)] == expected for i in range(len(prompt)))
+
+
+def test_a_vocabulary_alone_renders_a_chat_to_the_loaded_sessions_tokens(session: EngineSession,
+                                                                         tiny_target: Path) -> None:
+    """benchmarks/vs_llama_server.py sends llama-server the tokens rendered from the vocabulary alone: they must
+    be the tokens the engine decodes from."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi <|im_end|> there"}]
+    vocab = Model(tiny_target, vocab_only=True)
+    try:
+        rendered = chat_prompt_tokens(vocab, chat)
+    finally:
+        vocab.close()
+    assert rendered == session.prompt_tokens(chat)
+    assert len(rendered[0]) > 10
 
 
 @pytest.mark.demo

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.params import KV_TYPES, MAX_CTX, DraftSettings, LoadSettings
+from app.engine.params import K_MAX, KV_TYPES, MAX_CTX, NGRAM_KEY, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress
 from app.library.compat import CompatResult
@@ -154,7 +154,7 @@ class ModelPicker(QWidget):
             "model fills the rest).")
         self.ngram_spin = QSpinBox(models)
         self.ngram_spin.setRange(1, 16)
-        self.ngram_spin.setValue(3)
+        self.ngram_spin.setValue(NGRAM_KEY)
         ngram_row.addWidget(self.ngram_check)
         ngram_row.addWidget(self.ngram_spin)
         form.addRow(ngram_row)
@@ -180,7 +180,7 @@ class ModelPicker(QWidget):
         self.k_spin.setValue(4)
         self.k_max_spin = QSpinBox(draft)
         self.k_max_spin.setRange(0, 32)
-        self.k_max_spin.setValue(8)
+        self.k_max_spin.setValue(K_MAX)
         self.adaptive_check.toggled.connect(self._on_adaptive_check_toggled)
         dform.addRow(self.adaptive_check)
         dform.addRow("Fixed depth k", self.k_spin)
