@@ -2,7 +2,7 @@
 is locked, and afterwards every turn that was sent is in the history.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/soak_history.py --minutes 10 --windows 3 \\
-        --kill-every 30 --lock-seconds 8 [--model PATH] [--json report.json]
+        --kill-every 30 --lock-seconds 8 [--start-gap S] [--model PATH] [--json report.json]
 
 Each window is ``specdeck`` driven by the autopilot (``SPECDECK_AUTOPILOT``), with its own numbered prompts.
 A killer SIGKILLs one window's engine worker in turn every ``--kill-every`` seconds (the window restarts it
@@ -138,6 +138,9 @@ def main() -> int:
     parser.add_argument("--lock-seconds", type=float, default=8.0)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--start-gap", type=float, default=0.0,
+                        help="seconds between window starts (0: all at once, each window's first paint then "
+                        "competes with the others' start on a small machine)")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -150,6 +153,8 @@ def main() -> int:
     windows: list[subprocess.Popen[bytes]] = []
     reports = [home / f"window-{n}.json" for n in range(args.windows)]
     for n, report in enumerate(reports):
+        if n and args.start_gap > 0:
+            time.sleep(args.start_gap)
         spec = {"target": str(model), "ngram": 3, "threads": 1, "n_ctx": 1024, "max_tokens": args.max_tokens,
                 "prompts": [f"Window {n}, turn {i}: name a colour and a fruit." for i in range(1500)],
                 "duration_s": duration, "new_chat_every": 6, "report": str(report), "quit": True,

@@ -75,7 +75,7 @@ class EngineClient:
     def start(self) -> None:
         if self.alive:
             return
-        from app.engine.worker import run_worker
+        from app.engine.worker import lower_priority, run_worker
 
         self._log_path = new_engine_log_path(self.log_dir)  # kept after exit: the last few survive a crash
         name = str(self._log_path)
@@ -83,6 +83,8 @@ class EngineClient:
         parent, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=run_worker, args=(child, name, self.nice), name="specdeck-engine", daemon=True)
         self._proc.start()
+        if self.nice > 0:
+            lower_priority(self.nice, self._proc.pid)
         child.close()
         self._conn = parent
         self.state = "idle"

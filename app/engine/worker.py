@@ -155,16 +155,19 @@ class Worker:
                 cancelled = True
 
 
-def lower_priority(nice: int) -> None:
-    """Give the CPU to other programs first (the window's GUI thread): before any thread starts, so llama.cpp's
-    threads inherit it. Best effort: a system that refuses leaves the priority as it was."""
+def lower_priority(nice: int, pid: int = 0) -> None:
+    """Run process ``pid`` (0: this one) at nice ``nice`` at least, so other programs (the window's GUI thread)
+    get the CPU first. Absolute, not added: the client sets it right after the spawn (the interpreter's start
+    and imports otherwise compete with the window at full priority) and the worker again before any thread
+    starts (llama.cpp's threads inherit it). Best effort: a system that refuses leaves the priority as it was."""
     try:
-        if hasattr(os, "nice"):
-            os.nice(nice)
+        if hasattr(os, "setpriority"):
+            if os.getpriority(os.PRIO_PROCESS, pid) < nice:
+                os.setpriority(os.PRIO_PROCESS, pid, nice)
         else:  # Windows
             import psutil
 
-            psutil.Process().nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
+            psutil.Process(pid or None).nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
     except (OSError, ImportError, AttributeError):
         pass
 

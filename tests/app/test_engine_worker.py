@@ -171,3 +171,23 @@ def test_crash_advice_during_the_first_load_fits_the_build(client: EngineClient,
     assert client.build_gpu_offload is build_offloads
     assert ("GPU" in crashed.message) is build_offloads, crashed.message
     assert "a smaller context" in crashed.message
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")
+def test_a_lower_priority_worker_has_it_from_its_start_and_in_every_thread(tmp_path: Path,
+                                                                           tiny_target: Path) -> None:
+    """The worker's interpreter start and imports must not compete with the window at full priority (the soak
+    saw the GUI thread wait for a core while workers restarted), and llama.cpp's threads inherit the priority."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    c = EngineClient(log_dir=tmp_path / "logs", watchdog_seconds=TIMEOUT, nice=10)
+    try:
+        c.start()
+        assert c.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, c.pid) == max(base, 10)  # before the child has run any code of ours
+        load(c, load_settings(tiny_target))
+        threads = Path(f"/proc/{c.pid}/task")
+        if threads.is_dir():
+            nices = {int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in threads.iterdir()}
+            assert nices == {max(base, 10)}
+    finally:
+        c.close()
