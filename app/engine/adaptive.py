@@ -21,6 +21,7 @@ PROBE_EVERY = 12  # fewest passes at k = 0 between probes, so a return of good d
 PROBE_BUDGET = 0.03  # most of the decoding time that probes may take (an expensive drafter probes rarely)
 PROBE_K = 2
 NGRAM_PRIORS = (0.2, 0.4, 0.7, 0.9)  # per match-length bucket: < 3, < 6, < 16 and longer
+MODEL_PRIOR = 0.6  # a model drafter's acceptance before this pair has been measured
 
 
 @dataclass
@@ -214,7 +215,16 @@ class DepthController:
             below = self.ngram_buckets[-1] if self.ngram_buckets else None
             self.ngram_buckets.append(PositionAcceptance(self.k_max, prior=prior, below=below))
         self.ngram = self.ngram_buckets[0]
-        self.model = PositionAcceptance(self.k_max, prior=0.6)
+        self.model = PositionAcceptance(self.k_max, prior=MODEL_PRIOR)
+
+    def start_model_from(self, measured: float) -> None:
+        """Start the model drafter's rates from this pair's acceptance measured in earlier runs.
+
+        Without it a good drafter may never be tried: at the default prior the first drafts do not pay, and on
+        a CPU, where the drafter reading the tokens it missed costs a sizeable part of a pass, it is not probed
+        either (``model_probe_pays``), so its acceptance would stay unmeasured.
+        """
+        self.model = PositionAcceptance(self.k_max, prior=min(max(measured, 0.0), 1.0))
 
     def start_answer(self) -> None:
         """Forget the proposals still being scored (they belong to the previous answer's text)."""

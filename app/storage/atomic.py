@@ -121,7 +121,10 @@ def atomic_write_json(path: StrPath, obj: Any) -> None:
 
 def read_json_object(path: StrPath) -> dict[str, Any]:
     """The JSON object a file written by ``atomic_write_json`` holds; {} when the file is missing,
-    unreadable, not JSON or not an object (a lost record is measured or chosen again, never an error)."""
+    unreadable, not JSON or not an object (a lost record is measured or chosen again, never an error). Only a
+    regular file is read: reading a FIFO put in its place would wait for a writer for ever."""
+    if not Path(path).is_file():
+        return {}
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):

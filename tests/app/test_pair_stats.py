@@ -49,3 +49,34 @@ def test_ranking_uses_the_measured_acceptance(tiny_target: Path, tiny_drafter_sa
     assert measured[drafter.path].acceptance_source == "measured"
     assert measured[drafter.path].acceptance == 0.95
     assert measured[None].acceptance == 0.1
+
+
+def test_a_loaded_pair_starts_its_model_drafter_from_the_measured_acceptance(
+        specdeck_home: Path, tiny_target: Path, tiny_drafter_same: Path) -> None:
+    from app.engine.adaptive import MODEL_PRIOR
+    from app.engine.params import DraftSettings, LoadSettings
+    from app.engine.session import EngineSession
+
+    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path=str(tiny_drafter_same)), n_ctx=256,
+                            n_batch=64, n_threads=1)
+    before = EngineSession(settings)
+    try:
+        assert before.decoder.controller.model.rate(0) == MODEL_PRIOR  # nothing measured for this pair yet
+    finally:
+        before.close()
+    record(str(tiny_target), str(tiny_drafter_same), stats(0.95, 100))
+    logs: list[str] = []
+    after = EngineSession(settings, log=logs.append)
+    try:
+        assert after.decoder.controller.model.rate(0) == 0.95
+        assert any("measured acceptance 0.95" in line for line in logs)
+    finally:
+        after.close()
+
+
+def test_a_fifo_in_place_of_the_file_reads_as_nothing_measured(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "acceptance.json"
+    os.mkfifo(path)  # read_text() on it would wait for a writer for ever
+    assert load_measured(path) == {}
