@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import read_prompts  # noqa: E402
 from app.engine.llama import Model, init_backend  # noqa: E402
-from app.engine.params import NGRAM_KEY  # noqa: E402
+from app.engine.params import NGRAM_KEY_LENGTH  # noqa: E402
 from app.engine.session import chat_prompt_tokens  # noqa: E402
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
@@ -202,7 +202,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=Path, default=ROOT / "resources" / "prompts" / "edit.jsonl")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="SpecDeck's n-gram key length")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="SpecDeck's n-gram key length")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=0, help="0: each engine's own default")
     parser.add_argument("--json", type=Path)

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TextIO
 
 from app.engine.client import EngineClient
-from app.engine.params import NGRAM_KEY, DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
+from app.library.pair_stats import measured_start
 from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1  # bad arguments, or the model could not be loaded
@@ -27,7 +28,7 @@ CUT_MARK = "[answer cut off: the engine stopped]"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="n-gram drafter key length (0 = off)")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=512)
@@ -130,10 +131,11 @@ class TerminalChat:
 
 
 def run(args: argparse.Namespace) -> int:
+    target, drafter = str(args.target), str(args.drafter) if args.drafter else None
     try:
         settings = LoadSettings(
-            target_path=str(args.target),
-            draft=DraftSettings(drafter_path=str(args.drafter) if args.drafter else None, ngram=args.ngram),
+            target_path=target,
+            draft=DraftSettings(drafter_path=drafter, ngram=args.ngram, model_start=measured_start(target, drafter)),
             n_ctx=args.ctx,
         ).validate()
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens).validate()

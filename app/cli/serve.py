@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.engine.params import NGRAM_KEY, DraftSettings, LoadSettings
+from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
+from app.library.pair_stats import measured_start
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
 
@@ -15,7 +16,7 @@ from app.serve.server import DEFAULT_PORT
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=NGRAM_KEY, help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="n-gram drafter key length (0 = off)")
     parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--host", default="127.0.0.1",
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         draft = DraftSettings(drafter_path=str(args.drafter) if args.drafter else None, ngram=args.ngram,
-                              adaptive=args.k is None, k=args.k if args.k is not None else 4)
+                              adaptive=args.k is None, k=args.k if args.k is not None else 4,
+                              model_start=measured_start(str(args.target), str(args.drafter) if args.drafter else None))
         settings = LoadSettings(target_path=str(args.target), draft=draft.validate(), n_ctx=args.ctx).validate()
         options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                limits=Limits(body_bytes=max(args.body_limit, 1024),

@@ -54,6 +54,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
     depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
     parser.add_argument("--k-max", type=int, default=K_MAX, help="largest depth the adaptive policy may choose")
+    parser.add_argument("--model-start", type=float, metavar="A",
+                        help="start the model drafter's acceptance estimate at A (the window, chat and serve start "
+                        "from the pair's measured figure; bench from the policy's prior unless this is given)")
     parser.add_argument("--prompts", required=True, type=Path, help='JSONL, one {"messages": [...]} per line')
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -271,6 +274,7 @@ def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None =
         adaptive=args.k is None,
         k=args.k if args.k is not None else 4,
         k_max=args.k_max if args.k is None else max(args.k, 1),
+        model_start=getattr(args, "model_start", None),
     )
     settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx,
                             n_threads=args.threads).validate()

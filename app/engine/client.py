@@ -75,16 +75,17 @@ class EngineClient:
     def start(self) -> None:
         if self.alive:
             return
-        from app.engine.worker import lower_priority, run_worker
+        from app.engine.worker import lower_priority, run_worker, worker_nice
 
         self._log_path = new_engine_log_path(self.log_dir)  # kept after exit: the last few survive a crash
         name = str(self._log_path)
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=run_worker, args=(child, name, self.nice), name="specdeck-engine", daemon=True)
+        nice = worker_nice(self.nice) if self.nice > 0 else 0
+        self._proc = ctx.Process(target=run_worker, args=(child, name, nice), name="specdeck-engine", daemon=True)
         self._proc.start()
-        if self.nice > 0:
-            lower_priority(self.nice, self._proc.pid)
+        if nice > 0:
+            lower_priority(nice, self._proc.pid)
         child.close()
         self._conn = parent
         self.state = "idle"

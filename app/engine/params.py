@@ -65,8 +65,8 @@ class SamplingSettings:
         return self.temperature == 0.0
 
 
-NGRAM_KEY = 3  # the n-gram drafter's key length where it is on by default (window, chat, serve, tune)
-K_MAX = 16  # the adaptive depth's cap: on code edits here 8 was 10 % slower and 32 no faster (README, "Speed")
+NGRAM_KEY_LENGTH = 3  # the n-gram drafter's key length where none is chosen (window, chat, serve, tune, bench)
+K_MAX = 16  # the adaptive depth's cap: measured against 8 and 32 on code edits (README, "Speed")
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,18 @@ class DraftSettings:
     k: int = 4  # fixed depth when not adaptive
     k_max: int = K_MAX
     p_min: float = 0.1  # a model drafter stops when its own top probability falls below this
+    # The model drafter's acceptance to start from (this pair's figure measured in earlier runs); None: the
+    # policy's own prior. The window, chat and serve pass the measured figure; bench only when asked, so that
+    # its runs do not depend on what earlier runs recorded.
+    model_start: float | None = None
 
     def validate(self) -> DraftSettings:
         _number("N-gram key length", self.ngram, 0, 16, integer=True)
         _number("Draft depth k", self.k, 0, 32, integer=True)
         _number("Maximum draft depth", self.k_max, 0, 32, integer=True)
         _number("Drafter confidence cut", self.p_min, 0.0, 1.0)
+        if self.model_start is not None:
+            _number("Model drafter's starting acceptance", self.model_start, 0.0, 1.0)
         return self
 
     @property

@@ -25,7 +25,6 @@ from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, P
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
 from app.library.model_file import check_model_file
-from app.library.pair_stats import load_measured
 
 ProgressFn = Callable[[str, float], bool]
 
@@ -209,12 +208,10 @@ class EngineSession:
         ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
         k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
-        if model_drafter is not None and draft.drafter_path:
-            measured = load_measured().get((settings.target_path, draft.drafter_path))
-            if measured is not None:
-                controller.start_model_from(measured)
-                if log is not None:
-                    log(f"model drafter: starting from this pair's measured acceptance {measured:.2f}")
+        if model_drafter is not None and draft.model_start is not None:
+            controller.start_model_from(draft.model_start)
+            if log is not None:
+                log(f"model drafter: starting from this pair's measured acceptance {draft.model_start:.2f}")
         self.decoder = SpeculativeDecoder(self.target, self.ctx, ngram=ngram, drafter=model_drafter,
                                           controller=controller)
         # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.

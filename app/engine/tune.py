@@ -20,15 +20,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from app.engine.bench import add_bench_arguments, bench
-from app.engine.params import K_MAX, NGRAM_KEY, DraftSettings, SamplingSettings
+from app.engine.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
 from app.errors import AppError, SettingsError
 from app.library.tuned import TunedSettings, save_tuned
 from app.library.verify_cost import record_report as record_verify_cost
 
 JSON_VERSION = 1
-# The window's own defaults (app.engine.params): the first setting measured, so the winner is never a
-# setting measured slower than what the user gets untuned.
-DEFAULT_NGRAM = NGRAM_KEY
+# The shared drafting defaults (app.engine.params) with the n-gram drafter on: the first setting measured, so
+# the winner is never a setting measured slower than what the user gets untuned.
+DEFAULT_NGRAM = NGRAM_KEY_LENGTH
 DEFAULT_K_MAX = K_MAX
 KEY_LENGTHS = (2, 3, 4, 6)
 K_MAXES = (4, 8, 16, 32)

@@ -6,6 +6,7 @@ asserts write) goes to a log file that the client reads back when the worker die
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -155,25 +156,35 @@ class Worker:
                 cancelled = True
 
 
+def worker_nice(lower_by: int) -> int:
+    """The nice value ``lower_by`` steps below this process's own priority (POSIX caps it at 19)."""
+    own = os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
+    return min(19, own + lower_by)
+
+
 def lower_priority(nice: int, pid: int = 0) -> None:
     """Run process ``pid`` (0: this one) at nice ``nice`` at least, so other programs (the window's GUI thread)
-    get the CPU first. Absolute, not added: the client sets it right after the spawn (the interpreter's start
-    and imports otherwise compete with the window at full priority) and the worker again before any thread
-    starts (llama.cpp's threads inherit it). Best effort: a system that refuses leaves the priority as it was."""
-    try:
-        if hasattr(os, "setpriority"):
+    get the CPU first. An absolute value (``worker_nice``): the client sets it right after the spawn (the
+    interpreter's start and imports otherwise compete with the window at full priority) and the worker again
+    before any thread starts (llama.cpp's threads inherit it). Best effort: a system that refuses leaves the
+    priority as it was."""
+    if hasattr(os, "setpriority"):
+        try:
             if os.getpriority(os.PRIO_PROCESS, pid) < nice:
                 os.setpriority(os.PRIO_PROCESS, pid, nice)
-        else:  # Windows
-            import psutil
-
-            psutil.Process(pid or None).nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
-    except (OSError, ImportError, AttributeError):
-        pass
+        except OSError:
+            pass
+        return
+    try:  # Windows
+        import psutil
+    except ImportError:
+        return
+    with contextlib.suppress(psutil.Error, OSError, AttributeError):
+        psutil.Process(pid or None).nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
 
 
 def run_worker(conn: Connection, log_path: str, nice: int = 0) -> None:
-    """Entry point of the worker process (spawned by ``EngineClient``); ``nice`` > 0 lowers its priority."""
+    """Entry point of the worker process (spawned by ``EngineClient``); ``nice`` > 0: the nice value to run at."""
     if nice > 0:
         lower_priority(nice)
     _redirect_stderr(log_path)

@@ -48,6 +48,11 @@ def load_measured(path: Path | None = None) -> dict[tuple[str, str], float]:
     return out
 
 
+def measured_start(target: str, drafter: str | None) -> float | None:
+    """The model drafter's measured acceptance for this pair, to start the depth policy from (None: none)."""
+    return load_measured().get((target, drafter)) if drafter else None
+
+
 def drafter_key(drafter_path: str | None, ngram: int) -> str | None:
     """Which drafter a run's figures belong to, or None when two drafters shared the drafts."""
     if drafter_path and ngram == 0:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
+from app.engine.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
 from app.library.verify_cost import VerifyCurve
@@ -28,7 +29,6 @@ from app.library.verify_cost import VerifyCurve
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
-K_MAX = 16
 NGRAM_K_MAX = 8
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"

@@ -4,6 +4,7 @@ client itself carries on and a restarted worker loads and answers again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -178,16 +179,19 @@ def test_a_lower_priority_worker_has_it_from_its_start_and_in_every_thread(tmp_p
                                                                            tiny_target: Path) -> None:
     """The worker's interpreter start and imports must not compete with the window at full priority (the soak
     saw the GUI thread wait for a core while workers restarted), and llama.cpp's threads inherit the priority."""
-    base = os.getpriority(os.PRIO_PROCESS, 0)
+    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)  # ten steps below the window, whatever its own
     c = EngineClient(log_dir=tmp_path / "logs", watchdog_seconds=TIMEOUT, nice=10)
     try:
         c.start()
         assert c.pid is not None
-        assert os.getpriority(os.PRIO_PROCESS, c.pid) == max(base, 10)  # before the child has run any code of ours
+        assert os.getpriority(os.PRIO_PROCESS, c.pid) == expected  # before the child has run any code of ours
         load(c, load_settings(tiny_target))
         threads = Path(f"/proc/{c.pid}/task")
         if threads.is_dir():
-            nices = {int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in threads.iterdir()}
-            assert nices == {max(base, 10)}
+            nices = set()
+            for thread in threads.iterdir():
+                with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                    nices.add(int((thread / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+            assert nices == {expected}
     finally:
         c.close()

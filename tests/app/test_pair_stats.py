@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from app.events import MessageStats
 from app.library.gguf_reader import read_gguf_info
@@ -53,30 +56,35 @@ def test_ranking_uses_the_measured_acceptance(tiny_target: Path, tiny_drafter_sa
 
 def test_a_loaded_pair_starts_its_model_drafter_from_the_measured_acceptance(
         specdeck_home: Path, tiny_target: Path, tiny_drafter_same: Path) -> None:
+    """What the window, chat and serve do: look the pair up and pass it in the load settings."""
     from app.engine.adaptive import MODEL_PRIOR
     from app.engine.params import DraftSettings, LoadSettings
     from app.engine.session import EngineSession
+    from app.library.pair_stats import measured_start
 
-    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path=str(tiny_drafter_same)), n_ctx=256,
-                            n_batch=64, n_threads=1)
-    before = EngineSession(settings)
-    try:
-        assert before.decoder.controller.model.rate(0) == MODEL_PRIOR  # nothing measured for this pair yet
-    finally:
-        before.close()
-    record(str(tiny_target), str(tiny_drafter_same), stats(0.95, 100))
+    target, drafter = str(tiny_target), str(tiny_drafter_same)
+
+    def load(start: float | None, logs: list[str]) -> float:
+        draft = DraftSettings(drafter_path=drafter, model_start=start)
+        session = EngineSession(LoadSettings(target, draft, n_ctx=256, n_batch=64, n_threads=1), log=logs.append)
+        try:
+            return session.decoder.controller.model.rate(0)
+        finally:
+            session.close()
+
+    assert measured_start(target, drafter) is None  # nothing measured for this pair yet
+    assert load(measured_start(target, drafter), []) == MODEL_PRIOR
+    record(target, drafter, stats(0.95, 100))
+    assert measured_start(target, drafter) == 0.95
+    assert measured_start(target, None) is None  # the n-gram drafter's figure is not a model drafter's start
     logs: list[str] = []
-    after = EngineSession(settings, log=logs.append)
-    try:
-        assert after.decoder.controller.model.rate(0) == 0.95
-        assert any("measured acceptance 0.95" in line for line in logs)
-    finally:
-        after.close()
+    assert load(measured_start(target, drafter), logs) == 0.95
+    assert any("measured acceptance 0.95" in line for line in logs)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.timeout(20)
 def test_a_fifo_in_place_of_the_file_reads_as_nothing_measured(tmp_path: Path) -> None:
-    import os
-
     path = tmp_path / "acceptance.json"
     os.mkfifo(path)  # read_text() on it would wait for a writer for ever
     assert load_measured(path) == {}

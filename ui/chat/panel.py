@@ -329,6 +329,8 @@ class ChatPanel(QWidget):
             elif listed.item(row) is not item:
                 listed.insertItem(row, listed.takeItem(listed.row(item)))
             title = chat.title or "Untitled chat"
+            # The text is compared too: a row renamed in place, or hidden and brought back by undo or a search,
+            # may show other text than the label last written.
             if self._history_labels.get(chat.id) != (title, chat.message_count) or item.text() != title:
                 self._history_labels[chat.id] = (title, chat.message_count)
                 self.history_rows_written += 1

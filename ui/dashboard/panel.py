@@ -180,7 +180,9 @@ class DashboardPanel(QWidget):
         which held a busy machine's GUI thread for 114–174 ms in the soak.
         """
         self.graphics.resize(self.graphics.minimumSize())
-        image = QImage(self.graphics.size(), QImage.Format.Format_ARGB32_Premultiplied)
+        ratio = self.devicePixelRatioF()  # the screen's, so the cached glyphs are the ones the window will use
+        image = QImage(self.graphics.size() * ratio, QImage.Format.Format_ARGB32_Premultiplied)
+        image.setDevicePixelRatio(ratio)
         painter = QPainter(image)
         try:
             self.graphics.render(painter)

@@ -27,13 +27,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.params import K_MAX, KV_TYPES, MAX_CTX, NGRAM_KEY, DraftSettings, LoadSettings
+from app.engine.params import K_MAX, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress
 from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
-from app.library.pair_stats import load_measured
+from app.library.pair_stats import load_measured, measured_start
 from app.library.recommend import Recommendation
 from app.library.tuned import TunedSettings, load_tuned
 from app.serve.remote import RemoteModel
@@ -154,7 +154,7 @@ class ModelPicker(QWidget):
             "model fills the rest).")
         self.ngram_spin = QSpinBox(models)
         self.ngram_spin.setRange(1, 16)
-        self.ngram_spin.setValue(NGRAM_KEY)
+        self.ngram_spin.setValue(NGRAM_KEY_LENGTH)
         ngram_row.addWidget(self.ngram_check)
         ngram_row.addWidget(self.ngram_spin)
         form.addRow(ngram_row)
@@ -385,7 +385,7 @@ class ModelPicker(QWidget):
                     f"This drafter cannot speculate for this target: {result.reason}.")
         v = self.shown_values()
         draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
-                              k_max=v["k_max"])
+                              k_max=v["k_max"], model_start=measured_start(target, drafter))
         return LoadSettings(
             target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
             flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
