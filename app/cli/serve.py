@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from app.serve.server import ServeOptions, Server
     from app.storage.history import FILE_NAME
 
+    target, drafter = str(args.target), str(args.drafter) if args.drafter else None
     try:
-        draft = DraftSettings(drafter_path=str(args.drafter) if args.drafter else None, ngram=args.ngram,
-                              adaptive=args.k is None, k=args.k if args.k is not None else 4,
-                              model_start=measured_start(str(args.target), str(args.drafter) if args.drafter else None))
-        settings = LoadSettings(target_path=str(args.target), draft=draft.validate(), n_ctx=args.ctx).validate()
+        draft = DraftSettings(drafter_path=drafter, ngram=args.ngram, adaptive=args.k is None,
+                              k=args.k if args.k is not None else 4, model_start=measured_start(target, drafter))
+        settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx).validate()
         options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                limits=Limits(body_bytes=max(args.body_limit, 1024),
                                              max_tokens=args.max_tokens or args.ctx),
