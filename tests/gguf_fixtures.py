@@ -255,6 +255,121 @@ def _weights(
     return w
 
 
+# Recurrent and hybrid architectures (tiny shapes; llama.cpp's loaders in src/models/*.cpp name the tensors):
+# "mamba" (every layer a Mamba block), "lfm2" (short convolutions beside attention, with llama.cpp's state
+# snapshots) and "granitehybrid" (Granite-4-H: Mamba 2 beside attention, no snapshots).
+RECURRENT_ARCHS = ("mamba", "lfm2", "granitehybrid")
+ARCHS = ("llama", *RECURRENT_ARCHS)
+_SSM_CONV = 4  # Mamba's convolution kernel
+_SSM_STATE = 16
+_SSM_DT_RANK = 4  # Mamba 1's time-step rank
+_SSM_HEAD_DIM = 16  # Mamba 2's head size (its time_step_rank is the head count)
+_SHORTCONV_L_CACHE = 3
+
+
+def attention_layers(arch: str, n_layer: int) -> list[bool]:
+    """Which layers of a tiny model of ``arch`` are attention layers (odd ones in the hybrids)."""
+    if arch == "llama":
+        return [True] * n_layer
+    if arch == "mamba":
+        return [False] * n_layer
+    return [il % 2 == 1 for il in range(n_layer)]
+
+
+def _recurrent_weights(
+    arch: str, vocab: _Vocab, *, seed: int, n_embd: int, n_layer: int, n_head: int, n_head_kv: int, n_ff: int,
+) -> dict[str, np.ndarray]:
+    """Random float32 weights for a recurrent or hybrid ``arch`` (numpy shapes in (out, in) order)."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab.tokens)
+    head_dim = n_embd // n_head
+    d_inner = 2 * n_embd  # llama.cpp supports only an expansion factor of 2
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def ones(*shape: int) -> np.ndarray:
+        return np.ones(shape, dtype=np.float32)
+
+    def small(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    w: dict[str, np.ndarray] = {"token_embd.weight": rng.standard_normal((n_vocab, n_embd)).astype(np.float32)}
+    attention = attention_layers(arch, n_layer)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = ones(n_embd)
+        if attention[i]:
+            if arch == "lfm2":
+                w[p + "attn_q_norm.weight"] = ones(head_dim)
+                w[p + "attn_k_norm.weight"] = ones(head_dim)
+            w[p + "attn_q.weight"] = linear(n_embd, n_embd)
+            w[p + "attn_k.weight"] = linear(head_dim * n_head_kv, n_embd)
+            w[p + "attn_v.weight"] = linear(head_dim * n_head_kv, n_embd)
+            w[p + "attn_output.weight"] = linear(n_embd, n_embd)
+        elif arch == "mamba":
+            w[p + "ssm_in.weight"] = linear(2 * d_inner, n_embd)
+            w[p + "ssm_conv1d.weight"] = linear(d_inner, _SSM_CONV)
+            w[p + "ssm_conv1d.bias"] = small(d_inner)
+            w[p + "ssm_x.weight"] = linear(_SSM_DT_RANK + 2 * _SSM_STATE, d_inner)
+            w[p + "ssm_dt.weight"] = linear(d_inner, _SSM_DT_RANK)
+            w[p + "ssm_dt.bias"] = small(d_inner)
+            # A = -exp(A_log) < 0: the state decays, as in a trained model (a positive A blows up).
+            w[p + "ssm_a"] = -rng.uniform(0.5, 2.0, (d_inner, _SSM_STATE)).astype(np.float32)
+            w[p + "ssm_d"] = ones(d_inner)
+            w[p + "ssm_out.weight"] = linear(n_embd, d_inner)
+        elif arch == "lfm2":
+            w[p + "shortconv.conv.weight"] = linear(n_embd, _SHORTCONV_L_CACHE)
+            w[p + "shortconv.in_proj.weight"] = linear(3 * n_embd, n_embd)
+            w[p + "shortconv.out_proj.weight"] = linear(n_embd, n_embd)
+        else:  # granitehybrid: Mamba 2 with one group
+            n_ssm_head = d_inner // _SSM_HEAD_DIM
+            conv_dim = d_inner + 2 * _SSM_STATE
+            w[p + "ssm_in.weight"] = linear(2 * d_inner + 2 * _SSM_STATE + n_ssm_head, n_embd)
+            w[p + "ssm_conv1d.weight"] = linear(conv_dim, _SSM_CONV)
+            w[p + "ssm_conv1d.bias"] = small(conv_dim)
+            w[p + "ssm_dt.bias"] = small(n_ssm_head)
+            w[p + "ssm_a"] = -rng.uniform(0.5, 2.0, (n_ssm_head, 1)).astype(np.float32)
+            w[p + "ssm_d"] = ones(n_ssm_head, 1)
+            w[p + "ssm_norm.weight"] = ones(1, d_inner)
+            w[p + "ssm_out.weight"] = linear(n_embd, d_inner)
+        if arch != "mamba":
+            w[p + "ffn_norm.weight"] = ones(n_embd)
+            w[p + "ffn_gate.weight"] = linear(n_ff, n_embd)
+            w[p + "ffn_up.weight"] = linear(n_ff, n_embd)
+            w[p + "ffn_down.weight"] = linear(n_embd, n_ff)
+    w["token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"] = ones(n_embd)
+    out = linear(n_vocab, n_embd) * np.float32(_LOGIT_STD)
+    w["output.weight"] = (out * vocab.row_scale[:, None]).astype(np.float32)
+    return w
+
+
+def _add_recurrent_keys(writer: Any, arch: str, *, n_embd: int, n_layer: int, n_head: int, n_head_kv: int,
+                        n_ff: int) -> None:
+    if arch == "mamba":
+        writer.add_feed_forward_length(0)
+        writer.add_head_count(0)
+        writer.add_head_count_kv(0)
+        writer.add_ssm_conv_kernel(_SSM_CONV)
+        writer.add_ssm_inner_size(2 * n_embd)
+        writer.add_ssm_state_size(_SSM_STATE)
+        writer.add_ssm_time_step_rank(_SSM_DT_RANK)
+        return
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv([n_head_kv if a else 0 for a in attention_layers(arch, n_layer)])
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(10000.0)
+    if arch == "lfm2":
+        writer.add_shortconv_l_cache(_SHORTCONV_L_CACHE)
+    else:
+        writer.add_ssm_conv_kernel(_SSM_CONV)
+        writer.add_ssm_inner_size(2 * n_embd)
+        writer.add_ssm_state_size(_SSM_STATE)
+        writer.add_ssm_time_step_rank(2 * n_embd // _SSM_HEAD_DIM)
+        writer.add_ssm_group_count(1)
+
+
 def _perturb(weights: dict[str, np.ndarray], scale: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for name, tensor in weights.items():
@@ -280,8 +395,11 @@ def write_tiny_model(
     name: str = "tiny",
     aborting: bool = False,
     ends_at_once: bool = False,
+    arch: str = "llama",
 ) -> Path:
-    """Write a tiny random llama model to `path` (a .gguf file) and return `path`.
+    """Write a tiny random model to `path` (a .gguf file) and return `path`.
+
+    ``arch``: "llama", or a recurrent or hybrid architecture of RECURRENT_ARCHS.
 
     ``ends_at_once``: every next token is an end-of-generation token, by construction: the final norm keeps
     one hidden dimension, the eos row reads it and the eot row its negative, every other logit is 0.
@@ -292,9 +410,14 @@ def write_tiny_model(
         raise ValueError("n_embd must be a multiple of n_head, and n_head a multiple of n_head_kv")
     if perturb < 0:
         raise ValueError("perturb must be >= 0")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
     voc = _vocab(vocab)
-    weights = _weights(voc, seed=seed, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-                       n_ff=n_ff)
+    shape = {"n_embd": n_embd, "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv, "n_ff": n_ff}
+    if arch == "llama":
+        weights = _weights(voc, seed=seed, **shape)
+    else:
+        weights = _recurrent_weights(arch, voc, seed=seed, **shape)
     if perturb > 0:
         _perturb(weights, perturb, perturb_seed)
     if ends_at_once:
@@ -303,24 +426,27 @@ def write_tiny_model(
         out = np.zeros((len(voc.tokens), n_embd), dtype=np.float32)
         out[voc.eos_id, 0] = 100.0
         out[voc.eot_id if voc.eot_id is not None else voc.eos_id, 0] = -100.0
-        weights["output_norm.weight"] = norm
+        weights["token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"] = norm
         weights["output.weight"] = out
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, "llama")
+    writer = GGUFWriter(path, arch)
     writer.add_name(name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(n_embd // n_head)
-    writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(len(voc.tokens))
+    if arch == "llama":
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(n_embd // n_head)
+        writer.add_rope_freq_base(10000.0)
+    else:
+        _add_recurrent_keys(writer, arch, **shape)
 
     writer.add_tokenizer_model(voc.model)
     writer.add_tokenizer_pre(voc.pre)

@@ -25,6 +25,7 @@ from app.ceiling.roofline import (
     kv_bytes_per_token,
     kv_bytes_read,
     kv_cache_bytes,
+    recurrent_rollback,
 )
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
@@ -50,9 +51,11 @@ class DoctorOptions:
     gpu_bandwidth: float | None = None  # GB/s; None: the saved setting, else NVML or the card table
     decode_check: bool = False
     refresh: bool = False
+    k_max: int = 0  # the adaptive depth's cap at load: how many recurrent-state snapshots a load asks for
 
 
-def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str) -> dict[str, Any]:
+def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str, k_max: int = 0) -> dict[str, Any]:
+    rollback = recurrent_rollback(shape, info.architecture, k_max)
     return {
         "path": info.path,
         "name": info.name,
@@ -69,6 +72,12 @@ def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str) -> di
         "kv_bytes_per_token": kv_bytes_per_token(shape, kv_type),
         "kv_bytes_at_context": kv_bytes_read(shape, ctx, kv_type),
         "kv_cache_bytes": kv_cache_bytes(shape, ctx, kv_type),
+        "kv_layer_count": shape.n_kv_layers,
+        "recurrent_layer_count": info.recurrent_layers,
+        "recurrent_state_bytes": shape.state_bytes,  # one sequence, one copy
+        "recurrent_rollback": rollback.mechanism if shape.state_bytes else None,
+        "recurrent_snapshots": rollback.snapshots,
+        "recurrent_state_allocated": rollback.allocated_bytes if shape.state_bytes else 0,
     }
 
 
@@ -168,12 +177,14 @@ def build_report(args: DoctorOptions,
     if target is not None:
         model = ceiling_model(target, drafter_path=drafter, kv_type=args.kv_type, n_gpu_layers=args.gpu_layers,
                               devices=devices)
-        report["target"] = model_block(target, model.target, ctx, args.kv_type)
+        report["target"] = model_block(target, model.target, ctx, args.kv_type, args.k_max)
         report["chat_template"] = chat_template_block(target)
         plain = model.plain(ctx)
         report["ceiling"] = pass_block(plain)
+        copies = recurrent_rollback(model.target, target.architecture, args.k_max).allocated_bytes // max(
+            model.target.state_bytes, 1)
         fit = fit_estimate(model.target, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
-                           drafter=model.drafter)
+                           drafter=model.drafter, state_copies=max(copies, 1))
         report["fit"] = {
             "fits": fit.fits, "message": fit.message,
             "devices": [{"device": d.device, "name": d.name, "weights": d.weights, "kv": d.kv,

@@ -80,6 +80,8 @@ class ModelShape:
     output_bytes: int = 0  # the output layer's own tensors, and every other tensor outside the layers
     layer_bytes: tuple[int, ...] = ()  # per repeating layer
     tied_output_bytes: int = 0  # no output matrix: llama.cpp copies the token embeddings to the output layer
+    kv_layers: tuple[bool, ...] = ()  # per layer: keeps an attention KV cache; empty = every layer does
+    state_bytes: int = 0  # one sequence's recurrent state (recurrent and hybrid models), read and written per pass
 
     @classmethod
     def from_gguf(cls, info: GGUFInfo) -> ModelShape:
@@ -105,7 +107,16 @@ class ModelShape:
             output_bytes=split.output_bytes if split else 0,
             layer_bytes=split.layer_bytes if split else (),
             tied_output_bytes=split.tied_output_bytes if split else 0,
+            kv_layers=tuple(info.kv_layers),
+            state_bytes=info.recurrent_state_bytes,
         )
+
+    def has_kv(self, layer: int) -> bool:
+        return not self.kv_layers or (layer < len(self.kv_layers) and self.kv_layers[layer])
+
+    @property
+    def n_kv_layers(self) -> int:
+        return sum(1 for il in range(self.n_layer) if self.has_kv(il))
 
     def is_swa(self, layer: int) -> bool:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
@@ -119,11 +130,14 @@ class ModelShape:
 
 def kv_bytes_per_token(shape: ModelShape, type_k: str = "f16", type_v: str | None = None) -> int:
     """KV bytes one more token of context adds, all layers (SWA layers only until their window fills)."""
-    return shape.n_layer * shape.kv_layer_bytes_per_cell(type_k, type_v)
+    return shape.n_kv_layers * shape.kv_layer_bytes_per_cell(type_k, type_v)
 
 
 def kv_layer_cells_read(shape: ModelShape, layer: int, context: int) -> int:
-    """Cells a pass attends to in one layer: the whole context, or at most the window on SWA layers."""
+    """Cells a pass attends to in one layer: the whole context, at most the window on SWA layers, none on a
+    recurrent layer."""
+    if not shape.has_kv(layer):
+        return 0
     if shape.is_swa(layer):
         return min(context, shape.sliding_window)
     return context
@@ -155,8 +169,46 @@ def kv_cache_bytes(
     per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
     total = 0
     for il in range(shape.n_layer):
-        total += (swa_size if shape.is_swa(il) else kv_size) * per_cell
+        if shape.has_kv(il):
+            total += (swa_size if shape.is_swa(il) else kv_size) * per_cell
     return total
+
+
+# Architectures for which llama.cpp keeps recurrent-state snapshots (llm_arch_supports_rs_rollback); for any
+# other it silently keeps none.
+RS_SNAPSHOT_ARCHS = frozenset(("kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
+                               "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"))
+# At most this much memory goes to snapshots: each is a whole copy of the state, and a Mamba-2-sized hybrid's
+# state is 100-200 MiB, so one snapshot per draft position (17 copies) would cost gigabytes.
+RS_SNAPSHOT_BUDGET = 256 << 20
+
+
+@dataclass(frozen=True)
+class RecurrentRollback:
+    """How a recurrent or hybrid model takes back rejected drafts, and what that costs in memory."""
+
+    mechanism: str  # "snapshots" (llama.cpp's n_rs_seq) or "checkpoints" (a copy before a pass, then re-decode)
+    snapshots: int  # n_rs_seq asked of llama.cpp
+    state_bytes: int  # one copy of one sequence's state
+    allocated_bytes: int  # state + snapshots + checkpoint
+
+
+def recurrent_rollback(shape: ModelShape, architecture: str, k_max: int, setting: str = "auto") -> RecurrentRollback:
+    """Snapshots where llama.cpp has them for this architecture (as many as the depth cap and the memory budget
+    allow), checkpoints for deeper drafts and everywhere else."""
+    snapshots = 0
+    if setting == "auto" and architecture in RS_SNAPSHOT_ARCHS and k_max > 0:
+        affordable = RS_SNAPSHOT_BUDGET // shape.state_bytes if shape.state_bytes else k_max
+        snapshots = max(0, min(k_max, affordable))
+    checkpoint = snapshots < k_max  # deeper drafts than the snapshots reach take a checkpoint
+    return RecurrentRollback("snapshots" if snapshots else "checkpoints", snapshots, shape.state_bytes,
+                             recurrent_state_allocated(shape, snapshots, checkpoint))
+
+
+def recurrent_state_allocated(shape: ModelShape, snapshots: int = 0, checkpoint: bool = False) -> int:
+    """Bytes of recurrent state llama.cpp allocates for one sequence: the state and ``snapshots`` rollback
+    copies of it (n_rs_seq), plus SpecDeck's checkpoint copy in host memory where it uses one."""
+    return shape.state_bytes * (1 + snapshots + (1 if checkpoint else 0))
 
 
 def compute_buffer_bytes(shape: ModelShape, n_ctx: int, *, n_ubatch: int = 512, n_batch: int = 512,
@@ -338,6 +390,7 @@ def _model_roofs(
         w = shape.weight_bytes * frac
         kv = float(kv_bytes_read(shape, context, type_k, type_v, layers=share.layers))
         layer_frac = len(share.layers) / shape.n_layer if shape.n_layer else 0.0
+        kv += 2.0 * shape.state_bytes * layer_frac  # a recurrent state is read and written once per pass
         flops = tokens * (2.0 * shape.n_params * frac + attn_per_token * layer_frac)
         parts.append(roof(share.device, w + kv, flops, phase))
         weights_total += w
@@ -509,13 +562,17 @@ def fit_estimate(
     swa_full: bool = True,
     n_ubatch: int = 512,
     flash_attn: bool = True,
+    state_copies: int = 1,
 ) -> FitEstimate:
-    """Weights + both KV caches + compute buffers per device, against each device's free memory."""
+    """Weights + both KV caches + compute buffers per device, against each device's free memory.
+
+    A recurrent state counts ``state_copies`` times for the target (the state, its snapshots, a checkpoint)
+    and once for the drafter, spread over the devices as its layers are."""
     need: dict[str, list[int]] = {d.key: [0, 0, 0] for d in devices}
     by_key = {d.key: d for d in devices}
     host = next((d.key for d in devices if d.kind == "cpu"), None)
 
-    def add(shape: ModelShape, ctx: int, layers_on_gpu: int) -> None:
+    def add(shape: ModelShape, ctx: int, layers_on_gpu: int, copies: int = 1) -> None:
         shares = place(shape, devices, layers_on_gpu)
         per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
         total_kv = kv_cache_bytes(shape, ctx, type_k, type_v, swa_full=swa_full, n_ubatch=n_ubatch)
@@ -526,13 +583,15 @@ def fit_estimate(
             layer_kv = _pad(ctx, KV_PAD) * per_cell * len(share.layers)
             # SWA layers hold less: scale this device's share of the full-size cache down alike.
             slot[1] += round(layer_kv * (total_kv / full_kv)) if full_kv else 0
+            if shape.n_layer:
+                slot[1] += round(shape.state_bytes * copies * len(share.layers) / shape.n_layer)
         if host is not None:  # llama.cpp keeps the input layer (token embeddings) in host memory
             need[host][0] += shape.input_bytes
         # The compute buffer lives on the device that runs the output layer.
         main = next((s.device.key for s in shares if s.output), shares[-1].device.key)
         need[main][2] += compute_buffer_bytes(shape, ctx, n_ubatch=n_ubatch, flash_attn=flash_attn)
 
-    add(target, n_ctx, n_gpu_layers)
+    add(target, n_ctx, n_gpu_layers, state_copies)
     if drafter is not None:
         add(drafter, drafter_n_ctx or n_ctx, drafter_gpu_layers)
     fits = tuple(

@@ -16,7 +16,7 @@ from typing import Any
 from app.ceiling.backend_modules import describe_modules
 from app.ceiling.decode_check import one_line
 from app.ceiling.report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
-from app.engine.params import KV_TYPES
+from app.engine.params import K_MAX, KV_TYPES
 from app.errors import AppError
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> DoctorOptions:
-    return DoctorOptions(model=args.model, drafter=args.drafter, ctx=args.ctx, kv_type=args.kv_type,
+    return DoctorOptions(model=args.model, drafter=args.drafter, ctx=args.ctx, kv_type=args.kv_type, k_max=K_MAX,
                          gpu_layers=args.gpu_layers, draft_k=args.draft_k, gpu_bandwidth=args.gpu_bandwidth,
                          decode_check=args.decode_check, refresh=args.refresh)
 
@@ -82,6 +82,17 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _recurrent_line(m: dict[str, Any]) -> str:
+    """One line on a recurrent or hybrid model's state: its size, the rollback copies, what a pass moves."""
+    how = (f"{m['recurrent_snapshots']} snapshots + a checkpoint" if m["recurrent_rollback"] == "snapshots"
+           and m["recurrent_state_allocated"] > m["recurrent_state_bytes"] * (1 + m["recurrent_snapshots"])
+           else f"{m['recurrent_snapshots']} snapshots" if m["recurrent_rollback"] == "snapshots"
+           else "a checkpoint per drafting pass")
+    return (f"state        {m['recurrent_layer_count']} recurrent layers: {format_bytes(m['recurrent_state_bytes'])} "
+            f"per sequence, read and written every pass; rollback by {how}: "
+            f"{format_bytes(m['recurrent_state_allocated'])} allocated")
 
 
 def render_text(r: dict[str, Any]) -> str:
@@ -125,8 +136,14 @@ def render_text(r: dict[str, Any]) -> str:
             f"{format_bytes(m['weight_bytes'])} of weights, {format_count(m['n_params'])} parameters, "
             f"trained context {m['n_ctx_train']}")
         swa = f", {m['swa_layer_count']} sliding-window layers" if m["swa_layer_count"] else ""
-        add(f"KV cache     {s['kv_type']}: {m['kv_bytes_per_token']:,} B/token{swa}; at {s['ctx']} tokens "
-            f"{format_bytes(m['kv_bytes_at_context'])} read per pass, {format_bytes(m['kv_cache_bytes'])} allocated")
+        if m["recurrent_layer_count"]:
+            add(_recurrent_line(m))
+        if m["kv_layer_count"]:
+            add(f"KV cache     {s['kv_type']}: {m['kv_bytes_per_token']:,} B/token{swa}; at {s['ctx']} tokens "
+                f"{format_bytes(m['kv_bytes_at_context'])} read per pass, {format_bytes(m['kv_cache_bytes'])} "
+                "allocated" + (f" ({m['kv_layer_count']} attention layers)" if m["recurrent_layer_count"] else ""))
+        else:
+            add("KV cache     none (no attention layers): the memory does not grow with the context")
     ceil = r.get("ceiling")
     if ceil:
         add(f"per pass     {format_bytes(ceil['bytes_per_pass'])} read, {format_si(ceil['flops_per_pass'], 'FLOP')}")

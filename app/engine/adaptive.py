@@ -115,6 +115,7 @@ class CostModel:
         self._samples: dict[int, deque[tuple[float, float | None]]] = {}  # (seconds, one-token cost then)
         self._draft: deque[float] = deque(maxlen=self.WINDOW)
         self._catch_up: deque[float] = deque(maxlen=self.WINDOW)
+        self._rollback: deque[float] = deque(maxlen=self.WINDOW)
         self._table: dict[int, float] | None = None
 
     @property
@@ -147,6 +148,15 @@ class CostModel:
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
             self._catch_up.append(seconds / tokens)
+
+    @property
+    def rollback(self) -> float:
+        """Mean seconds a drafting pass adds to take back rejected tokens (0 where a KV cache just drops them;
+        a recurrent state's checkpoint copy and the re-decode of the accepted tokens elsewhere)."""
+        return statistics.fmean(self._rollback) if self._rollback else 0.0
+
+    def observe_rollback(self, seconds: float) -> None:
+        self._rollback.append(seconds)
 
     def _fit(self) -> dict[int, float]:
         """Median per width, never above width × the one-token cost.
@@ -273,7 +283,7 @@ class DepthController:
         best_k, best = 0, 1.0 / self.cost.verify(1)
         for k in range(1, limit + 1):
             model_steps = max(0, k - ngram_available)
-            seconds = self.cost.verify(k + 1) + model_steps * self.cost.draft_step
+            seconds = self.cost.verify(k + 1) + model_steps * self.cost.draft_step + self.cost.rollback
             rate = expected_tokens(rates, k) / seconds
             if rate > best * 1.0001:
                 best_k, best = k, rate
@@ -304,11 +314,13 @@ class DepthController:
     def model_can_pay(self) -> bool:
         """Whether some depth of model drafts beats plain decoding if every draft were accepted."""
         step, one = self.cost.draft_step, self.cost.verify(1)
-        return any((k + 1) / (self.cost.verify(k + 1) + k * step) > 1.0001 / one for k in range(1, self.k_max + 1))
+        extra = self.cost.rollback
+        return any((k + 1) / (self.cost.verify(k + 1) + k * step + extra) > 1.0001 / one
+                   for k in range(1, self.k_max + 1))
 
     def _probe_interval(self, ngram_available: int) -> int:
         """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
-        extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1)
+        extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1) + self.cost.rollback
         extra += max(0, PROBE_K - ngram_available) * self.cost.draft_step
         return max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1)
 

@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
-from app.engine.params import K_MAX, DraftSettings, LoadSettings, SamplingSettings
+from app.engine.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
 from app.errors import AppError, SettingsError
 from app.events import (
@@ -66,6 +66,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--ctx", type=int, default=4096, help="context size")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
+    parser.add_argument("--recurrent-rollback", choices=RECURRENT_ROLLBACKS, default="auto",
+                        help="how a recurrent or hybrid target takes back rejected drafts: llama.cpp's state "
+                        "snapshots where it has them (auto), or always a checkpoint")
     parser.add_argument("--baseline", action="store_true", help="also run each prompt without speculation")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each prompt N times (speculative and plain alternating, in alternating order); "
@@ -276,8 +279,8 @@ def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None =
         k_max=args.k_max if args.k is None else max(args.k, 1),
         model_start=getattr(args, "model_start", None),
     )
-    settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx,
-                            n_threads=args.threads).validate()
+    settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads,
+                            recurrent_rollback=getattr(args, "recurrent_rollback", "auto")).validate()
     sampling = SamplingSettings(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p).validate()
     repeats = getattr(args, "repeat", 1)

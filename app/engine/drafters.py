@@ -252,6 +252,7 @@ class ModelDrafter:
             draft.model_steps += 1  # the few tokens of the last pass, in one batch: about one step
         row = self._next_row
         assert row is not None
+        self.ctx.prepare_rollback(k - 1, 1)  # a recurrent drafter's state, before its steps
         history = list(recent) if recent is not None else []
         for i in range(k):
             recent_arr = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None

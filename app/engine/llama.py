@@ -255,6 +255,24 @@ class ContextParams:
     n_threads: int = 0  # 0 = physical cores
     flash_attn: str = "auto"
     kv_type: str = "f16"
+    # Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq): a rollback of up to this many tokens of
+    # the last decode costs nothing. llama.cpp keeps them only for the architectures it lists, 0 elsewhere.
+    rs_snapshots: int = 0
+
+
+# How a context takes back tokens it has decoded (``Context.rollback``):
+ROLLBACK_KV = "kv"  # attention only: the KV cells are dropped
+ROLLBACK_SNAPSHOTS = "snapshots"  # recurrent state: llama.cpp's per-token snapshots, within their bounds
+ROLLBACK_CHECKPOINTS = "checkpoints"  # recurrent state: a copy saved before the pass, then a re-decode
+
+
+@dataclass
+class _Checkpoint:
+    """A copy of the recurrent part of sequence 0's state after ``pos`` tokens."""
+
+    pos: int
+    size: int
+    buffer: ctypes.Array[ctypes.c_uint8]
 
 
 class Context:
@@ -280,6 +298,7 @@ class Context:
         cp.type_v = KV_GGML_TYPES[params.kv_type]
         cp.no_perf = True
         cp.swa_full = SWA_FULL
+        cp.n_rs_seq = params.rs_snapshots if model.is_recurrent else 0
         self._ptr = lc.llama_init_from_model(model._ptr, cp)
         if not self._ptr:
             raise EngineLoadError(
@@ -293,6 +312,18 @@ class Context:
         self.n_vocab = model.n_vocab
         self.tokens: list[int] = []
         self._mem = lc.llama_get_memory(self._ptr)
+        # What llama.cpp really keeps (it silently keeps none for architectures it does not list).
+        self.rs_snapshots = int(lc.llama_n_rs_seq(self._ptr)) if model.is_recurrent else 0
+        self.rollback = (ROLLBACK_KV if not model.is_recurrent
+                         else ROLLBACK_SNAPSHOTS if self.rs_snapshots else ROLLBACK_CHECKPOINTS)
+        # ``tokens[:_decoded]`` are in llama.cpp's memory; the rest were taken back to a checkpoint and are
+        # decoded again at the front of the next batch (they were accepted already, so no pass is added).
+        self._decoded = 0
+        self._last_width = 0  # tokens in the last llama_decode: a snapshot reaches back less than that
+        self._snapshot_pending = False  # a snapshot rollback takes effect at the next decode, once
+        self._checkpoint: _Checkpoint | None = None
+        self.replayed = 0  # tokens the last decode decoded again after a checkpoint restore
+        self.rollback_seconds = 0.0  # time spent saving and restoring checkpoints since last asked
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._tok = self._batch.token
         self._pos = self._batch.pos
@@ -315,12 +346,27 @@ class Context:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
         if self.n_past + n > self.n_ctx:
             raise PromptTooLongError(f"The context is full ({self.n_past} + {n} > {self.n_ctx} tokens).")
-        tok, pos, flags, base = self._tok, self._pos, self._logit_flags, self.n_past
+        replay = self.tokens[self._decoded :]
+        while len(replay) + n > self.n_batch:  # a long replay goes first, in chunks of its own
+            chunk = replay[: self.n_batch]
+            self._decode_batch(chunk, 0)
+            replay = replay[len(chunk) :]
+        self.replayed = len(self.tokens) - self._decoded
+        self._decode_batch([*replay, *tokens], n if all_logits else 1)
+        self.tokens.extend(tokens)
+        rows = n if all_logits else 1
+        ptr = lc.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def _decode_batch(self, tokens: Sequence[int], n_out: int) -> None:
+        """One llama_decode of ``tokens`` after the decoded ones, with logits for the last ``n_out``."""
+        n = len(tokens)
+        tok, pos, flags, base = self._tok, self._pos, self._logit_flags, self._decoded
+        first_out = n - n_out
         for i in range(n):
             tok[i] = tokens[i]
             pos[i] = base + i
-            flags[i] = all_logits
-        flags[n - 1] = True
+            flags[i] = i >= first_out
         self._batch.n_tokens = n
         rc = lc.llama_decode(self._ptr, self._batch)
         if rc != 0:
@@ -328,10 +374,9 @@ class Context:
                 f"llama.cpp failed to decode a batch of {n} tokens (code {rc}): "
                 + ("no room in the KV cache." if rc == 1 else "the backend reported an error.")
             )
-        self.tokens.extend(tokens)
-        rows = n if all_logits else 1
-        ptr = lc.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        self._decoded += n
+        self._last_width = n
+        self._snapshot_pending = False
 
     def prefill(self, tokens: Sequence[int]) -> Logits:
         """Decode a long token list in n_batch chunks; returns the last position's logits row."""
@@ -365,19 +410,109 @@ class Context:
         return done, time.perf_counter() - t0
 
     def truncate(self, n_keep: int) -> None:
-        """Drop every cached position from ``n_keep`` on (rollback after rejected drafts)."""
+        """Drop every cached position from ``n_keep`` on (rollback after rejected drafts).
+
+        A recurrent state cannot drop positions: it goes back to a snapshot where llama.cpp's bounds hold,
+        else to a checkpoint at or before ``n_keep`` (the tokens after it are decoded again with the next
+        batch), else it starts over and decodes all ``n_keep`` tokens again. Never a state that is wrong.
+        """
         if n_keep >= self.n_past:
             return
-        if not lc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-            raise EngineLoadError(
-                "This model's cache cannot be rolled back (recurrent or hybrid architecture); "
-                "speculative decoding is not possible with it."
-            )
+        if n_keep < self._decoded:
+            self._roll_back(n_keep)
         del self.tokens[n_keep:]
+        if self._checkpoint is not None and self._checkpoint.pos > n_keep:
+            self._checkpoint = None
+
+    def _roll_back(self, n_keep: int) -> None:
+        drop = self._decoded - n_keep
+        if self.rollback == ROLLBACK_KV or self._snapshot_reaches(drop):
+            if not lc.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+                raise EngineLoadError(f"llama.cpp could not drop the last {drop} positions of this model's cache.")
+            self._snapshot_pending = self.rollback == ROLLBACK_SNAPSHOTS
+            self._decoded = n_keep
+            return
+        ckpt = self._checkpoint
+        if n_keep > 0 and ckpt is not None and ckpt.pos <= n_keep:
+            t0 = time.perf_counter()
+            read = lc.llama_state_seq_set_data_ext(self._ptr, ckpt.buffer, ckpt.size, 0,
+                                                   lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            # The restored state ends at ckpt.pos; the attention cells after it (hybrids) go too.
+            if read == ckpt.size and lc.llama_memory_seq_rm(self._mem, 0, ckpt.pos, -1):
+                self.rollback_seconds += time.perf_counter() - t0
+                self._decoded = ckpt.pos
+                return
+        lc.llama_memory_clear(self._mem, True)
+        self._checkpoint = None
+        self._snapshot_pending = False
+        self._decoded = 0
+
+    def _snapshot_reaches(self, drop: int) -> bool:
+        """Whether llama.cpp's snapshots restore the state ``drop`` tokens back, exactly.
+
+        Its snapshots are written from the last decode only, one per token before its end, and serve one
+        rollback; outside those bounds ``llama_memory_seq_rm`` can report success and leave a wrong state.
+        """
+        return (self.rollback == ROLLBACK_SNAPSHOTS and not self._snapshot_pending
+                and 1 <= drop <= self.rs_snapshots and drop < self._last_width)
+
+    def rollback_limit(self) -> int:
+        """How many tokens of the next decode can be taken back without a full re-decode."""
+        if self.rollback == ROLLBACK_SNAPSHOTS and self._snapshot_pending:
+            return self.rs_snapshots  # no checkpoint can be saved until the pending rollback is decoded
+        return self.n_ctx
+
+    def prepare_rollback(self, drop: int, width: int) -> None:
+        """The next decode, of ``width`` tokens, may be taken back by up to ``drop`` of them: where a
+        snapshot will not reach that far, save a checkpoint of the recurrent state now."""
+        if self.rollback == ROLLBACK_KV or drop <= 0:
+            return
+        width += self.n_past - self._decoded  # the replay goes with it
+        if self.rollback == ROLLBACK_SNAPSHOTS and drop <= self.rs_snapshots and drop < width:
+            return
+        if self._snapshot_pending or self._decoded == 0:
+            return  # nothing to save yet, or a state llama.cpp has not yet rolled back: a rollback re-decodes
+        if self._checkpoint is not None and self._checkpoint.pos == self._decoded:
+            return
+        t0 = time.perf_counter()
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(lc.llama_state_seq_get_size_ext(self._ptr, 0, flags))
+        old = self._checkpoint
+        buffer = old.buffer if old is not None and len(old.buffer) >= size else (ctypes.c_uint8 * size)()
+        written = int(lc.llama_state_seq_get_data_ext(self._ptr, buffer, size, 0, flags))
+        self._checkpoint = _Checkpoint(self._decoded, written, buffer) if written else None
+        self.rollback_seconds += time.perf_counter() - t0
+
+    @property
+    def pending_replay(self) -> int:
+        """Tokens a checkpoint restore left to decode again with the next batch."""
+        return len(self.tokens) - self._decoded
+
+    def take_rollback_seconds(self) -> float:
+        """Seconds spent on checkpoints since the last call (the cost model's share of speculation)."""
+        seconds, self.rollback_seconds = self.rollback_seconds, 0.0
+        return seconds
+
+    def can_truncate_cheaply(self, n_keep: int) -> bool:
+        """Whether ``truncate(n_keep)`` keeps the state it has (no start over and re-decode of everything)."""
+        if n_keep >= self._decoded or self.rollback == ROLLBACK_KV:
+            return True
+        if self._snapshot_reaches(self._decoded - n_keep):
+            return True
+        return n_keep > 0 and self._checkpoint is not None and self._checkpoint.pos <= n_keep
+
+    def recurrent_state_bytes(self) -> int:
+        """Bytes of sequence 0's recurrent state as llama.cpp copies it (0 for attention-only models)."""
+        if self.rollback == ROLLBACK_KV:
+            return 0
+        return int(lc.llama_state_seq_get_size_ext(self._ptr, 0, lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
 
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
         self.tokens = []
+        self._decoded = 0
+        self._checkpoint = None
+        self._snapshot_pending = False
 
     @property
     def n_past(self) -> int:
@@ -395,8 +530,8 @@ class Context:
     def reuse_prefix(self, wanted: Sequence[int]) -> None:
         """Keep the cached prefix shared with ``wanted`` and drop the rest (a new turn of the same chat)."""
         common = self.common_prefix(wanted)
-        if common == 0:
-            self.clear()
+        if common == 0 or not self.can_truncate_cheaply(common):
+            self.clear()  # a recurrent state that cannot go back that far: the prompt is read again in full
         else:
             self.truncate(common)
 

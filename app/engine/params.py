@@ -98,6 +98,9 @@ class DraftSettings:
         return bool(self.drafter_path) or self.ngram > 0
 
 
+RECURRENT_ROLLBACKS = ("auto", "checkpoints")
+
+
 @dataclass(frozen=True)
 class LoadSettings:
     target_path: str
@@ -109,6 +112,9 @@ class LoadSettings:
     flash_attn: str = "auto"  # auto | on | off
     kv_type: str = "f16"
     n_threads: int = 0  # 0 = physical cores
+    # How a recurrent or hybrid target takes back rejected drafts: "auto" uses llama.cpp's state snapshots
+    # where its architecture has them and checkpoints elsewhere; "checkpoints" always saves a checkpoint.
+    recurrent_rollback: str = "auto"
 
     def validate(self) -> LoadSettings:
         if not self.target_path:
@@ -123,6 +129,9 @@ class LoadSettings:
             raise SettingsError(f"Flash attention must be auto, on or off, not {self.flash_attn!r}.")
         if self.kv_type not in KV_TYPES:
             raise SettingsError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {self.kv_type!r}.")
+        if self.recurrent_rollback not in RECURRENT_ROLLBACKS:
+            raise SettingsError(f"Recurrent rollback must be one of {', '.join(RECURRENT_ROLLBACKS)}, "
+                                f"not {self.recurrent_rollback!r}.")
         if self.kv_type in ("q8_0", "q4_0") and self.flash_attn == "off":
             raise SettingsError("A quantized KV cache needs flash attention: set it to auto or on.")
         self.draft.validate()  # first: an out-of-range depth is named with its own limit

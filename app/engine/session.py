@@ -9,15 +9,22 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
-from app.ceiling.roofline import ModelShape, kv_bytes_per_token, kv_cache_bytes
+from app.ceiling.roofline import (
+    ModelShape,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    recurrent_rollback,
+    recurrent_state_allocated,
+)
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.drafters import ModelDrafter, NGramDrafter
-from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
+from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
@@ -183,7 +190,11 @@ class EngineSession:
                 "rollback, which speculative decoding does at every rejected draft); choose \"on\" to force it")
         cparams = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_threads=settings.n_threads,
                                 flash_attn=flash_attn, kv_type=settings.kv_type)
-        self.ctx = Context(self.target, cparams)
+        k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
+        target_shape = ModelShape.from_gguf(self.target_info)
+        self.rollback_plan = recurrent_rollback(target_shape, self.target_info.architecture, k_max,
+                                                settings.recurrent_rollback)
+        self.ctx = Context(self.target, replace(cparams, rs_snapshots=self.rollback_plan.snapshots))
         self.drafter_model: Model | None = None
         model_drafter: ModelDrafter | None = None
         if draft.drafter_path and drafter_info is not None:
@@ -198,15 +209,9 @@ class EngineSession:
                         f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
                         f"{verdict.reason}"
                     )
-            dctx = Context(self.drafter_model, cparams)
+            dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back its drafts by checkpoint
             model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
-        if draft.speculative and self.target.is_recurrent:
-            raise EngineLoadError(
-                f"{Path(settings.target_path).name} is a recurrent or hybrid model, whose cache cannot be rolled "
-                "back; speculative decoding is refused for it. Turn the drafters off to use it."
-            )
         ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
-        k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         if model_drafter is not None and draft.model_start is not None:
             controller.start_model_from(draft.model_start)
@@ -215,22 +220,34 @@ class EngineSession:
         self.decoder = SpeculativeDecoder(self.target, self.ctx, ngram=ngram, drafter=model_drafter,
                                           controller=controller)
         # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.
-        shapes = [ModelShape.from_gguf(self.target_info)]
+        shapes = [target_shape]
         if model_drafter is not None:
             shapes.append(ModelShape.from_gguf(drafter_info) if drafter_info is not None else shapes[0])
         self.kv_per_token = kv_bytes_per_token(shapes[0], settings.kv_type)
         self.decoder.kv_bytes_per_token = self.kv_per_token
         self.drafter_kv_per_token = kv_bytes_per_token(shapes[1], settings.kv_type) if len(shapes) > 1 else 0
-        self.kv_bytes_total = sum(
+        # A recurrent state as llama.cpp holds it (with the snapshots it really keeps), and the checkpoint copy.
+        self.state_bytes = recurrent_state_allocated(shapes[0], self.ctx.rs_snapshots,
+                                                     checkpoint=self.ctx.rs_snapshots < k_max)
+        if model_drafter is not None and model_drafter.ctx.rollback != ROLLBACK_KV:
+            self.state_bytes += recurrent_state_allocated(shapes[1], checkpoint=True)
+        self.decoder.state_bytes = self.state_bytes
+        self.kv_bytes_total = self.state_bytes + sum(
             kv_cache_bytes(shape, self.ctx.n_ctx, settings.kv_type, swa_full=SWA_FULL, n_ubatch=self.ctx.n_batch,
                            n_batch=self.ctx.n_batch)
             for shape in shapes
         )
         # Every width the policy may choose is timed: on a CPU the cost is far from linear in width.
         self.decoder.calibrate(widths=range(1, k_max + 2), progress=stage("timing"))
+        if log is not None and self.ctx.rollback != ROLLBACK_KV:
+            how = (f"{self.ctx.rs_snapshots} snapshots (deeper drafts: a checkpoint)"
+                   if self.ctx.rollback == ROLLBACK_SNAPSHOTS else "a checkpoint saved before each drafting pass")
+            log(f"recurrent state: {self.decoder.checkpoint_bytes:,} B per checkpoint, "
+                f"{self.state_bytes:,} B with its copies; rejected drafts are taken back from {how}")
         # Plain decoding on the same context, for side-by-side baselines.
         self.plain_decoder = SpeculativeDecoder(self.target, self.ctx)
         self.plain_decoder.kv_bytes_per_token = self.kv_per_token
+        self.plain_decoder.state_bytes = self.state_bytes
         self.plain_decoder.plain_tps = self.decoder.plain_tps
         self.load_seconds = time.perf_counter() - t0
 

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
-from app.engine.llama import Context, Detokenizer, Model
+from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.params import SamplingSettings
 from app.errors import PromptTooLongError
 from app.events import (
@@ -128,6 +128,8 @@ class SpeculativeDecoder:
         self.k_cap = max(0, ctx.n_batch - 1)
         self.plain_tps: float | None = None  # measured plain decode rate, for the speedup estimate
         self.kv_bytes_per_token = 0
+        self.state_bytes = 0  # a recurrent state (and its snapshots), whatever the context length
+        self.checkpoint_bytes = 0  # one checkpoint of the recurrent state, as llama.cpp copies it
 
     def plain_rate(self) -> float | None:
         """Tokens per second of plain decoding here, from the recent one-token passes (or calibration)."""
@@ -156,6 +158,7 @@ class SpeculativeDecoder:
         widths = list(widths)
         probe = [self.target.bos if self.target.bos >= 0 else 0] * max([*widths, 8])
         ctx.decode(probe[:8])  # also the warm-up: the first pass after a load is slow on any device
+        self.checkpoint_bytes = ctx.recurrent_state_bytes()
         if progress is not None:
             progress(0.0)
         first = self._time_pass(probe, widths[0])
@@ -191,12 +194,16 @@ class SpeculativeDecoder:
         if width > ctx.n_batch or ctx.n_past + width > ctx.n_ctx:
             return None
         n_keep = ctx.n_past
+        ctx.prepare_rollback(width, width)
         t0 = time.perf_counter()
         ctx.decode(probe[:width], all_logits=True)
         ctx.synchronize()
         seconds = time.perf_counter() - t0
         self.controller.cost.observe_verify(width, seconds)
         ctx.truncate(n_keep)
+        rollback = ctx.take_rollback_seconds()
+        if ctx.rollback == ROLLBACK_CHECKPOINTS:  # a checkpoint's copy and restore: the loop adds the re-decode
+            self.controller.cost.observe_rollback(rollback)
         return seconds
 
     # --- the loop -------------------------------------------------------------------------------
@@ -274,15 +281,17 @@ class SpeculativeDecoder:
             # Probes also run in greedy n-gram mode, where acceptance is scored without drafting: they keep
             # the cost of a wide pass measured.
             k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len)
-            k = max(0, min(k, self.k_cap, room - 1, remaining - 1))
+            k = max(0, min(k, self.k_cap, room - 1, remaining - 1, ctx.rollback_limit()))
             draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
             if self.drafter is not None and len(draft) < k:
                 recent = np.array(tokens[-settings.repeat_last_n :], dtype=np.int64) if penalize else None
                 draft.extend(self.drafter.propose(tokens + draft.tokens, k - len(draft), settings, rng, recent))
+            ctx.prepare_rollback(len(draft), len(draft) + 1)  # a recurrent state's checkpoint, where needed
             t_drafted = time.perf_counter()
             # --- verify in one decode ---
             n_before = ctx.n_past
             rows = ctx.decode([tokens[-1], *draft.tokens], all_logits=True)
+            width = len(draft) + 1 + ctx.replayed  # with the tokens a checkpoint restore left to re-decode
             ctx.synchronize()
             t_verified = time.perf_counter()
             # --- accept ---
@@ -290,6 +299,12 @@ class SpeculativeDecoder:
             t_accepted = time.perf_counter()
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
+            if draft:
+                # What taking back a recurrent state costs a drafting pass: the checkpoint's copy and restore,
+                # and the accepted tokens decoded again at the front of the next pass.
+                replay = ctx.pending_replay
+                extra = controller.cost.verify(1 + replay) - controller.cost.verify(1) if replay else 0.0
+                controller.cost.observe_rollback(ctx.take_rollback_seconds() + extra)
             # --- bookkeeping ---
             if greedy:
                 # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
@@ -298,7 +313,7 @@ class SpeculativeDecoder:
                 controller.score_proposal(ng_draft.tokens, ng_draft.match_len, emitted)
             controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy)
             # A pass of this width costs its decode plus building a distribution per row to accept from.
-            controller.cost.observe_verify(len(draft) + 1, t_accepted - t_drafted)
+            controller.cost.observe_verify(width, t_accepted - t_drafted)
             if draft.model_steps:
                 controller.cost.observe_draft(draft.model_steps, draft.model_seconds)
             stop_now = False
@@ -343,7 +358,7 @@ class SpeculativeDecoder:
                 from_ngram=sum(1 for s in sources if s == FROM_NGRAM),
                 from_model=sum(1 for s in sources if s == FROM_MODEL),
                 context_tokens=ctx.n_past,
-                kv_bytes_used=ctx.n_past * self.kv_bytes_per_token,
+                kv_bytes_used=ctx.n_past * self.kv_bytes_per_token + self.state_bytes,
                 verify_width=len(draft) + 1,
                 overhead_seconds=overhead,
                 accept_seconds=t_accepted - t_verified,
@@ -355,8 +370,11 @@ class SpeculativeDecoder:
         tail = detok.flush()
         if tail:
             yield Token(request_id, tail, (), (), ())
-        # Keep the KV of every token but the last emitted one, ready for the next turn's prefix reuse.
-        ctx.truncate(min(ctx.n_past, len(tokens) - 1))
+        # Keep the KV of every token but the last emitted one, ready for the next turn's prefix reuse. A
+        # recurrent state that cannot go back keeps them all: the next turn's prefix match decides.
+        n_keep = min(ctx.n_past, len(tokens) - 1)
+        if ctx.can_truncate_cheaply(n_keep):
+            ctx.truncate(n_keep)
 
     def _accept(
         self,

@@ -104,6 +104,17 @@ class GGUFInfo:
     n_tensors: int = 0
     data_offset: int = 0  # where tensor data starts in this file
     alignment: int = DEFAULT_ALIGNMENT
+    # Recurrent and hybrid models (Mamba, RWKV, LFM2, Granite-4-H, Qwen3.5, ...): which layers keep an
+    # attention KV cache (empty: all of them), and the recurrent state's f32 elements per recurrent layer
+    # (llama.cpp's n_embd_r + n_embd_s), whatever the context length.
+    kv_layers: tuple[bool, ...] = ()
+    recurrent_layers: int = 0
+    recurrent_state_floats: int = 0
+
+    @property
+    def recurrent_state_bytes(self) -> int:
+        """One sequence's recurrent state, as llama.cpp allocates it (f32 cells)."""
+        return self.recurrent_layers * self.recurrent_state_floats * 4
 
 
 # --- interpretation -------------------------------------------------------------------------------
@@ -149,6 +160,54 @@ def _swa_layers(h: Header, arch: str, n_layer: int, window: int, name: str) -> t
     if period == 0:
         return (True,) * n_layer
     return tuple(il % period < period - 1 for il in range(n_layer))
+
+
+# Architectures whose every layer is recurrent (no attention KV cache at all).
+RECURRENT_ARCHS = frozenset(("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"))
+# Hybrids whose layers are attention every n-th layer ({arch}.full_attention_interval), recurrent otherwise.
+INTERVAL_HYBRID_ARCHS = frozenset(("qwen3next", "qwen35", "qwen35moe", "qwen4exp"))
+# Hybrids whose every layer has both an attention block and a recurrent (Mamba 2) block.
+PARALLEL_HYBRID_ARCHS = frozenset(("falcon-h1",))
+
+
+def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """(has an attention KV cache, is recurrent) per layer, as llama.cpp's per-architecture loaders decide."""
+    attention = (True,) * n_layer
+    if arch in RECURRENT_ARCHS:
+        return (False,) * n_layer, (True,) * n_layer
+    if arch in PARALLEL_HYBRID_ARCHS:
+        return attention, (True,) * n_layer
+    if arch in INTERVAL_HYBRID_ARCHS:
+        interval = _int_value(h, f"{arch}.full_attention_interval", name) or 4
+        attention = tuple((il + 1) % interval == 0 for il in range(n_layer))
+        return attention, tuple(not a for a in attention)
+    # Hybrids such as LFM2, Granite-4-H, Nemotron-H and Jamba: a layer is recurrent where it has no KV heads.
+    arr = h.arrays.get(f"{arch}.attention.head_count_kv")
+    recurrent_keys = (f"{arch}.ssm.state_size", f"{arch}.shortconv.l_cache")
+    if arr is not None and arr.values is not None and len(arr.values) == n_layer \
+            and any(key in h.kv for key in recurrent_keys):
+        attention = tuple(int(v) > 0 for v in arr.values)
+        return attention, tuple(not a for a in attention)
+    return attention, (False,) * n_layer
+
+
+def _recurrent_state_floats(h: Header, arch: str, n_embd: int, name: str) -> int:
+    """f32 elements of one recurrent layer's state: llama_hparams::n_embd_r() + n_embd_s()."""
+    def hp(key: str) -> int:
+        v = _int_value(h, f"{arch}.{key}", name)
+        return v if v is not None and v > 0 else 0
+
+    head_size = hp("wkv.head_size")
+    if head_size:  # RWKV: token shifts and the WKV state
+        shifts = hp("token_shift_count") or 2
+        return shifts * n_embd + n_embd * head_size
+    l_cache = hp("shortconv.l_cache")
+    if l_cache:  # LFM2: the short convolution's last l_cache - 1 inputs
+        return n_embd * (l_cache - 1)
+    d_conv, d_inner, d_state = hp("ssm.conv_kernel"), hp("ssm.inner_size"), hp("ssm.state_size")
+    n_group = hp("ssm.group_count")
+    conv = (d_conv - 1) * (d_inner + 2 * n_group * d_state) if d_conv else 0
+    return conv + d_state * d_inner
 
 
 def _resolve_vocab(
@@ -269,6 +328,9 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
     n_embd = hp("embedding_length")
     n_head = hp("attention.head_count")
     n_head_kv = hp("attention.head_count_kv", n_head)
+    kv_layers, recurrent = _layer_kinds(h, arch, n_layer, name)
+    n_recurrent = sum(recurrent)
+    state_floats = _recurrent_state_floats(h, arch, n_embd, name) if n_recurrent else 0
     per_head = n_embd // n_head if n_head else 0
     head_dim_k = hp("attention.key_length", per_head)
     head_dim_v = hp("attention.value_length", per_head)
@@ -342,6 +404,8 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         split_count=split_count, split_index=split_index, missing_shards=missing, metadata=metadata,
         tokenizer_pre=_str_value(h, "tokenizer.ggml.pre") or "", n_tensors=len(h.tensors),
         data_offset=h.data_offset, alignment=h.alignment,
+        kv_layers=kv_layers if not all(kv_layers) else (), recurrent_layers=n_recurrent,
+        recurrent_state_floats=state_floats,
     )
 
 
