@@ -98,3 +98,19 @@ def test_serve_answers_over_the_api(model: Path, tmp_path: Path) -> None:
             assert reply.usage.completion_tokens > 0
     finally:
         server.stop()
+
+
+def test_tune_sweeps_a_hybrid(tmp_path: Path) -> None:
+    """tune's settings sweep on a hybrid without snapshots (every drafting pass checkpoints)."""
+    model = write_tiny_model(tmp_path / "tiny-granitehybrid.gguf", arch="granitehybrid", n_layer=4)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    out = tmp_path / "tune.json"
+    cmd = [sys.executable, "-m", "app", "tune", "--target", str(model), "--prompts", str(prompts),
+           "--max-tokens", "32", "--threads", "1", "--budget-s", "60", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env_for(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    measured = [r for r in report["results"] if r["settings"]["drafter"] != "none"]
+    assert measured
+    assert all(r["identical"] is True and r["tok_s"] > 0 for r in measured)  # greedy: the text never changes
