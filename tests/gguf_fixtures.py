@@ -257,14 +257,17 @@ def _weights(
 
 # Recurrent and hybrid architectures (tiny shapes; llama.cpp's loaders in src/models/*.cpp name the tensors):
 # "mamba" (every layer a Mamba block), "lfm2" (short convolutions beside attention, with llama.cpp's state
-# snapshots) and "granitehybrid" (Granite-4-H: Mamba 2 beside attention, no snapshots).
-RECURRENT_ARCHS = ("mamba", "lfm2", "granitehybrid")
+# snapshots), "qwen35" (Qwen3.5: Gated DeltaNet beside gated attention, with snapshots) and "granitehybrid"
+# (Granite-4-H: Mamba 2 beside attention, no snapshots).
+RECURRENT_ARCHS = ("mamba", "lfm2", "qwen35", "granitehybrid")
 ARCHS = ("llama", *RECURRENT_ARCHS)
 _SSM_CONV = 4  # Mamba's convolution kernel
 _SSM_STATE = 16
 _SSM_DT_RANK = 4  # Mamba 1's time-step rank
 _SSM_HEAD_DIM = 16  # Mamba 2's head size (its time_step_rank is the head count)
 _SHORTCONV_L_CACHE = 3
+_DELTA_K_HEADS = 2  # Gated DeltaNet: key heads (ssm.group_count) and value heads (ssm.time_step_rank)
+_DELTA_V_HEADS = 4
 
 
 def attention_layers(arch: str, n_layer: int) -> list[bool]:
@@ -299,11 +302,14 @@ def _recurrent_weights(
     for i in range(n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = ones(n_embd)
+        if arch == "qwen35":
+            w[p + "post_attention_norm.weight"] = ones(n_embd)
         if attention[i]:
-            if arch == "lfm2":
+            if arch in ("lfm2", "qwen35"):
                 w[p + "attn_q_norm.weight"] = ones(head_dim)
                 w[p + "attn_k_norm.weight"] = ones(head_dim)
-            w[p + "attn_q.weight"] = linear(n_embd, n_embd)
+            # Qwen3.5's query projection also yields the output gate: twice as wide.
+            w[p + "attn_q.weight"] = linear(2 * n_embd if arch == "qwen35" else n_embd, n_embd)
             w[p + "attn_k.weight"] = linear(head_dim * n_head_kv, n_embd)
             w[p + "attn_v.weight"] = linear(head_dim * n_head_kv, n_embd)
             w[p + "attn_output.weight"] = linear(n_embd, n_embd)
@@ -318,6 +324,17 @@ def _recurrent_weights(
             w[p + "ssm_a"] = -rng.uniform(0.5, 2.0, (d_inner, _SSM_STATE)).astype(np.float32)
             w[p + "ssm_d"] = ones(d_inner)
             w[p + "ssm_out.weight"] = linear(n_embd, d_inner)
+        elif arch == "qwen35":
+            key_dim, value_dim = _SSM_STATE * _DELTA_K_HEADS, _SSM_STATE * _DELTA_V_HEADS
+            w[p + "attn_qkv.weight"] = linear(2 * key_dim + value_dim, n_embd)
+            w[p + "attn_gate.weight"] = linear(value_dim, n_embd)
+            w[p + "ssm_conv1d.weight"] = linear(2 * key_dim + value_dim, _SSM_CONV)
+            w[p + "ssm_dt.bias"] = small(_DELTA_V_HEADS)
+            w[p + "ssm_a"] = -rng.uniform(0.5, 2.0, _DELTA_V_HEADS).astype(np.float32)
+            w[p + "ssm_beta.weight"] = linear(_DELTA_V_HEADS, n_embd)
+            w[p + "ssm_alpha.weight"] = linear(_DELTA_V_HEADS, n_embd)
+            w[p + "ssm_norm.weight"] = ones(_SSM_STATE)
+            w[p + "ssm_out.weight"] = linear(n_embd, value_dim)
         elif arch == "lfm2":
             w[p + "shortconv.conv.weight"] = linear(n_embd, _SHORTCONV_L_CACHE)
             w[p + "shortconv.in_proj.weight"] = linear(3 * n_embd, n_embd)
@@ -334,7 +351,8 @@ def _recurrent_weights(
             w[p + "ssm_norm.weight"] = ones(1, d_inner)
             w[p + "ssm_out.weight"] = linear(n_embd, d_inner)
         if arch != "mamba":
-            w[p + "ffn_norm.weight"] = ones(n_embd)
+            if arch != "qwen35":  # Qwen3.5 norms the FFN's input with post_attention_norm
+                w[p + "ffn_norm.weight"] = ones(n_embd)
             w[p + "ffn_gate.weight"] = linear(n_ff, n_embd)
             w[p + "ffn_up.weight"] = linear(n_ff, n_embd)
             w[p + "ffn_down.weight"] = linear(n_embd, n_ff)
@@ -357,11 +375,24 @@ def _add_recurrent_keys(writer: Any, arch: str, *, n_embd: int, n_layer: int, n_
         return
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
-    writer.add_head_count_kv([n_head_kv if a else 0 for a in attention_layers(arch, n_layer)])
+    if arch != "qwen35":  # per layer: no KV heads marks a recurrent layer
+        writer.add_head_count_kv([n_head_kv if a else 0 for a in attention_layers(arch, n_layer)])
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_rope_freq_base(10000.0)
     if arch == "lfm2":
         writer.add_shortconv_l_cache(_SHORTCONV_L_CACHE)
+    elif arch == "qwen35":
+        head_dim = n_embd // n_head
+        writer.add_head_count_kv(n_head_kv)  # a scalar: the layer kinds come from full_attention_interval
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_sections([head_dim // 4, head_dim // 8, head_dim // 8, 0])
+        writer.add_full_attention_interval(2)
+        writer.add_ssm_conv_kernel(_SSM_CONV)
+        writer.add_ssm_inner_size(_SSM_STATE * _DELTA_V_HEADS)
+        writer.add_ssm_state_size(_SSM_STATE)
+        writer.add_ssm_time_step_rank(_DELTA_V_HEADS)
+        writer.add_ssm_group_count(_DELTA_K_HEADS)
     else:
         writer.add_ssm_conv_kernel(_SSM_CONV)
         writer.add_ssm_inner_size(2 * n_embd)

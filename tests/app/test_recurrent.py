@@ -1,7 +1,7 @@
-"""Recurrent and hybrid targets (Mamba, LFM2, Granite-4-H) load, answer and speculate losslessly.
+"""Recurrent and hybrid targets (Mamba, LFM2, Qwen3.5, Granite-4-H) load, answer and speculate losslessly.
 
 A recurrent state cannot drop its last positions as a KV cache does. Rejected drafts are taken back with
-llama.cpp's state snapshots where the architecture has them and their bounds hold (LFM2), else from a
+llama.cpp's state snapshots where the architecture has them and their bounds hold (LFM2, Qwen3.5), else from a
 checkpoint saved before the pass, and the accepted tokens are decoded again with the next batch (Mamba,
 Granite-4-H). Every check compares against a fresh context that decoded the kept tokens, within the numeric
 floor measured here between honest ways of decoding the same tokens.
@@ -41,7 +41,8 @@ PROMPTS = {
     "prose": "Hello there, the quick brown fox jumps over the lazy dog.",
     "repetitive": "one two three, one two three, one two three, one two",
 }
-EXPECTED_ROLLBACK = {"mamba": ROLLBACK_CHECKPOINTS, "lfm2": ROLLBACK_SNAPSHOTS, "granitehybrid": ROLLBACK_CHECKPOINTS}
+EXPECTED_ROLLBACK = {"mamba": ROLLBACK_CHECKPOINTS, "lfm2": ROLLBACK_SNAPSHOTS, "qwen35": ROLLBACK_SNAPSHOTS,
+                     "granitehybrid": ROLLBACK_CHECKPOINTS}
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +142,7 @@ def test_rollback_mechanism_follows_the_architecture(loaded: Loaded) -> None:
     arch = loaded.arch  # type: ignore[attr-defined]
     assert loaded.ctx.rollback == EXPECTED_ROLLBACK[arch]
     # llama.cpp keeps snapshots only for the architectures it lists; elsewhere it keeps none, silently.
-    assert loaded.ctx.rs_snapshots == (SNAPSHOTS if arch == "lfm2" else 0)
+    assert loaded.ctx.rs_snapshots == (SNAPSHOTS if EXPECTED_ROLLBACK[arch] == ROLLBACK_SNAPSHOTS else 0)
     assert loaded.ctx.recurrent_state_bytes() > 0
 
 
@@ -202,7 +203,7 @@ def decoder_for(loaded: Loaded, kind: str, k: int | None) -> SpeculativeDecoder:
 @pytest.mark.parametrize("kind", ["same", "perturbed", "ngram", "stacked"])
 def test_greedy_speculation_equals_plain_decoding(loaded: Loaded, kind: str, k: int) -> None:
     """All drafts accepted (the same weights), some (perturbed), n-gram, and both stacked; depth 12 goes past
-    the snapshots (8) on LFM2, so checkpoints serve there too."""
+    the snapshots (8) on LFM2 and Qwen3.5, so checkpoints serve there too."""
     plain = SpeculativeDecoder(loaded.target, loaded.ctx)
     rejected = accepted = 0
     for prompt in loaded.prompts.values():
@@ -310,7 +311,7 @@ def test_the_memory_figures_count_the_state(recurrent_models: dict[str, tuple[Pa
             ctx.close()
             model.close()
         plan = recurrent_rollback(shape, arch, 16)
-        if arch == "lfm2":
+        if EXPECTED_ROLLBACK[arch] == ROLLBACK_SNAPSHOTS:
             assert plan.mechanism == "snapshots"
             assert plan.snapshots == 16
             assert plan.allocated_bytes == 17 * shape.state_bytes

@@ -19,7 +19,7 @@ from tests.gguf_fixtures import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # A pure recurrent model, a hybrid with llama.cpp's state snapshots, and a hybrid without them.
-ARCHS = ("mamba", "lfm2", "granitehybrid")
+ARCHS = ("mamba", "qwen35", "granitehybrid")
 PROMPTS = [{"messages": [{"role": "user", "content": "Repeat: alpha beta gamma, alpha beta gamma, alpha beta"}]}]
 
 

@@ -14,7 +14,7 @@ from tests.ui.conftest import load_pair, set_sampling
 ANSWER_TIMEOUT_MS = 60_000
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "granitehybrid"])
+@pytest.mark.parametrize("arch", ["qwen35", "granitehybrid"])
 def test_a_hybrid_model_answers_in_the_window(
     qtbot: QtBot, make_window, tmp_path: Path, arch: str  # type: ignore[no-untyped-def]
 ) -> None:
