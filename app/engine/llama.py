@@ -317,7 +317,7 @@ class Context:
         self.rollback = (ROLLBACK_KV if not model.is_recurrent
                          else ROLLBACK_SNAPSHOTS if self.rs_snapshots else ROLLBACK_CHECKPOINTS)
         # ``tokens[:_decoded]`` are in llama.cpp's memory; the rest were taken back to a checkpoint and are
-        # decoded again at the front of the next batch (they were accepted already, so no pass is added).
+        # decoded again before the next checkpoint is saved, or at the front of the next batch where none is.
         self._decoded = 0
         self._last_width = 0  # tokens in the last llama_decode: a snapshot reaches back less than that
         self._snapshot_pending = False  # a snapshot rollback takes effect at the next decode, once
@@ -413,8 +413,8 @@ class Context:
         """Drop every cached position from ``n_keep`` on (rollback after rejected drafts).
 
         A recurrent state cannot drop positions: it goes back to a snapshot where llama.cpp's bounds hold,
-        else to a checkpoint at or before ``n_keep`` (the tokens after it are decoded again with the next
-        batch), else it starts over and decodes all ``n_keep`` tokens again. Never a state that is wrong.
+        else to a checkpoint at or before ``n_keep`` (the tokens after it are decoded again later), else it
+        starts over and decodes all ``n_keep`` tokens again. Never a state that is wrong.
         """
         if n_keep >= self.n_past:
             return
@@ -472,9 +472,15 @@ class Context:
             return
         if self._snapshot_pending or self._decoded == 0:
             return  # nothing to save yet, or a state llama.cpp has not yet rolled back: a rollback re-decodes
-        if self._checkpoint is not None and self._checkpoint.pos == self._decoded:
-            return
         t0 = time.perf_counter()
+        replay = self.tokens[self._decoded :]
+        for start in range(0, len(replay), self.n_batch):
+            # Tokens left by the last restore are decoded first, so the checkpoint is taken after them: folded
+            # into the coming pass, each partial accept in a row would add its tokens to the next replay.
+            self._decode_batch(replay[start : start + self.n_batch], 1)
+        if self._checkpoint is not None and self._checkpoint.pos == self._decoded:
+            self.rollback_seconds += time.perf_counter() - t0
+            return
         flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = int(lc.llama_state_seq_get_size_ext(self._ptr, 0, flags))
         old = self._checkpoint
@@ -482,11 +488,6 @@ class Context:
         written = int(lc.llama_state_seq_get_data_ext(self._ptr, buffer, size, 0, flags))
         self._checkpoint = _Checkpoint(self._decoded, written, buffer) if written else None
         self.rollback_seconds += time.perf_counter() - t0
-
-    @property
-    def pending_replay(self) -> int:
-        """Tokens a checkpoint restore left to decode again with the next batch."""
-        return len(self.tokens) - self._decoded
 
     def take_rollback_seconds(self) -> float:
         """Seconds spent on checkpoints since the last call (the cost model's share of speculation)."""

@@ -301,10 +301,8 @@ class SpeculativeDecoder:
             ctx.truncate(n_before + 1 + n_acc)
             if draft:
                 # What taking back a recurrent state costs a drafting pass: the checkpoint's copy and restore,
-                # and the accepted tokens decoded again at the front of the next pass.
-                replay = ctx.pending_replay
-                extra = controller.cost.verify(1 + replay) - controller.cost.verify(1) if replay else 0.0
-                controller.cost.observe_rollback(ctx.take_rollback_seconds() + extra)
+                # and the accepted tokens decoded again before the next checkpoint.
+                controller.cost.observe_rollback(ctx.take_rollback_seconds())
             # --- bookkeeping ---
             if greedy:
                 # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
