@@ -9,6 +9,8 @@ events), and each piece is short.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +46,7 @@ from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
-from app.storage.atomic import atomic_write_text
+from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
@@ -61,6 +63,7 @@ from ui.tasks import TaskRunner
 logger = logging.getLogger(__name__)
 
 WINDOW_STATE_FILE = "window.ini"
+WINDOW_STATE_MAX_BYTES = 1 << 20  # the layout is a few kB
 SHORTCUTS_TEXT = "\n".join((
     "Ctrl+Enter    send the message (anywhere in the window)",
     "Esc           stop the answer (while one is being written)",
@@ -335,7 +338,22 @@ class MainWindow(QMainWindow):
     # --- window state -------------------------------------------------------------------------------
 
     def _qsettings(self) -> QSettings:
-        return QSettings(str(config_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)
+        path = config_dir() / WINDOW_STATE_FILE
+        problem = irregular(path, WINDOW_STATE_MAX_BYTES)
+        if problem is not None:
+            # QSettings would wait for ever on a FIFO, or read a device or a 1 GB file whole: the layout is
+            # worth less than a window that opens.
+            aside = path.with_name(f"{WINDOW_STATE_FILE}.unusable")
+            try:
+                os.replace(path, aside)
+                note = f"it was moved to {aside.name}"
+            except OSError:
+                path = Path(tempfile.gettempdir()) / f"specdeck-{os.getpid()}-{WINDOW_STATE_FILE}"
+                note = "the window layout is not kept this time"
+            if not getattr(self, "_window_state_warned", False):
+                self._window_state_warned = True
+                logger.warning("%s was not used (%s); %s", WINDOW_STATE_FILE, problem, note)
+        return QSettings(str(path), QSettings.Format.IniFormat)
 
     def _restore_window_state(self) -> None:
         qs = self._qsettings()

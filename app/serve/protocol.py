@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,22 @@ DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_STOP_LENGTH = 256
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Each message is a history row and a template turn; a 4 MB body of empty messages is 100k of them, which
+# held the server 80 s. A 128k context holds at most a few thousand real turns.
+MAX_MESSAGES = 2048
+LARGEST_NUMBER = 2**53  # past this a JSON number is not a count anyone means (and floats lose whole numbers)
+# OpenAI parameters this server cannot honour: a client that sends one with an effect gets a 400 naming it
+# rather than an answer that silently ignored it. The neutral value of each (false, 0, empty) is accepted.
+UNSUPPORTED = {
+    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
+    "function_call": "function calls", "parallel_tool_calls": "tool calls", "logprobs": "log probabilities",
+    "top_logprobs": "log probabilities", "presence_penalty": "presence penalties (use repeat_penalty)",
+    "frequency_penalty": "frequency penalties (use repeat_penalty)", "logit_bias": "logit biases",
+    "response_format": "structured output", "audio": "audio", "modalities": "other modalities",
+    "prediction": "predicted outputs", "web_search_options": "web search", "best_of": "best_of",
+    "echo": "echoing the prompt", "suffix": "suffixes",
+}
+NEUTRAL_VALUES = (None, False, 0, 0.0, "", [], {}, "none", "auto", "text")
 
 
 class ApiError(Exception):
@@ -69,8 +84,15 @@ def parse_json(raw: bytes, limits: Limits) -> dict[str, Any]:
         body = json.loads(raw, parse_constant=_no_constant)
     except ApiError:
         raise
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "the body is not UTF-8 JSON"
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, json.JSONDecodeError):
+            reason = exc.msg
+        elif isinstance(exc, UnicodeDecodeError):
+            reason = "the body is not UTF-8"
+        elif isinstance(exc, RecursionError):
+            reason = "it is nested too deeply"
+        else:  # Python refuses integers of thousands of digits
+            reason = str(exc).split(";")[0]
         raise ApiError(400, f"The request body is not valid JSON: {reason}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
@@ -102,6 +124,9 @@ def _text_content(content: Any, where: str) -> str:
 def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise ApiError(400, f"The request has {len(value)} messages; this server takes at most {MAX_MESSAGES}.",
+                       param="messages", code="too_many_messages")
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
@@ -120,6 +145,9 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)[:40]}.", param=name)
+    if isinstance(value, int) and abs(value) > LARGEST_NUMBER:
+        raise ApiError(400, f"'{name}' is a {len(str(abs(value)))}-digit number; no setting takes one that large.",
+                       param=name)
     if not math.isfinite(value):
         raise ApiError(400, f"'{name}' must be a finite number.", param=name)
     return float(value)
@@ -144,7 +172,19 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, what in UNSUPPORTED.items():
+        value = body.get(name)
+        if name == "response_format" and isinstance(value, dict) and value.get("type") in (None, "text"):
+            continue
+        if any(value == neutral and type(value) is type(neutral) for neutral in NEUTRAL_VALUES) or value is None:
+            continue
+        raise ApiError(400, f"'{name}' asks for {what}, which this server does not support; send the request "
+                       "without it.", param=name, code="unsupported_parameter")
+
+
 def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> CompletionRequest:
+    refuse_unsupported(body)
     if chat:
         messages = parse_messages(body.get("messages"))
     else:
@@ -182,6 +222,8 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    if options is not None and body.get("stream") is not True:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     return CompletionRequest(
         messages=messages,
         sampling=sampling,
@@ -249,6 +291,42 @@ class Answer:
     drafted: int = 0
     accepted: int = 0
     text: list[str] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)  # one entry per verify pass that drafted
+    per_step_accepted: list[int] = field(default_factory=list)
+
+    def count_pass(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.completion_tokens += emitted
+        if drafted:
+            self.per_step_drafted.append(drafted)
+            self.per_step_accepted.append(accepted)
+
+
+def speculative_decoding(answer: Answer, *, detailed: bool = False) -> dict[str, Any]:
+    """vLLM's per-response ``metrics.speculative_decoding``: counts per speculation step (a verify pass that
+    drafted), which fits drafts of varying length as adaptive depth makes them."""
+    steps = len(answer.per_step_drafted)
+    longest = max(answer.per_step_drafted, default=0)
+    histogram = [0] * (longest + 1)
+    by_length: dict[str, list[int]] = {}
+    for drafted, accepted in zip(answer.per_step_drafted, answer.per_step_accepted, strict=True):
+        histogram[accepted] += 1
+        by_length.setdefault(str(drafted), [0] * (drafted + 1))[accepted] += 1
+    out: dict[str, Any] = {
+        "num_spec_steps": steps,
+        "num_draft_tokens": answer.drafted,
+        "num_accepted_draft_tokens": answer.accepted,
+        "draft_acceptance_rate": answer.accepted / answer.drafted if answer.drafted else 0.0,
+        # Tokens a step yields: the accepted drafts and the target's own token after them.
+        "mean_acceptance_length": 1.0 + answer.accepted / steps if steps else 1.0,
+        "acceptance_histogram": histogram,
+        "acceptance_histogram_by_draft_length": dict(sorted(by_length.items(), key=lambda kv: int(kv[0]))),
+    }
+    if detailed:
+        out["per_step_accepted"] = list(answer.per_step_accepted)
+        out["per_step_drafted"] = list(answer.per_step_drafted)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -299,7 +377,8 @@ def lm_studio_stats(stats: MessageStats, reason: str, drafter: str | None) -> di
 
 
 def completion_body(request: CompletionRequest, response_id: str, model: str, text: str, reason: str,
-                    stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None) -> dict[str, Any]:
+                    stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None,
+                    created: int) -> dict[str, Any]:
     finish = FINISH_REASONS.get(reason, "stop")
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if request.chat:
@@ -309,18 +388,21 @@ def completion_body(request: CompletionRequest, response_id: str, model: str, te
     return {
         "id": response_id,
         "object": "chat.completion" if request.chat else "text_completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [choice],
         "usage": usage(stats.prompt_tokens, stats.completion_tokens),
         "timings": timings(stats.prompt_tokens, prompt_seconds, stats, answer),
         "stats": lm_studio_stats(stats, reason, drafter),
+        "metrics": {"speculative_decoding": speculative_decoding(answer)},
     }
 
 
-def chunk_body(request: CompletionRequest, response_id: str, model: str, *, text: str | None = None,
+def chunk_body(request: CompletionRequest, response_id: str, model: str, created: int, *, text: str | None = None,
                role: bool = False, finish: str | None = None) -> dict[str, Any]:
+    """One chunk; ``created`` is the response's, the same in every chunk of it (as OpenAI's)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    body: dict[str, Any]
     if request.chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text:
@@ -328,13 +410,16 @@ def chunk_body(request: CompletionRequest, response_id: str, model: str, *, text
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
-    return {
+    body = {
         "id": response_id,
         "object": "chat.completion.chunk" if request.chat else "text_completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [choice],
     }
+    if request.include_usage:
+        body["usage"] = None  # OpenAI's chunks say so until the last, which carries the usage
+    return body
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -9,7 +9,6 @@ the panel's state (the open chat, generating) and lives here with it.
 from __future__ import annotations
 
 import contextlib
-import html
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -42,6 +41,7 @@ from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey
 from ui.flow_layout import FlowLayout
 from ui.models.sampling_form import SamplingForm
+from ui.plain_text import plain_tooltip
 
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
@@ -335,8 +335,7 @@ class ChatPanel(QWidget):
                 self._history_labels[chat.id] = (title, chat.message_count)
                 self.history_rows_written += 1
                 item.setText(title)
-                # A tooltip is rich text when it looks like HTML: escaped, a title shows as typed.
-                item.setToolTip(f"<p style='white-space:pre'>{html.escape(title)}\n{chat.message_count} messages</p>")
+                item.setToolTip(plain_tooltip(f"{title}\n{chat.message_count} messages"))
             if chat.id == self.chat_id:
                 current = item
         if current is not None:
