@@ -47,6 +47,8 @@ def setup_logging(level: int = logging.INFO, *, name: str = "specdeck") -> Path 
         if _handler is not None:
             return _handler_path
         path = log_file(name)
+        if path.exists() and not path.is_file():
+            return None  # a FIFO in its place would block the first log line for ever; a device is no log
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handler = logging.handlers.RotatingFileHandler(

@@ -19,9 +19,10 @@ within ``head_timeout`` seconds of the connection opening or of the last answer 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
-import resource
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +33,10 @@ DEFAULT_HEAD_TIMEOUT = 10.0  # seconds for a request line and headers; a real cl
 DEFAULT_SEND_TIMEOUT = 30.0  # seconds a streamed chunk may wait for a client that stopped reading
 CONNECTIONS_PER_FD = 0.5  # of the process's file limit, the rest left to models, logs, the history, the worker
 MAX_CONNECTIONS = 1024
+# The kernel's send buffer per connection: Linux grows it to 4 MB on loopback, so a client that stops reading
+# pinned 4 MB of kernel memory per socket and took minutes of tokens to notice. 256 kB is many seconds of
+# tokens on any link.
+SEND_BUFFER_BYTES = 256 << 10
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 5\r\n"
          b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
@@ -70,9 +75,13 @@ def split_host(value: str) -> tuple[str, int | None] | None:
 
 def default_max_connections() -> int:
     try:
+        import resource  # not on Windows, whose event loop has no such descriptor limit
+    except ImportError:
+        return MAX_CONNECTIONS // 4
+    try:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
-        return 256
+        return MAX_CONNECTIONS // 4
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(16, min(MAX_CONNECTIONS, int(soft * CONNECTIONS_PER_FD)))
@@ -153,6 +162,10 @@ class GuardedH11Protocol(H11Protocol):
             transport.write(_BUSY % (len(body), body))
             transport.close()
             return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._await_head()
 
     def _await_head(self) -> None:

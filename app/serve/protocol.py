@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.params import SamplingSettings
+from app.engine.params import JSON_OBJECT, SamplingSettings
 from app.errors import SettingsError
 from app.events import MessageStats
 
@@ -32,11 +32,92 @@ UNSUPPORTED = {
     "function_call": "function calls", "parallel_tool_calls": "tool calls", "logprobs": "log probabilities",
     "top_logprobs": "log probabilities", "presence_penalty": "presence penalties (use repeat_penalty)",
     "frequency_penalty": "frequency penalties (use repeat_penalty)", "logit_bias": "logit biases",
-    "response_format": "structured output", "audio": "audio", "modalities": "other modalities",
+    "audio": "audio", "modalities": "other modalities",
     "prediction": "predicted outputs", "web_search_options": "web search", "best_of": "best_of",
     "echo": "echoing the prompt", "suffix": "suffixes",
 }
-NEUTRAL_VALUES = (None, False, 0, 0.0, "", [], {}, "none", "auto", "text")
+NEUTRAL_VALUES = (None, False, 0, 0.0, "", [], {}, "none", "auto")
+
+# --- response_format -------------------------------------------------------------------------------------
+# The JSON Schema keywords llama.cpp's schema-to-grammar converter turns into grammar rules. Anything else would
+# be ignored by it, so the output could break the schema: such a schema is refused by name instead.
+SCHEMA_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format", "minLength",
+    "maxLength", "title", "description", "default", "examples", "$schema", "$id", "$comment",
+})
+SCHEMA_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+SCHEMA_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+SCHEMA_MAX_DEPTH = 64
+
+
+def _unsupported_in_schema(schema: Any, where: str, depth: int = 0) -> str | None:
+    """Where the schema leaves the supported subset, in words; None when it stays inside it."""
+    if depth > SCHEMA_MAX_DEPTH:
+        return f"{where} is nested more than {SCHEMA_MAX_DEPTH} deep"
+    if isinstance(schema, bool):
+        return None if schema else f"{where} is false (nothing matches it)"
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema object"
+    for key, value in schema.items():
+        here = f"{where}.{key}"
+        if key not in SCHEMA_KEYWORDS:
+            return f"the keyword '{key}' (at {where})"
+        if key == "type":
+            kinds = value if isinstance(value, list) else [value]
+            odd = [k for k in kinds if k not in SCHEMA_TYPES]
+            if odd:
+                return f"the type {odd[0]!r} (at {here})"
+        elif key == "format" and value not in SCHEMA_FORMATS:
+            return f"the format {str(value)[:40]!r} (at {here}); supported: {', '.join(sorted(SCHEMA_FORMATS))}"
+        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            return f"the reference {str(value)[:80]!r} (at {here}); only references inside the schema are"
+        elif key in ("properties", "$defs", "definitions"):
+            if not isinstance(value, dict):
+                return f"{here} is not an object"
+            for name, sub in value.items():
+                found = _unsupported_in_schema(sub, f"{here}.{name}", depth + 1)
+                if found:
+                    return found
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") or (key == "items" and isinstance(value, list)):
+            if not isinstance(value, list) or not value:
+                return f"{here} is not a non-empty list"
+            for i, sub in enumerate(value):
+                found = _unsupported_in_schema(sub, f"{here}[{i}]", depth + 1)
+                if found:
+                    return found
+        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
+            found = _unsupported_in_schema(value, here, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def parse_response_format(value: Any) -> str:
+    """``response_format`` as ``SamplingSettings.response_format``: "", "json_object" or the schema's JSON."""
+    if value is None:
+        return ""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ApiError(400, "'response_format' must be an object with a 'type'.", param="response_format")
+    kind = value["type"]
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind != "json_schema":
+        raise ApiError(400, f"'response_format' type {kind[:40]!r} is not one of text, json_object and "
+                       "json_schema.", param="response_format")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object.",
+                       param="response_format")
+    unsupported = _unsupported_in_schema(schema, "schema")
+    if unsupported:
+        raise ApiError(400, f"The JSON schema uses {unsupported}, which this server cannot enforce; it supports "
+                       "the subset llama.cpp turns into a grammar.", param="response_format",
+                       code="unsupported_schema")
+    return json.dumps(schema, ensure_ascii=False)
 
 
 class ApiError(Exception):
@@ -175,8 +256,6 @@ def _stop(value: Any) -> tuple[str, ...]:
 def refuse_unsupported(body: dict[str, Any]) -> None:
     for name, what in UNSUPPORTED.items():
         value = body.get(name)
-        if name == "response_format" and isinstance(value, dict) and value.get("type") in (None, "text"):
-            continue
         if any(value == neutral and type(value) is type(neutral) for neutral in NEUTRAL_VALUES) or value is None:
             continue
         raise ApiError(400, f"'{name}' asks for {what}, which this server does not support; send the request "
@@ -216,6 +295,7 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
             repeat_penalty=_number(body, "repeat_penalty", 1.0),
             seed=_integer(body, "seed", -1) if seed is not None else -1,
             max_tokens=max_tokens,
+            response_format=parse_response_format(body.get("response_format")),
         ).validate()
     except SettingsError as exc:
         raise ApiError(400, str(exc)) from None

@@ -149,6 +149,8 @@ def read_regular_bytes(path: StrPath, max_bytes: int = MAX_RECORD_BYTES) -> byte
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotAFile(f"{path} is not a regular file (a pipe, a device or a folder)")
+        if info.st_size > max_bytes:
+            raise NotAFile(f"{path} is {info.st_size} bytes, larger than {max_bytes}")
         chunks, size = [], 0
         while chunk := os.read(fd, 1 << 20):
             size += len(chunk)

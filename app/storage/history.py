@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -199,6 +200,13 @@ def _storage_error(exc: sqlite3.Error) -> StorageError:
     )
 
 
+def _irregular(path: Path) -> bool:
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # missing: a new history is created
+        return False
+
+
 class HistoryStore:
     """All chats and their messages. Use from one thread (see the module docstring)."""
 
@@ -253,6 +261,10 @@ class HistoryStore:
     # --- opening ------------------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
+        if _irregular(self.path):
+            # SQLite would block for ever reading a FIFO, and read or write a device.
+            raise StorageError(f"The chat history at {self.path} is not a regular file (a pipe, a device or a "
+                               "folder); move it away to start a new history. Nothing was changed.")
         # isolation_level=None: no implicit transactions; every write below says where it begins and ends.
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         try:

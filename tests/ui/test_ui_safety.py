@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,18 @@ def test_model_list_tooltips_show_file_text_as_typed(
                 doc.setHtml(tip)
                 assert "<img" not in doc.toHtml(), tip
                 assert "font-weight:700" not in doc.toHtml(), tip
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder", "huge"])
+def test_a_hostile_window_state_file_does_not_stop_the_window(
+    qtbot: QtBot, make_window, specdeck_home: Path, kind: str  # type: ignore[no-untyped-def]
+) -> None:
+    from app.paths import config_dir
+    from tests.app.test_kept_files import make_hostile
+
+    make_hostile(config_dir() / "window.ini", kind)  # QSettings waited for ever on a FIFO here
+    window = make_window(start_engine=False)  # returns: the window was built and its library scanned
+    assert not window.picker.scanning
+    window.close()  # saves the layout to a fresh window.ini; the hostile one was moved aside
+    assert os.path.lexists(config_dir() / "window.ini.unusable")
+    assert (config_dir() / "window.ini").is_file()
