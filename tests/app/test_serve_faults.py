@@ -68,7 +68,7 @@ def test_a_queued_client_that_leaves_is_not_answered(tiny_target: Path, tmp_path
                        json={"messages": MESSAGES, "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200
         with sqlite3.connect(history) as db:
-            saved = [row[0] for row in db.execute("SELECT content FROM messages WHERE role = 'user'")]
+            saved = [row[0] for row in db.execute("SELECT text FROM messages WHERE role = 'user'")]
         assert "queued and gone" not in saved
     finally:
         server.stop()
@@ -92,7 +92,7 @@ def test_a_history_that_could_not_open_is_opened_later(tiny_target: Path, tmp_pa
         assert r.status_code == 200
         _wait(lambda: history.exists(), 30)
         with sqlite3.connect(history) as db:
-            saved = [row[0] for row in db.execute("SELECT content FROM messages WHERE role = 'user'")]
+            saved = [row[0] for row in db.execute("SELECT text FROM messages WHERE role = 'user'")]
         assert "saved after all" in saved
     finally:
         server.stop()
