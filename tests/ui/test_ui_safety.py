@@ -213,8 +213,10 @@ def _vocab_gguf(path: Path, architecture: str, tokens: list[str]) -> Path:
 
 def _shown_text(tip: str) -> str:
     """What Qt's tooltip shows for ``tip``: rich text when it looks like HTML, as QToolTip decides."""
+    from PySide6 import QtGui  # Qt.mightBeRichText lives in QtGui's Qt namespace
+
     doc = QTextDocument()
-    if Qt.mightBeRichText(tip):
+    if QtGui.Qt.mightBeRichText(tip):
         doc.setHtml(tip)
     else:
         doc.setPlainText(tip)
