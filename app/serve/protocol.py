@@ -36,7 +36,7 @@ UNSUPPORTED = {
     "prediction": "predicted outputs", "web_search_options": "web search", "best_of": "best_of",
     "echo": "echoing the prompt", "suffix": "suffixes",
 }
-NEUTRAL_VALUES = (None, False, 0, 0.0, "", [], {}, "none", "auto")
+NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, 0.0, "", [], {}, "none", "auto")
 
 # --- response_format -------------------------------------------------------------------------------------
 # The JSON Schema keywords llama.cpp's schema-to-grammar converter turns into grammar rules. Anything else would

@@ -154,3 +154,37 @@ def _healthy(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _blocked_home(tmp_path: Path) -> Path:
+    """A SpecDeck home where no folder can be created (a file in each place): what a read-only home does to a
+    user who is not root, and root too."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for kind in ("logs", "data", "cache", "config"):
+        (home / kind).write_text("not a folder")
+    return home
+
+
+def test_chat_and_bench_run_where_nothing_can_be_written(tmp_path: Path, tiny_target: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.app.test_serve_cli import ROOT
+
+    home = _blocked_home(tmp_path)
+    env = dict(os.environ, SPECDECK_HOME=str(home))
+    chat = subprocess.run([sys.executable, "-m", "app", "chat", "--target", str(tiny_target), "--ctx", "256",
+                           "--max-tokens", "8"], input="abc abc\n", cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=180)
+    assert chat.returncode == 0, chat.stderr
+    assert "Traceback" not in chat.stderr
+    assert "loaded" in chat.stdout + chat.stderr
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": MESSAGES}) + "\n")
+    bench = subprocess.run([sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--prompts",
+                            str(prompts), "--max-tokens", "8"], cwd=ROOT, env=env, text=True, capture_output=True,
+                           timeout=180)
+    assert "Traceback" not in bench.stderr
+    assert "None" not in bench.stderr
+    assert bench.returncode == 0, bench.stderr
