@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 WINDOW_STATE_FILE = "window.ini"
 WINDOW_STATE_MAX_BYTES = 1 << 20  # the layout is a few kB
+HISTORY_REOPEN_SECONDS = 30
 SHORTCUTS_TEXT = "\n".join((
     "Ctrl+Enter    send the message (anywhere in the window)",
     "Esc           stop the answer (while one is being written)",
@@ -181,6 +182,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        self._history_reopen_ticks = 0  # seconds since the last try to open a history that would not open
         self._prompt_warnings_shown: set[str] = set()  # template warnings already told for this model
         # Writes the history could not take (another program held its lock) are retried until written.
         self._history_retry = QTimer(self)
@@ -207,18 +209,34 @@ class MainWindow(QMainWindow):
             self._probe_build()
         self.picker.rescan()
 
-    def _open_store(self) -> HistoryThread | None:
-        self.history_write_failed.connect(self._on_history_write_failed)
+    def _open_store(self, *, quiet: bool = False) -> HistoryThread | None:
+        if not quiet:
+            self.history_write_failed.connect(self._on_history_write_failed)
         try:
             return HistoryThread(on_error=lambda exc: self.history_write_failed.emit(str(exc)))
         except StorageError as exc:
-            self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed.")
+            if not quiet:
+                self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed; SpecDeck tries "
+                                    f"again every {HISTORY_REOPEN_SECONDS} s.")
             return None
 
     @Slot()
     def _on_history_retry_timeout(self) -> None:
         if self.store is not None:
             self.store.flush_pending()  # queued on the writer thread; nothing to do when nothing waits
+            return
+        # A history that could not open at start (a full disk, an I/O error) is tried again, so the chats
+        # sent meanwhile are saved once it can be, not lost on close.
+        self._history_reopen_ticks += 1
+        if self._history_reopen_ticks < HISTORY_REOPEN_SECONDS or self.chat.generating:
+            return
+        self._history_reopen_ticks = 0
+        store = self._open_store(quiet=True)
+        if store is None:
+            return
+        self.store = store
+        self.chat.attach_store(store)
+        self.notifier.info("The chat history opened; this chat and the next ones are saved again.")
 
     @Slot(str)
     def _on_history_write_failed(self, message: str) -> None:

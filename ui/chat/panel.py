@@ -245,6 +245,21 @@ class ChatPanel(QWidget):
         new_id: int | None = self._store_call(getattr(self.store, what), *args, **kwargs)
         return new_id
 
+    def attach_store(self, store: Any) -> None:
+        """The history opened late (space was freed): the chat in memory is saved into it as a new chat, and
+        saving goes on from here. Call it between answers."""
+        self.store = store
+        if self.messages and self.chat_id is None:
+            first_user = next((m.text for m in self.messages if m.role == "user"), "")
+            self.chat_id = self._create("new_chat", title_from(first_user) if first_user else "New chat",
+                                        self.system_prompt.text())
+            for message in self.messages if self.chat_id is not None else ():
+                status = "interrupted" if message.status == "streaming" else message.status
+                message.store_id = self._create("add_message", self.chat_id, message.role, message.text, status,
+                                                model=message.model, drafter=message.drafter,
+                                                stats=message.stats)
+        self.refresh_history()
+
     def stored_chat_id(self) -> int | None:
         """The open chat's id in the database (a handle resolved; waits for the writer: for closing only)."""
         if self.chat_id is None or not isinstance(self.store, HistoryThread):
