@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from app.errors import StorageError
 from app.paths import data_dir
 from app.storage.atomic import describe_os_error
-from app.storage.history_repair import fix_readonly_shm, quick_check, salvage
+from app.storage.history_repair import Salvaged, fix_readonly_shm, quick_check, salvage
 
 _T = TypeVar("_T")
 
@@ -247,13 +247,15 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise _storage_error(exc) from exc
         try:
-            recovered, seen = salvage(self.path.with_name(aside), self._conn)
+            found = salvage(self.path.with_name(aside), self._conn)
         except sqlite3.Error:
-            recovered, seen = 0, 0
+            found = Salvaged()
         kept = f"It was kept as {aside}"
-        if seen:
-            self.warning = (f"The chat history file was damaged ({problem}). {kept}; {recovered} of {seen} "
-                            "chats could be read and were recovered into a new history.")
+        if found.seen:
+            missing = (" Some messages were in the damaged part and could not be read: recovered chats may "
+                       "miss some of theirs.") if found.messages_missing else ""
+            self.warning = (f"The chat history file was damaged ({problem}). {kept}; {found.chats} of {found.seen} "
+                            f"chats could be read and were recovered into a new history.{missing}")
         else:
             self.warning = (f"The chat history file was damaged ({problem}) and no chat could be read from it. "
                             f"{kept} and a new, empty history was started.")
