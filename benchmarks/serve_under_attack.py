@@ -140,8 +140,16 @@ def slowloris(port: int, n: int, seconds: float) -> dict[str, int]:
             "still_open_at_end": len(alive)}
 
 
+def processing(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("specdeck:requests_processing"):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def disconnects(url: str, n: int, max_tokens: int) -> dict[str, Any]:
     cut = 0
+    cancel_delays = []
     for _ in range(n):
         with httpx.stream("POST", url + "/v1/chat/completions", timeout=300, json={
                 "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "stream": True,
@@ -150,6 +158,10 @@ def disconnects(url: str, n: int, max_tokens: int) -> dict[str, Any]:
                 if i >= 2:
                     cut += 1
                     break
+        t_gone = time.perf_counter()
+        while processing(url) > 0:  # the engine stops the abandoned answer
+            time.sleep(0.02)
+        cancel_delays.append(time.perf_counter() - t_gone)
     t0 = time.perf_counter()
     while True:  # the next request is answered once the abandoned generation is cancelled
         r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
@@ -157,25 +169,30 @@ def disconnects(url: str, n: int, max_tokens: int) -> dict[str, Any]:
         if r.status_code == 200:
             break
         time.sleep(0.05)
-    return {"cut_mid_stream": cut, "next_answered_after_s": round(time.perf_counter() - t0, 3)}
+    return {"cut_mid_stream": cut, "cancel_delay_max_s": round(max(cancel_delays, default=0.0), 3),
+            "cancel_delay_median_s": round(statistics.median(cancel_delays), 3) if cancel_delays else None,
+            "next_answered_after_s": round(time.perf_counter() - t0, 3)}
 
 
 def kill_worker(url: str, server_pid: int, max_tokens: int) -> dict[str, Any]:
-    children = [c for c in psutil.Process(server_pid).children(recursive=True) if "python" in c.name().lower()]
+    # The engine worker is the child holding the model: the largest one (not multiprocessing's helpers).
+    children = psutil.Process(server_pid).children(recursive=True)
+    worker = max(children, key=lambda c: c.memory_info().rss)
+    rss = worker.memory_info().rss
     error_chunk = False
     with httpx.stream("POST", url + "/v1/chat/completions", timeout=300, json={
             "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "stream": True,
             "temperature": 1.0}) as r:
         for i, line in enumerate(r.iter_lines()):
             if i == 2:
-                for child in children:
-                    os.kill(child.pid, signal.SIGKILL)
+                os.kill(worker.pid, signal.SIGKILL)
             if line.startswith("data: {") and '"error"' in line:
                 error_chunk = True
     t0 = time.perf_counter()
     while httpx.get(url + "/health", timeout=5).status_code != 200:
         time.sleep(0.1)
-    return {"killed_workers": len(children), "error_chunk_in_stream": error_chunk,
+    return {"killed_worker_rss_mb": round(rss / 1e6),
+            "error_chunk_in_stream": error_chunk,
             "ready_again_s": round(time.perf_counter() - t0, 2)}
 
 
@@ -244,7 +261,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             _out, err = proc.communicate()
-        report["stderr_lines"] = len(err.splitlines())
+        report["stderr"] = err.splitlines()[-12:]
         report["tracebacks_in_stderr"] = err.count("Traceback")
     print(json.dumps(report, indent=2))
     return 0
