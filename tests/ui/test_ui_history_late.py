@@ -45,3 +45,19 @@ def test_a_history_that_would_not_open_is_opened_later_and_the_chat_saved(
     with qtbot.waitSignal(window.chat.answer_finished, timeout=120_000):
         assert window.chat.send("and the next turn too")
     qtbot.waitUntil(lambda: len(saved()) == 4, timeout=10_000)
+
+
+def test_the_window_loads_a_model_where_no_log_folder_can_be_created(
+    qtbot: QtBot, make_window, specdeck_home: Path, tiny_target: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from app.paths import logs_dir
+
+    logs = logs_dir()
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    logs.write_text("a file where the log folder should be")  # as a read-only home refuses the folder
+    window = make_window(folders=(tiny_target.parent,))
+    load_pair(qtbot, window, tiny_target)  # the engine's log goes to the temporary folder instead
+    with qtbot.waitSignal(window.chat.answer_finished, timeout=120_000):
+        assert window.chat.send("hello")
+    answer = window.chat.messages[-1]
+    assert (answer.role, answer.status) == ("assistant", "complete")
