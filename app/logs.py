@@ -12,6 +12,7 @@ import itertools
 import logging
 import logging.handlers
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,8 @@ def setup_logging(level: int = logging.INFO, *, name: str = "specdeck") -> Path 
         if _handler is not None:
             return _handler_path
         path = log_file(name)
+        if path.exists() and not path.is_file():
+            return None  # a FIFO in its place would block the first log line for ever; a device is no log
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handler = logging.handlers.RotatingFileHandler(
@@ -78,6 +81,22 @@ def new_engine_log_path(folder: Path | None = None, keep: int = KEEP_ENGINE_LOGS
             continue
         return path
     raise OSError(f"could not create an engine log file in {folder}")
+
+
+def engine_log_path_or_fallback(folder: Path | None = None) -> Path:
+    """``new_engine_log_path``, or where the log folder cannot be written (a read-only or full home) a file in
+    the system's temporary folder, or at the last ``os.devnull``: the engine runs without its log file rather
+    than not at all (a read-only home made every model load fail)."""
+    try:
+        return new_engine_log_path(folder)
+    except OSError:
+        pass
+    try:
+        fd, name = tempfile.mkstemp(prefix=ENGINE_LOG_PREFIX, suffix=".log")
+    except OSError:
+        return Path(os.devnull)
+    os.close(fd)
+    return Path(name)
 
 
 def engine_logs(folder: Path | None = None) -> list[Path]:

@@ -9,6 +9,8 @@ events), and each piece is short.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +46,7 @@ from app.library.discovery import LibraryEntry
 from app.library.pair_stats import drafter_key
 from app.library.pair_stats import record as record_acceptance
 from app.paths import config_dir
-from app.storage.atomic import atomic_write_text
+from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
@@ -61,6 +63,8 @@ from ui.tasks import TaskRunner
 logger = logging.getLogger(__name__)
 
 WINDOW_STATE_FILE = "window.ini"
+WINDOW_STATE_MAX_BYTES = 1 << 20  # the layout is a few kB
+HISTORY_REOPEN_SECONDS = 30
 SHORTCUTS_TEXT = "\n".join((
     "Ctrl+Enter    send the message (anywhere in the window)",
     "Esc           stop the answer (while one is being written)",
@@ -178,6 +182,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        self._history_reopen_ticks = 0  # seconds since the last try to open a history that would not open
         self._prompt_warnings_shown: set[str] = set()  # template warnings already told for this model
         # Writes the history could not take (another program held its lock) are retried until written.
         self._history_retry = QTimer(self)
@@ -204,18 +209,34 @@ class MainWindow(QMainWindow):
             self._probe_build()
         self.picker.rescan()
 
-    def _open_store(self) -> HistoryThread | None:
-        self.history_write_failed.connect(self._on_history_write_failed)
+    def _open_store(self, *, quiet: bool = False) -> HistoryThread | None:
+        if not quiet:
+            self.history_write_failed.connect(self._on_history_write_failed)
         try:
             return HistoryThread(on_error=lambda exc: self.history_write_failed.emit(str(exc)))
         except StorageError as exc:
-            self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed.")
+            if not quiet:
+                self.notifier.error(f"{exc} Chats are kept in memory only until this is fixed; SpecDeck tries "
+                                    f"again every {HISTORY_REOPEN_SECONDS} s.")
             return None
 
     @Slot()
     def _on_history_retry_timeout(self) -> None:
         if self.store is not None:
             self.store.flush_pending()  # queued on the writer thread; nothing to do when nothing waits
+            return
+        # A history that could not open at start (a full disk, an I/O error) is tried again, so the chats
+        # sent meanwhile are saved once it can be, not lost on close.
+        self._history_reopen_ticks += 1
+        if self._history_reopen_ticks < HISTORY_REOPEN_SECONDS or self.chat.generating:
+            return
+        self._history_reopen_ticks = 0
+        store = self._open_store(quiet=True)
+        if store is None:
+            return
+        self.store = store
+        self.chat.attach_store(store)
+        self.notifier.info("The chat history opened; this chat and the next ones are saved again.")
 
     @Slot(str)
     def _on_history_write_failed(self, message: str) -> None:
@@ -335,7 +356,22 @@ class MainWindow(QMainWindow):
     # --- window state -------------------------------------------------------------------------------
 
     def _qsettings(self) -> QSettings:
-        return QSettings(str(config_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)
+        path = config_dir() / WINDOW_STATE_FILE
+        problem = irregular(path, WINDOW_STATE_MAX_BYTES)
+        if problem is not None:
+            # QSettings would wait for ever on a FIFO, or read a device or a 1 GB file whole: the layout is
+            # worth less than a window that opens.
+            aside = path.with_name(f"{WINDOW_STATE_FILE}.unusable")
+            try:
+                os.replace(path, aside)
+                note = f"it was moved to {aside.name}"
+            except OSError:
+                path = Path(tempfile.gettempdir()) / f"specdeck-{os.getpid()}-{WINDOW_STATE_FILE}"
+                note = "the window layout is not kept this time"
+            if not getattr(self, "_window_state_warned", False):
+                self._window_state_warned = True
+                logger.warning("%s was not used (%s); %s", WINDOW_STATE_FILE, problem, note)
+        return QSettings(str(path), QSettings.Format.IniFormat)
 
     def _restore_window_state(self) -> None:
         qs = self._qsettings()

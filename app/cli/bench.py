@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"specdeck bench: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:
-        print(f"specdeck bench: cannot write {args.json}: {exc.strerror}.", file=sys.stderr)
+        where = terminal_safe(exc.filename or args.json or "a file", one_line=True)
+        print(f"specdeck bench: cannot write {where}: {exc.strerror or exc}.", file=sys.stderr)
         return EXIT_ERROR
     return 0

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
 from app.library.pair_stats import measured_start
+from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
 
@@ -46,23 +48,50 @@ def run(args: argparse.Namespace) -> int:
                                              max_tokens=args.max_tokens or args.ctx),
                                max_waiting=max(args.queue, 0)).check()
     except (AppError, ValueError) as exc:
-        print(f"specdeck serve: {exc}", file=sys.stderr)
+        print(f"specdeck serve: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         return 2
 
     def log(line: str) -> None:
-        print(f"[specdeck serve] {line}", file=sys.stderr, flush=True)
+        # Model names, file names and engine messages come from files: never raw to the terminal.
+        print(f"[specdeck serve] {terminal_safe(line, one_line=True)}", file=sys.stderr, flush=True)
 
+    unusable: list[str] = []
     metrics = ServeMetrics()
+    server: Server | None = None
+
+    def give_up(message: str) -> None:
+        unusable.append(message)
+        if server is not None:
+            server.uvicorn.should_exit = True
+
     runner = EngineRunner(settings, metrics, history_path=None if args.no_history else data_dir() / FILE_NAME,
-                          log=log)
+                          log=log, on_unusable=give_up)
     server = Server(runner, metrics, options)
-    log(f"serving {runner.model_id} on http://{options.host}:{options.port}/v1 (loading the model; "
+    log(f"serving {runner.model_id} on {server.base_url}/v1 (loading the model; "
         "/health answers 503 until it is ready)")
+    _say_template(target, log)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     except OSError as exc:
-        print(f"specdeck serve: could not listen on {options.host}:{options.port}: {exc}", file=sys.stderr)
+        print(f"specdeck serve: could not listen on {options.host}:{options.port}: "
+              f"{terminal_safe(exc, one_line=True)}", file=sys.stderr)
+        return 1
+    if unusable:
+        print(f"specdeck serve: the model cannot be served: {terminal_safe(unusable[0], one_line=True)}",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _say_template(target: str, log: Callable[[str], None]) -> None:
+    """Say when the model's chat template is refused and answers use the fallback format (as chat does)."""
+    from app.engine.template_status import template_status
+
+    try:
+        status = template_status(target)
+    except AppError:
+        return  # the load reports an unreadable file in its own words
+    if not status.ok:
+        log(status.message)

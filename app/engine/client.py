@@ -38,7 +38,7 @@ from app.events import (
     Unloaded,
     WorkerReady,
 )
-from app.logs import new_engine_log_path
+from app.logs import engine_log_path_or_fallback
 
 TAIL_LINES = 20
 
@@ -77,7 +77,7 @@ class EngineClient:
             return
         from app.engine.worker import lower_priority, run_worker, worker_nice
 
-        self._log_path = new_engine_log_path(self.log_dir)  # kept after exit: the last few survive a crash
+        self._log_path = engine_log_path_or_fallback(self.log_dir)  # kept after exit: the last few survive a crash
         name = str(self._log_path)
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)

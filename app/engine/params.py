@@ -34,6 +34,10 @@ def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = F
         raise SettingsError(f"{name} must be between {_show(lo)} and {_show(hi)}; {_show(value)} is out of range.")
 
 
+JSON_OBJECT = "json_object"  # SamplingSettings.response_format for "any JSON object"
+MAX_RESPONSE_FORMAT_CHARS = 64 << 10  # a JSON schema; the grammar made from it grows with its size
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Temperature 0 is greedy. Each filter is off at its neutral value (top_k 0, top_p 1, min_p 0)."""
@@ -46,6 +50,8 @@ class SamplingSettings:
     repeat_last_n: int = 64
     seed: int = -1
     max_tokens: int = 512
+    # Structured output (app.engine.grammar): "" free text, "json_object" any JSON object, else a JSON Schema.
+    response_format: str = ""
 
     def validate(self) -> SamplingSettings:
         _number("Temperature", self.temperature, 0.0, 5.0)
@@ -58,6 +64,9 @@ class SamplingSettings:
         _number("Repetition window", self.repeat_last_n, 0, 65536, integer=True)
         _number("Seed", self.seed, -1, 2**63 - 1, integer=True)
         _number("Max tokens", self.max_tokens, 1, MAX_CTX, integer=True)
+        if len(self.response_format) > MAX_RESPONSE_FORMAT_CHARS:
+            raise SettingsError(f"The response format is {len(self.response_format)} characters; at most "
+                                f"{MAX_RESPONSE_FORMAT_CHARS} are taken.")
         return self
 
     @property

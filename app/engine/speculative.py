@@ -18,6 +18,7 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
+from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.params import SamplingSettings
 from app.errors import PromptTooLongError
@@ -235,6 +236,9 @@ class SpeculativeDecoder:
             )
         seed = settings.seed if settings.seed >= 0 else None
         rng = np.random.default_rng(seed)
+        # response_format: the target's rows are masked by a grammar (freed with the generator).
+        grammar = GrammarMask(model.vocab, model.n_vocab, settings.response_format) if settings.response_format \
+            else None
         greedy = settings.greedy
         penalize = settings.repeat_penalty != 1.0 and settings.repeat_last_n > 0
         controller = self.controller
@@ -293,6 +297,8 @@ class SpeculativeDecoder:
             rows = ctx.decode([tokens[-1], *draft.tokens], all_logits=True)
             width = len(draft) + 1 + ctx.replayed  # with the tokens a checkpoint restore left to re-decode
             ctx.synchronize()
+            if grammar is not None:  # the target's constrained distribution: forbidden drafts are rejected
+                rows = grammar.mask_rows(rows, draft.tokens)
             t_verified = time.perf_counter()
             # --- accept ---
             emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize)
@@ -326,6 +332,8 @@ class SpeculativeDecoder:
                 if produced + len(out_ids) >= settings.max_tokens:
                     break
             tokens.extend(out_ids)
+            if grammar is not None:
+                grammar.accept(out_ids)
             produced += len(out_ids)
             sources = [draft.sources[i] if i < n_acc else FROM_TARGET for i in range(len(out_ids))]
             now = time.perf_counter()

@@ -27,6 +27,7 @@ from app.library.header_cache import HeaderCache, stat_sig
 from app.library.model_file import ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
 from app.paths import models_dir
+from app.storage.atomic import read_regular_bytes
 
 SPECDECK = "specdeck"
 LMSTUDIO = "lmstudio"
@@ -253,10 +254,8 @@ def _find_ollama(root: Root, budget: _Budget) -> Iterator[_Found]:
             label = _ollama_label([*rel_dir.parts, name])
             manifest = Path(dirpath) / name
             try:
-                if manifest.stat().st_size > MAX_MANIFEST_BYTES:
-                    continue
-                doc = json.loads(manifest.read_bytes())
-            except (OSError, ValueError):
+                doc = json.loads(read_regular_bytes(manifest, MAX_MANIFEST_BYTES))
+            except (OSError, ValueError, RecursionError):  # a FIFO, a huge file, JSON nested thousands deep
                 continue
             layers = doc.get("layers") if isinstance(doc, dict) else None
             if not isinstance(layers, list):

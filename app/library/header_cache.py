@@ -13,7 +13,7 @@ from typing import Any
 
 from app.library.gguf_reader import GGUFInfo, shard_siblings
 from app.paths import cache_dir
-from app.storage.atomic import atomic_write_bytes
+from app.storage.atomic import atomic_write_bytes, read_regular_bytes
 
 CACHE_FILE = "gguf-headers.json"
 CACHE_VERSION = 1
@@ -54,10 +54,8 @@ class HeaderCache:
 
     def _load(self) -> None:
         try:
-            if self.path.stat().st_size > MAX_CACHE_BYTES:
-                return
-            doc = json.loads(self.path.read_bytes())
-        except (OSError, ValueError):
+            doc = json.loads(read_regular_bytes(self.path, MAX_CACHE_BYTES))
+        except (OSError, ValueError, RecursionError):  # a FIFO, a huge file, JSON nested thousands deep
             return
         if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
             return

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.params import SamplingSettings
+from app.engine.params import JSON_OBJECT, SamplingSettings
 from app.errors import SettingsError
 from app.events import MessageStats
 
@@ -22,6 +21,103 @@ DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_STOP_LENGTH = 256
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Each message is a history row and a template turn; a 4 MB body of empty messages is 100k of them, which
+# held the server 80 s. A 128k context holds at most a few thousand real turns.
+MAX_MESSAGES = 2048
+LARGEST_NUMBER = 2**53  # past this a JSON number is not a count anyone means (and floats lose whole numbers)
+# OpenAI parameters this server cannot honour: a client that sends one with an effect gets a 400 naming it
+# rather than an answer that silently ignored it. The neutral value of each (false, 0, empty) is accepted.
+UNSUPPORTED = {
+    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
+    "function_call": "function calls", "parallel_tool_calls": "tool calls", "logprobs": "log probabilities",
+    "top_logprobs": "log probabilities", "presence_penalty": "presence penalties (use repeat_penalty)",
+    "frequency_penalty": "frequency penalties (use repeat_penalty)", "logit_bias": "logit biases",
+    "audio": "audio", "modalities": "other modalities",
+    "prediction": "predicted outputs", "web_search_options": "web search", "best_of": "best_of",
+    "echo": "echoing the prompt", "suffix": "suffixes",
+}
+NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, 0.0, "", [], {}, "none", "auto")
+
+# --- response_format -------------------------------------------------------------------------------------
+# The JSON Schema keywords llama.cpp's schema-to-grammar converter turns into grammar rules. Anything else would
+# be ignored by it, so the output could break the schema: such a schema is refused by name instead.
+SCHEMA_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format", "minLength",
+    "maxLength", "title", "description", "default", "examples", "$schema", "$id", "$comment",
+})
+SCHEMA_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+SCHEMA_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+SCHEMA_MAX_DEPTH = 64
+
+
+def _unsupported_in_schema(schema: Any, where: str, depth: int = 0) -> str | None:
+    """Where the schema leaves the supported subset, in words; None when it stays inside it."""
+    if depth > SCHEMA_MAX_DEPTH:
+        return f"{where} is nested more than {SCHEMA_MAX_DEPTH} deep"
+    if isinstance(schema, bool):
+        return None if schema else f"{where} is false (nothing matches it)"
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema object"
+    for key, value in schema.items():
+        here = f"{where}.{key}"
+        if key not in SCHEMA_KEYWORDS:
+            return f"the keyword '{key}' (at {where})"
+        if key == "type":
+            kinds = value if isinstance(value, list) else [value]
+            odd = [k for k in kinds if k not in SCHEMA_TYPES]
+            if odd:
+                return f"the type {odd[0]!r} (at {here})"
+        elif key == "format" and value not in SCHEMA_FORMATS:
+            return f"the format {str(value)[:40]!r} (at {here}); supported: {', '.join(sorted(SCHEMA_FORMATS))}"
+        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            return f"the reference {str(value)[:80]!r} (at {here}); only references inside the schema are"
+        elif key in ("properties", "$defs", "definitions"):
+            if not isinstance(value, dict):
+                return f"{here} is not an object"
+            for name, sub in value.items():
+                found = _unsupported_in_schema(sub, f"{here}.{name}", depth + 1)
+                if found:
+                    return found
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") or (key == "items" and isinstance(value, list)):
+            if not isinstance(value, list) or not value:
+                return f"{here} is not a non-empty list"
+            for i, sub in enumerate(value):
+                found = _unsupported_in_schema(sub, f"{here}[{i}]", depth + 1)
+                if found:
+                    return found
+        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
+            found = _unsupported_in_schema(value, here, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def parse_response_format(value: Any) -> str:
+    """``response_format`` as ``SamplingSettings.response_format``: "", "json_object" or the schema's JSON."""
+    if value is None:
+        return ""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ApiError(400, "'response_format' must be an object with a 'type'.", param="response_format")
+    kind = value["type"]
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind != "json_schema":
+        raise ApiError(400, f"'response_format' type {kind[:40]!r} is not one of text, json_object and "
+                       "json_schema.", param="response_format")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object.",
+                       param="response_format")
+    unsupported = _unsupported_in_schema(schema, "schema")
+    if unsupported:
+        raise ApiError(400, f"The JSON schema uses {unsupported}, which this server cannot enforce; it supports "
+                       "the subset llama.cpp turns into a grammar.", param="response_format",
+                       code="unsupported_schema")
+    return json.dumps(schema, ensure_ascii=False)
 
 
 class ApiError(Exception):
@@ -69,8 +165,15 @@ def parse_json(raw: bytes, limits: Limits) -> dict[str, Any]:
         body = json.loads(raw, parse_constant=_no_constant)
     except ApiError:
         raise
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "the body is not UTF-8 JSON"
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, json.JSONDecodeError):
+            reason = exc.msg
+        elif isinstance(exc, UnicodeDecodeError):
+            reason = "the body is not UTF-8"
+        elif isinstance(exc, RecursionError):
+            reason = "it is nested too deeply"
+        else:  # Python refuses integers of thousands of digits
+            reason = str(exc).split(";")[0]
         raise ApiError(400, f"The request body is not valid JSON: {reason}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
@@ -102,6 +205,9 @@ def _text_content(content: Any, where: str) -> str:
 def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise ApiError(400, f"The request has {len(value)} messages; this server takes at most {MAX_MESSAGES}.",
+                       param="messages", code="too_many_messages")
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
@@ -120,6 +226,9 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)[:40]}.", param=name)
+    if isinstance(value, int) and abs(value) > LARGEST_NUMBER:
+        raise ApiError(400, f"'{name}' is a {len(str(abs(value)))}-digit number; no setting takes one that large.",
+                       param=name)
     if not math.isfinite(value):
         raise ApiError(400, f"'{name}' must be a finite number.", param=name)
     return float(value)
@@ -144,7 +253,17 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, what in UNSUPPORTED.items():
+        value = body.get(name)
+        if any(value == neutral and type(value) is type(neutral) for neutral in NEUTRAL_VALUES) or value is None:
+            continue
+        raise ApiError(400, f"'{name}' asks for {what}, which this server does not support; send the request "
+                       "without it.", param=name, code="unsupported_parameter")
+
+
 def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> CompletionRequest:
+    refuse_unsupported(body)
     if chat:
         messages = parse_messages(body.get("messages"))
     else:
@@ -176,12 +295,15 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
             repeat_penalty=_number(body, "repeat_penalty", 1.0),
             seed=_integer(body, "seed", -1) if seed is not None else -1,
             max_tokens=max_tokens,
+            response_format=parse_response_format(body.get("response_format")),
         ).validate()
     except SettingsError as exc:
         raise ApiError(400, str(exc)) from None
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    if options is not None and body.get("stream") is not True:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     return CompletionRequest(
         messages=messages,
         sampling=sampling,
@@ -249,6 +371,42 @@ class Answer:
     drafted: int = 0
     accepted: int = 0
     text: list[str] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)  # one entry per verify pass that drafted
+    per_step_accepted: list[int] = field(default_factory=list)
+
+    def count_pass(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.completion_tokens += emitted
+        if drafted:
+            self.per_step_drafted.append(drafted)
+            self.per_step_accepted.append(accepted)
+
+
+def speculative_decoding(answer: Answer, *, detailed: bool = False) -> dict[str, Any]:
+    """vLLM's per-response ``metrics.speculative_decoding``: counts per speculation step (a verify pass that
+    drafted), which fits drafts of varying length as adaptive depth makes them."""
+    steps = len(answer.per_step_drafted)
+    longest = max(answer.per_step_drafted, default=0)
+    histogram = [0] * (longest + 1)
+    by_length: dict[str, list[int]] = {}
+    for drafted, accepted in zip(answer.per_step_drafted, answer.per_step_accepted, strict=True):
+        histogram[accepted] += 1
+        by_length.setdefault(str(drafted), [0] * (drafted + 1))[accepted] += 1
+    out: dict[str, Any] = {
+        "num_spec_steps": steps,
+        "num_draft_tokens": answer.drafted,
+        "num_accepted_draft_tokens": answer.accepted,
+        "draft_acceptance_rate": answer.accepted / answer.drafted if answer.drafted else 0.0,
+        # Tokens a step yields: the accepted drafts and the target's own token after them.
+        "mean_acceptance_length": 1.0 + answer.accepted / steps if steps else 1.0,
+        "acceptance_histogram": histogram,
+        "acceptance_histogram_by_draft_length": dict(sorted(by_length.items(), key=lambda kv: int(kv[0]))),
+    }
+    if detailed:
+        out["per_step_accepted"] = list(answer.per_step_accepted)
+        out["per_step_drafted"] = list(answer.per_step_drafted)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -299,7 +457,8 @@ def lm_studio_stats(stats: MessageStats, reason: str, drafter: str | None) -> di
 
 
 def completion_body(request: CompletionRequest, response_id: str, model: str, text: str, reason: str,
-                    stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None) -> dict[str, Any]:
+                    stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None,
+                    created: int) -> dict[str, Any]:
     finish = FINISH_REASONS.get(reason, "stop")
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if request.chat:
@@ -309,18 +468,21 @@ def completion_body(request: CompletionRequest, response_id: str, model: str, te
     return {
         "id": response_id,
         "object": "chat.completion" if request.chat else "text_completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [choice],
         "usage": usage(stats.prompt_tokens, stats.completion_tokens),
         "timings": timings(stats.prompt_tokens, prompt_seconds, stats, answer),
         "stats": lm_studio_stats(stats, reason, drafter),
+        "metrics": {"speculative_decoding": speculative_decoding(answer)},
     }
 
 
-def chunk_body(request: CompletionRequest, response_id: str, model: str, *, text: str | None = None,
+def chunk_body(request: CompletionRequest, response_id: str, model: str, created: int, *, text: str | None = None,
                role: bool = False, finish: str | None = None) -> dict[str, Any]:
+    """One chunk; ``created`` is the response's, the same in every chunk of it (as OpenAI's)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    body: dict[str, Any]
     if request.chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text:
@@ -328,13 +490,16 @@ def chunk_body(request: CompletionRequest, response_id: str, model: str, *, text
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
-    return {
+    body = {
         "id": response_id,
         "object": "chat.completion.chunk" if request.chat else "text_completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [choice],
     }
+    if request.include_usage:
+        body["usage"] = None  # OpenAI's chunks say so until the last, which carries the usage
+    return body
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -36,6 +36,7 @@ from app.serve.metrics import ServeMetrics
 from app.serve.protocol import StopMatcher
 
 HISTORY_FLUSH_SECONDS = 1.0
+HISTORY_RETRY_SECONDS = 30.0
 API_TITLE_CHARS = 60
 MAX_LOAD_ATTEMPTS = 3  # a model that crashes the worker at every load is not retried for ever
 # Loading times every draft width without a word to the client; on a busy machine that took over the
@@ -46,6 +47,11 @@ WATCHDOG_SECONDS = 600.0
 @dataclass(frozen=True)
 class JobEnded:
     """The last item of a job's queue: nothing follows."""
+
+
+@dataclass(frozen=True)
+class _RestartIfDead:
+    """Asks the engine thread to restart a worker that died while idle, before a client waits on it."""
 
 
 @dataclass
@@ -73,21 +79,27 @@ class EngineRunner:
     """Loads ``settings`` in a worker process and answers ``Job``s in order, one at a time."""
 
     def __init__(self, settings: LoadSettings, metrics: ServeMetrics, *, history_path: Path | None = None,
-                 log: Callable[[str], None] | None = None, log_dir: Path | None = None) -> None:
+                 log: Callable[[str], None] | None = None, log_dir: Path | None = None,
+                 on_unusable: Callable[[str], None] | None = None) -> None:
         self.settings = settings.validate()
         self.metrics = metrics
         self.history_path = history_path
         self.log = log or (lambda line: None)
         self.log_dir = log_dir
+        # Called once, on the engine thread, when the model cannot be loaded at start (`specdeck serve` exits).
+        self.on_unusable = on_unusable
         self.state = "loading"  # loading, ready, error, stopped
         self.message = ""
         self.loaded: Loaded | None = None
         self.load_fraction = 0.0
         self.restarts = 0
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._jobs: queue.Queue[Job | _RestartIfDead | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="specdeck-serve-engine", daemon=True)
         self._history: Any = None
+        self._history_retry_at = 0.0  # monotonic time of the next try to open a history that would not open
         self._client: EngineClient | None = None
+        self._restart_asked = False
+        self._warned: set[str] = set()  # template warnings already logged
 
     # --- public, any thread -------------------------------------------------------------------------
 
@@ -96,6 +108,18 @@ class EngineRunner:
 
     def submit(self, job: Job) -> None:
         self._jobs.put(job)
+
+    @property
+    def worker_dead(self) -> bool:
+        """The model was loaded but its worker process is gone (killed, out of memory) and not yet restarted."""
+        client = self._client
+        return self.state == "ready" and client is not None and client.pid is not None and not client.alive
+
+    def restart_if_dead(self) -> None:
+        """Have the engine thread restart a dead idle worker now rather than at the next request."""
+        if not self._restart_asked:
+            self._restart_asked = True
+            self._jobs.put(_RestartIfDead())
 
     def stop(self, timeout: float = 10.0) -> None:
         self._jobs.put(None)
@@ -117,14 +141,31 @@ class EngineRunner:
     # --- engine thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        client = self._client = EngineClient(log_dir=self.log_dir, watchdog_seconds=WATCHDOG_SECONDS)
-        self._open_history()
         try:
+            client = self._client = EngineClient(log_dir=self.log_dir, watchdog_seconds=WATCHDOG_SECONDS)
+            self._open_history()
             self._load(client)
+        except Exception as exc:  # the thread must not die silently with the process still answering
+            self.state, self.message = "error", f"the engine could not start: {type(exc).__name__}: {exc}"
+            self.log(self.message)
+        if self.state == "error" and self.on_unusable is not None:
+            self.on_unusable(self.message)
+        if self._client is None:
+            return
+        client = self._client
+        try:
             while True:
                 job = self._jobs.get()
                 if job is None:
                     break
+                if isinstance(job, _RestartIfDead):
+                    self._restart_asked = False
+                    if self.worker_dead:
+                        self.log("the engine was gone while idle; restarting it and loading the model again")
+                        self.restarts += 1
+                        client.restart()
+                        self._load(client)
+                    continue
                 if job.cancelled.is_set():
                     job.put(JobEnded())
                     continue
@@ -185,7 +226,9 @@ class EngineRunner:
     def _answer(self, client: EngineClient, job: Job) -> None:
         request_id = client.generate(list(job.messages), job.sampling, raw=job.raw)
         self.metrics.requests_processing.set(1)
-        answer_id = self._history_begin(job)
+        # The exchange is saved once the prompt is in the context: a prompt refused as too long (100k messages)
+        # writes nothing, and the user's turn is still saved before the first token.
+        answer_id: int | None = None
         # The stop sequences are matched here, on the thread that writes the history, so that the client and
         # the history get the same cut answer whatever the HTTP side is doing.
         matcher = StopMatcher(job.stops)
@@ -202,6 +245,11 @@ class EngineRunner:
                     continue
                 if getattr(event, "request_id", request_id) not in (request_id, None):
                     continue  # a late event of an earlier request
+                if isinstance(event, PromptProcessed):
+                    answer_id = self._history_begin(job)
+                    if event.warning and event.warning not in self._warned:
+                        self._warned.add(event.warning)
+                        self.log(event.warning)
                 if isinstance(event, Token):
                     event = replace(event, text=matcher.feed(event.text))
                 elif isinstance(event, Finished):
@@ -248,14 +296,21 @@ class EngineRunner:
     # --- history (engine thread only: a HistoryStore belongs to the thread that opened it) ------------
 
     def _open_history(self) -> None:
-        if self.history_path is None:
+        if self.history_path is None or self._history is not None or time.monotonic() < self._history_retry_at:
             return
         from app.storage.history import HistoryStore
 
         try:
             self._history = HistoryStore(self.history_path)
         except AppError as exc:
-            self.log(f"API requests will not be saved to the history: {exc}")
+            retrying = self._history_retry_at == 0.0
+            self._history_retry_at = time.monotonic() + HISTORY_RETRY_SECONDS
+            if retrying:
+                self.log(f"API requests are not saved to the history for now (tried again every "
+                         f"{HISTORY_RETRY_SECONDS:.0f} s): {exc}")
+            return
+        if self._history_retry_at:
+            self.log("the history opened; API requests are saved again")
 
     def _history_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._history is None:
@@ -267,6 +322,7 @@ class EngineRunner:
             return None
 
     def _history_begin(self, job: Job) -> int | None:
+        self._open_history()  # one that could not open at start (full disk) is tried again
         if self._history is None:
             return None
         system = "\n\n".join(m["content"] for m in job.messages if m["role"] == "system")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,30 +20,28 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from app.errors import SettingsError
 from app.events import EngineCrashed, EngineError, Finished, MessageStats, PassStats, PromptProcessed, Token
 from app.serve import protocol
+from app.serve.guard import (
+    DEFAULT_HEAD_TIMEOUT,
+    DEFAULT_SEND_TIMEOUT,
+    RequestGuard,
+    default_max_connections,
+    guarded_protocol,
+    is_loopback,
+)
 from app.serve.metrics import CONTENT_TYPE, ServeMetrics
 from app.serve.protocol import Answer, ApiError, CompletionRequest, Limits
 from app.serve.runner import EngineRunner, Job, JobEnded
 
 DEFAULT_PORT = 8642
 DISCONNECT_POLL_SECONDS = 0.25
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -56,18 +53,27 @@ class ServeOptions:
     max_waiting: int = 4
     wait_seconds: float = 120.0
     retry_after_seconds: int = 5
+    send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT  # a client that reads nothing for this long is dropped
+    head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT
+    max_connections: int = field(default_factory=default_max_connections)
 
     def check(self) -> ServeOptions:
         if not is_loopback(self.host) and not self.api_key:
-            raise ValueError(f"Serving on {self.host} makes the model reachable from other machines; "
-                             "give an API key (--api-key) to do that.")
+            raise SettingsError(f"Serving on {self.host} makes the model reachable from other machines; "
+                                "give an API key (--api-key) to do that.")
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"The port must be between 0 and 65535, not {self.port}.")
+            raise SettingsError(f"The port must be between 0 and 65535, not {self.port}.")
+        if self.max_connections < 1:
+            raise SettingsError(f"The connection limit must be at least 1, not {self.max_connections}.")
         return self
 
 
 class ClientGone(Exception):
     pass
+
+
+class ClientStalled(Exception):
+    """The client is connected but has read nothing for the send timeout."""
 
 
 class Admission:
@@ -105,16 +111,34 @@ class Admission:
 
 
 class _Streaming(StreamingResponse):
-    """A stream that runs ``on_close`` however it ends (finished, client gone, never started)."""
+    """A stream that runs ``on_close`` however it ends (finished, client gone, never started).
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+    A client that stays connected but stops reading fills the socket's buffers, and then each send waits for
+    it for ever, holding the only slot. Each send has ``send_timeout`` seconds; past that the client is
+    treated as gone: the generation is cancelled, the slot freed and the connection closed.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], send_timeout: float) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
+        self._send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_give_up(message: Any) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._send_timeout)
+            except asyncio.TimeoutError:
+                self._on_close()
+                raise ClientStalled() from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_give_up)
+        except Exception as exc:  # a task group may wrap it in an exception group
+            inner = getattr(exc, "exceptions", (exc,))
+            if not all(isinstance(e, ClientStalled) for e in inner):
+                raise
+            # Returning with the answer unfinished makes uvicorn close the connection.
         finally:
             self._on_close()
 
@@ -151,15 +175,13 @@ class ServeApp:
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/props", self.props, methods=["GET"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
-        middleware = []
-        if is_loopback(options.host) and ":" not in options.host:  # Starlette reads an IPv6 Host header wrongly
-            # A web page the user visits can make the browser send requests to 127.0.0.1, and with DNS
-            # rebinding read the answers; a Host header that is not loopback gives that away.
-            middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_NAMES)))
+        # Web pages the user visits must not reach the model (see app.serve.guard).
+        middleware = [Middleware(RequestGuard, loopback_only=is_loopback(options.host))]
         self.app = Starlette(routes=routes, middleware=middleware,
                              exception_handlers={HTTPException: self._http_error, Exception: self._internal_error})
 
@@ -210,6 +232,10 @@ class ServeApp:
 
     async def health(self, request: Request) -> Response:
         state = self.runner.state
+        if self.runner.worker_dead:
+            self.runner.restart_if_dead()
+            return JSONResponse({"status": "loading", "message": "The engine stopped while idle; it is being "
+                                 "restarted and the model loaded again."}, status_code=503)
         body: dict[str, Any] = {"status": {"ready": "ok"}.get(state, state)}
         if state == "loading":
             body["progress"] = round(self.runner.load_fraction, 3)
@@ -236,13 +262,23 @@ class ServeApp:
             "plain_tokens_per_second": loaded.plain_tps if loaded else None,
         }
 
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.runner.model_id, "object": "model", "created": self.started, "owned_by": "specdeck",
+                "meta": self._model_meta()}
+
     async def models(self, request: Request) -> Response:
         if not self._authorized(request):
             return self._unauthorized()
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.runner.model_id, "object": "model", "created": self.started, "owned_by": "specdeck",
-            "meta": self._model_meta(),
-        }]})
+        return JSONResponse({"object": "list", "data": [self._model_object()]})
+
+    async def model(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        wanted = request.path_params["model_id"]
+        if wanted != self.runner.model_id:
+            return error_response(ApiError(404, f"The model {wanted[:200]!r} does not exist; this server serves "
+                                           f"{self.runner.model_id!r}.", param="model", code="model_not_found"))
+        return JSONResponse(self._model_object())
 
     async def props(self, request: Request) -> Response:
         """A subset of llama-server's /props, so remote-engine discovery reads both the same way."""
@@ -280,6 +316,9 @@ class ServeApp:
             await self.admission.acquire()
         except ApiError as exc:
             return error_response(exc)
+        if await request.is_disconnected():  # gave up while waiting in the queue: its job is not run
+            self.admission.release()
+            return Response(status_code=499)
         job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat,
                   stops=parsed.stop)
         closed = False
@@ -302,7 +341,7 @@ class ServeApp:
                 return error_response(ApiError(500, "The engine ended the request without an answer.",
                                                kind="server_error"))
             if parsed.stream:
-                return _Streaming(self._stream(parsed, job, first, request), close)
+                return _Streaming(self._stream(parsed, job, first, request), close, self.options.send_timeout_seconds)
             response = await self._collect(parsed, job, first, request)
             close()
             return response
@@ -346,36 +385,35 @@ class ServeApp:
         if isinstance(event, PromptProcessed):
             answer.prompt_tokens, answer.prompt_seconds = event.prompt_tokens, event.seconds
         elif isinstance(event, PassStats):
-            answer.drafted += event.drafted
-            answer.accepted += sum(event.accepted)
-            answer.completion_tokens += event.emitted
+            answer.count_pass(event.drafted, sum(event.accepted), event.emitted)
 
     def _final_body(self, parsed: CompletionRequest, answer: Answer, event: Finished) -> dict[str, Any]:
         return protocol.completion_body(parsed, _response_id(parsed), self.runner.model_id, "".join(answer.text),
                                         event.reason, event.stats, answer.prompt_seconds, answer,
-                                        self.runner.drafter_name)
+                                        self.runner.drafter_name, int(time.time()))
 
     async def _stream(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> AsyncIterator[bytes]:
         response_id = _response_id(parsed)
         model = self.runner.model_id
+        created = int(time.time())
         answer = Answer()
         if parsed.chat:
-            yield protocol.sse(protocol.chunk_body(parsed, response_id, model, role=True))
+            yield protocol.sse(protocol.chunk_body(parsed, response_id, model, created, role=True))
         try:
             async for event in self._events(job, first, request):
                 if isinstance(event, Token):
                     text = event.text
                     answer.text.append(text)
                     if text:
-                        chunk = protocol.chunk_body(parsed, response_id, model, text=text)
+                        chunk = protocol.chunk_body(parsed, response_id, model, created, text=text)
                         if parsed.timings_per_token:
                             chunk["timings"] = protocol.timings(answer.prompt_tokens, answer.prompt_seconds,
                                                                 None, answer)
                         yield protocol.sse(chunk)
                 elif isinstance(event, Finished):
-                    yield protocol.sse(self._last_chunk(parsed, response_id, answer, event))
+                    yield protocol.sse(self._last_chunk(parsed, response_id, created, answer, event))
                     if parsed.include_usage:
-                        usage_chunk = protocol.chunk_body(parsed, response_id, model)
+                        usage_chunk = protocol.chunk_body(parsed, response_id, model, created)
                         usage_chunk["choices"] = []
                         usage_chunk["usage"] = protocol.usage(event.stats.prompt_tokens, event.stats.completion_tokens)
                         yield protocol.sse(usage_chunk)
@@ -390,12 +428,13 @@ class ServeApp:
         except ClientGone:
             return
 
-    def _last_chunk(self, parsed: CompletionRequest, response_id: str, answer: Answer,
+    def _last_chunk(self, parsed: CompletionRequest, response_id: str, created: int, answer: Answer,
                     event: Finished) -> dict[str, Any]:
         reason = event.reason
         stats: MessageStats = event.stats
-        chunk = protocol.chunk_body(parsed, response_id, self.runner.model_id,
+        chunk = protocol.chunk_body(parsed, response_id, self.runner.model_id, created,
                                     finish=protocol.FINISH_REASONS.get(reason, "stop"))
+        chunk["metrics"] = {"speculative_decoding": protocol.speculative_decoding(answer)}
         chunk["timings"] = protocol.timings(stats.prompt_tokens, answer.prompt_seconds, stats, answer)
         chunk["stats"] = protocol.lm_studio_stats(stats, reason, self.runner.drafter_name)
         return chunk
@@ -415,7 +454,9 @@ class Server:
         self.runner = runner
         self.web = ServeApp(runner, metrics, options)
         config = uvicorn.Config(self.web.app, host=options.host, port=options.port, log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+                                http=guarded_protocol(options.max_connections, options.head_timeout_seconds),
+                                limit_concurrency=options.max_connections)
         self.uvicorn = uvicorn.Server(config)
         self._thread: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -119,15 +119,56 @@ def atomic_write_json(path: StrPath, obj: Any) -> None:
     atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
 
 
+MAX_RECORD_BYTES = 64 << 20  # far beyond any file SpecDeck writes; a 1 GB file put in its place is not read
+
+
+class NotAFile(OSError):
+    """The path is a FIFO, a device, a folder or far too large: nothing is read from it."""
+
+
+def irregular(path: StrPath, max_bytes: int = MAX_RECORD_BYTES) -> str | None:
+    """Why ``path`` cannot be read as a file SpecDeck keeps, or None (also None when it does not exist)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file (a pipe, a device or a folder)"
+    if info.st_size > max_bytes:
+        return f"it is {info.st_size / 1e6:.0f} MB, far larger than SpecDeck writes it"
+    return None
+
+
+def read_regular_bytes(path: StrPath, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; NotAFile for anything else.
+
+    Opened with O_NONBLOCK and checked on the open descriptor: a FIFO put in the file's place neither blocks
+    the open (no writer) nor the read, and a symlink to /dev/zero is never read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAFile(f"{path} is not a regular file (a pipe, a device or a folder)")
+        if info.st_size > max_bytes:
+            raise NotAFile(f"{path} is {info.st_size} bytes, larger than {max_bytes}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > max_bytes:
+                raise NotAFile(f"{path} is larger than {max_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_json_object(path: StrPath) -> dict[str, Any]:
     """The JSON object a file written by ``atomic_write_json`` holds; {} when the file is missing,
     unreadable, not JSON or not an object (a lost record is measured or chosen again, never an error). Only a
     regular file is read: reading a FIFO put in its place would wait for a writer for ever."""
-    if not Path(path).is_file():
-        return {}
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = json.loads(read_regular_bytes(path).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return {}
     return raw if isinstance(raw, dict) else {}
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from app.errors import StorageError
 from app.paths import data_dir
-from app.storage.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json, read_regular_bytes
 from app.storage.history import FILE_NAME, ChatSummary, HistoryBusyError, HistoryStore, StoredMessage
 
 BUSY_TIMEOUT_S = 0.05  # how long the window waits for another writer's lock before buffering (twice, at most)
@@ -322,7 +322,7 @@ class BufferedHistory:
         taken = 0
         for side in sides:
             try:
-                doc = json.loads(side.read_text(encoding="utf-8"))
+                doc = json.loads(read_regular_bytes(side).decode("utf-8"))
                 writes = doc["writes"] if isinstance(doc, Mapping) else None
                 if not isinstance(writes, list):
                     continue
@@ -337,7 +337,7 @@ class BufferedHistory:
                     args = [remap.get(a, a) if isinstance(a, int) and not isinstance(a, bool) and a < 0 else a
                             for a in raw["args"]]
                     parsed.append(_Write(str(raw["method"]), args, dict(raw["kwargs"]), provisional))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue  # left in place for the user; the warning below counts only what was taken
             self._pending += parsed
             taken += len(parsed)

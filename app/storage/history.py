@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 from app.errors import StorageError
 from app.paths import data_dir
 from app.storage.atomic import describe_os_error
-from app.storage.history_repair import fix_readonly_shm, quick_check, salvage
+from app.storage.history_repair import Salvaged, fix_readonly_shm, quick_check, salvage
 
 _T = TypeVar("_T")
 
@@ -199,6 +200,13 @@ def _storage_error(exc: sqlite3.Error) -> StorageError:
     )
 
 
+def _irregular(path: Path) -> bool:
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # missing: a new history is created
+        return False
+
+
 class HistoryStore:
     """All chats and their messages. Use from one thread (see the module docstring)."""
 
@@ -239,13 +247,15 @@ class HistoryStore:
         except sqlite3.Error as exc:
             raise _storage_error(exc) from exc
         try:
-            recovered, seen = salvage(self.path.with_name(aside), self._conn)
+            found = salvage(self.path.with_name(aside), self._conn)
         except sqlite3.Error:
-            recovered, seen = 0, 0
+            found = Salvaged()
         kept = f"It was kept as {aside}"
-        if seen:
-            self.warning = (f"The chat history file was damaged ({problem}). {kept}; {recovered} of {seen} "
-                            "chats could be read and were recovered into a new history.")
+        if found.seen:
+            missing = (" Some messages were in the damaged part and could not be read: recovered chats may "
+                       "miss some of theirs.") if found.messages_missing else ""
+            self.warning = (f"The chat history file was damaged ({problem}). {kept}; {found.chats} of {found.seen} "
+                            f"chats could be read and were recovered into a new history.{missing}")
         else:
             self.warning = (f"The chat history file was damaged ({problem}) and no chat could be read from it. "
                             f"{kept} and a new, empty history was started.")
@@ -253,6 +263,10 @@ class HistoryStore:
     # --- opening ------------------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
+        if _irregular(self.path):
+            # SQLite would block for ever reading a FIFO, and read or write a device.
+            raise StorageError(f"The chat history at {self.path} is not a regular file (a pipe, a device or a "
+                               "folder); move it away to start a new history. Nothing was changed.")
         # isolation_level=None: no implicit transactions; every write below says where it begins and ends.
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         try:

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,10 @@ def quick_check(conn: sqlite3.Connection, seconds: float = QUICK_CHECK_SECONDS) 
     return problems[0] if problems else None
 
 
-def _rows(conn: sqlite3.Connection, table: str, columns: list[str]) -> Iterator[tuple[Any, ...]]:
-    """Every readable row of ``table`` in id order; unreadable ones are stepped over."""
+def _rows(conn: sqlite3.Connection, table: str, columns: list[str],
+          damaged: list[int] | None = None) -> Iterator[tuple[Any, ...]]:
+    """Every readable row of ``table`` in id order; unreadable ones are stepped over (and counted in
+    ``damaged``'s one item, when given)."""
     last = -(1 << 62)
     skips = 0
     select = f"SELECT {', '.join(columns)} FROM {table} WHERE id > ? ORDER BY id"
@@ -53,6 +56,8 @@ def _rows(conn: sqlite3.Connection, table: str, columns: list[str]) -> Iterator[
             return
         except sqlite3.DatabaseError:
             skips += 1
+            if damaged is not None:
+                damaged[0] += 1
             # Step past the damaged row: find the next id the index can still give, else go one further.
             try:
                 found = conn.execute(f"SELECT min(id) FROM {table} WHERE id > ?", (last + 1,)).fetchone()
@@ -69,35 +74,46 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
         return []
 
 
-def salvage(damaged: Path, into: sqlite3.Connection) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Salvaged:
+    chats: int = 0  # recovered
+    seen: int = 0  # chats that could be read at all
+    messages_missing: bool = False  # messages were in damaged pages, or belonged to a chat that was lost
+
+
+def salvage(damaged: Path, into: sqlite3.Connection) -> Salvaged:
     """Copy readable chats and their messages from ``damaged`` into ``into`` (a fresh, migrated history).
 
-    Returns (chats recovered, chats seen). Messages whose chat is lost are not copied.
+    Messages whose chat is lost are not copied.
     """
     # immutable: no lock files are created beside the kept copy; with a WAL beside it, its pages count too.
     mode = "mode=ro" if Path(f"{damaged}-wal").exists() else "mode=ro&immutable=1"
     try:
         src = sqlite3.connect(f"{damaged.as_uri()}?{mode}", uri=True)
     except sqlite3.Error:
-        return 0, 0
+        return Salvaged()
     recovered = seen = 0
+    unreadable = [0]
+    orphans = 0
     try:
         with contextlib.suppress(sqlite3.Error):
             src.execute("PRAGMA query_only=ON")
         want_chats = ["id", "title", "system_prompt", "created", "updated"]
         have = set(_columns(src, "chats"))
         if not set(want_chats) <= have:
-            return 0, 0
+            return Salvaged()
         target_msg_cols = _columns(into, "messages")
         msg_cols = [c for c in _columns(src, "messages") if c in target_msg_cols]
         chats: dict[int, tuple[Any, ...]] = {}
-        for row in _rows(src, "chats", want_chats):
+        for row in _rows(src, "chats", want_chats, unreadable):
             seen += 1
             chats[int(row[0])] = row
         messages: list[tuple[Any, ...]] = []
         if "id" in msg_cols and "chat_id" in msg_cols:
             chat_at = msg_cols.index("chat_id")
-            messages = [row for row in _rows(src, "messages", msg_cols) if row[chat_at] in chats]
+            readable = list(_rows(src, "messages", msg_cols, unreadable))
+            messages = [row for row in readable if row[chat_at] in chats]
+            orphans = len(readable) - len(messages)
         into.execute("BEGIN IMMEDIATE")
         try:
             for row in chats.values():
@@ -117,7 +133,7 @@ def salvage(damaged: Path, into: sqlite3.Connection) -> tuple[int, int]:
             raise
     finally:
         src.close()
-    return recovered, seen
+    return Salvaged(recovered, seen, messages_missing=unreadable[0] > 0 or orphans > 0 or recovered < seen)
 
 
 def fix_readonly_shm(db: Path) -> bool:

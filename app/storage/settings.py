@@ -197,6 +197,9 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
 _SAMPLING_DEFAULTS = SamplingSettings()
 
 
+PER_REQUEST_SAMPLING = ("response_format",)  # set by an API request, never kept as a window setting
+
+
 def _sampling_field(name: str, value: Any) -> Any:
     replace(_SAMPLING_DEFAULTS, **{name: value}).validate()
     # JSON has one number type: store ints where the field is an int and floats where it is a float.
@@ -263,7 +266,7 @@ def _parse(raw: dict[str, Any]) -> tuple[AppSettings, list[str]]:
     if isinstance(sampling, dict):
         sampled: dict[str, Any] = {}
         for f in fields(SamplingSettings):
-            if f.name in sampling:
+            if f.name in sampling and f.name not in PER_REQUEST_SAMPLING:
                 try:
                     sampled[f.name] = _sampling_field(f.name, sampling[f.name])
                 except SettingsError as exc:

@@ -406,6 +406,9 @@ def test_damage_in_the_middle_is_found_moved_aside_and_salvaged(tmp_path: Path) 
         for chat in chats:  # what was recovered reads back whole
             for m in s.messages(chat.id):
                 assert m.text.split(" ")[0] in ("question", "answer")
+        kept_messages = sum(len(s.messages(chat.id)) for chat in chats)
+        assert kept_messages < 120  # the damage hit messages (two per chat): the warning must say so
+        assert "Some messages were in the damaged part" in s.warning
         assert s.integrity_ok()
         s.add_message(s.new_chat("after"), "user", "still works")
         [aside] = tmp_path.glob("history.sqlite3.bad-*")

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.engine.client import EngineClient
 from app.engine.llama import Model
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.errors import SettingsError
 from app.events import Finished, PromptProcessed, Token
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import Limits
@@ -43,7 +44,7 @@ MESSAGES = [{"role": "user", "content": PROMPT}]
 def start_server(target: Path, history: Path, *, k: int | None = None, n_ctx: int = CTX, max_tokens: int = 256,
                  **options: Any) -> Server:
     settings = LoadSettings(target_path=str(target), n_ctx=n_ctx,
-                            draft=DraftSettings(ngram=2, adaptive=k is None, k=k or 4))
+                            draft=DraftSettings(ngram=2, adaptive=k is None, k=k if k is not None else 4))
     metrics = ServeMetrics()
     runner = EngineRunner(settings, metrics, history_path=history)
     server = Server(runner, metrics, ServeOptions(port=0, limits=Limits(max_tokens=max_tokens), **options))
@@ -261,7 +262,9 @@ def test_prompt_over_the_context_is_context_length_exceeded(served: tuple[Server
     assert error["code"] == "context_length_exceeded"
     assert str(CTX) in error["message"]
     assert_serving(server)
-    assert len(api_chats(history)) == chats_before + 2  # the refused one is kept too, marked as an error
+    # Only the answered one is saved: a prompt is written to the history once it is in the context (a flood
+    # of messages refused as too long wrote every one of them first).
+    assert len(api_chats(history)) == chats_before + 1
 
 
 def test_unknown_route_and_method(served: tuple[Server, Path]) -> None:
@@ -350,7 +353,7 @@ def test_engine_killed_answers_500_or_recovers_and_serves_again(served: tuple[Se
 
 
 def test_non_loopback_needs_an_api_key() -> None:
-    with pytest.raises(ValueError, match="API key"):
+    with pytest.raises(SettingsError, match="API key"):
         ServeOptions(host="0.0.0.0").check()
     assert ServeOptions(host="0.0.0.0", api_key="k").check().host == "0.0.0.0"
     assert ServeOptions(host="::1").check().host == "::1"

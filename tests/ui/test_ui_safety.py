@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,80 @@ def test_a_refused_template_is_told_in_the_window(
     told = [m for m in warned if "chat template took longer than 2 s to render" in m]
     assert len(told) == 1, warned  # said once for the model, not once per message
     assert told[0].endswith("Answering with the plain ChatML format instead.")
+
+
+# --- file-derived text in tooltips (issue 28 §1) --------------------------------------------------------
+
+ZERO_IMAGE = '<img src="/dev/zero">'
+TOKENS_TARGET = ["<|bos|>", "<|eos|>", "a", "b", "c", "plain", "text", "here"]
+TOKENS_DRAFTER = ["<|bos|>", "<|eos|>", "a", "b", "c", ZERO_IMAGE, "<b>bold</b>", "here"]
+
+
+def _vocab_gguf(path: Path, architecture: str, tokens: list[str]) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from tests.gguf_fixtures import save
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, architecture)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    save(writer)
+    return path
+
+
+def _shown_text(tip: str) -> str:
+    """What Qt's tooltip shows for ``tip``: rich text when it looks like HTML, as QToolTip decides."""
+    from PySide6 import QtGui  # Qt.mightBeRichText lives in QtGui's Qt namespace
+
+    doc = QTextDocument()
+    if QtGui.Qt.mightBeRichText(tip):
+        doc.setHtml(tip)
+    else:
+        doc.setPlainText(tip)
+    return doc.toPlainText()
+
+
+def test_model_list_tooltips_show_file_text_as_typed(
+    qtbot: QtBot, make_window, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    folder = tmp_path / "hostile"
+    arch = ZERO_IMAGE + "<b>bold arch</b>"
+    target = _vocab_gguf(folder / "a-target.gguf", arch, TOKENS_TARGET)
+    drafter = _vocab_gguf(folder / "b-drafter.gguf", "llama", TOKENS_DRAFTER)
+    window = make_window(start_engine=False, folders=(folder,))
+    picker = window.picker
+    with qtbot.waitSignal(picker.drafters_ranked, timeout=30_000):
+        assert picker.select_target(target) or picker.target_path() == str(target)
+        if picker._report_for == str(target):
+            picker.drafters_ranked.emit()
+    role = Qt.ItemDataRole.ToolTipRole
+    target_tip = picker.target_combo.itemData(picker.target_combo.findData(str(target)), role)
+    assert arch in _shown_text(target_tip)  # the characters, not an image and bold text
+    drafter_tip = picker.drafter_combo.itemData(picker.drafter_combo.findData(str(drafter)), role)
+    assert ZERO_IMAGE in _shown_text(drafter_tip)  # the refusal names the differing token as typed
+    for combo in (picker.target_combo, picker.drafter_combo):
+        for i in range(combo.count()):
+            tip = combo.itemData(i, role)
+            if tip:
+                doc = QTextDocument()
+                doc.setHtml(tip)
+                assert "<img" not in doc.toHtml(), tip
+                assert "font-weight:700" not in doc.toHtml(), tip
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder", "huge"])
+def test_a_hostile_window_state_file_does_not_stop_the_window(
+    qtbot: QtBot, make_window, specdeck_home: Path, kind: str  # type: ignore[no-untyped-def]
+) -> None:
+    from app.paths import config_dir
+    from tests.app.test_kept_files import make_hostile
+
+    make_hostile(config_dir() / "window.ini", kind)  # QSettings waited for ever on a FIFO here
+    window = make_window(start_engine=False)  # returns: the window was built and its library scanned
+    assert not window.picker.scanning
+    window.close()  # saves the layout to a fresh window.ini; the hostile one was moved aside
+    assert os.path.lexists(config_dir() / "window.ini.unusable")
+    assert (config_dir() / "window.ini").is_file()

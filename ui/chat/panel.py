@@ -9,7 +9,6 @@ the panel's state (the open chat, generating) and lives here with it.
 from __future__ import annotations
 
 import contextlib
-import html
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -42,6 +41,7 @@ from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey
 from ui.flow_layout import FlowLayout
 from ui.models.sampling_form import SamplingForm
+from ui.plain_text import plain_tooltip
 
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
@@ -245,6 +245,21 @@ class ChatPanel(QWidget):
         new_id: int | None = self._store_call(getattr(self.store, what), *args, **kwargs)
         return new_id
 
+    def attach_store(self, store: Any) -> None:
+        """The history opened late (space was freed): the chat in memory is saved into it as a new chat, and
+        saving goes on from here. Call it between answers."""
+        self.store = store
+        if self.messages and self.chat_id is None:
+            first_user = next((m.text for m in self.messages if m.role == "user"), "")
+            self.chat_id = self._create("new_chat", title_from(first_user) if first_user else "New chat",
+                                        self.system_prompt.text())
+            for message in self.messages if self.chat_id is not None else ():
+                status = "interrupted" if message.status == "streaming" else message.status
+                message.store_id = self._create("add_message", self.chat_id, message.role, message.text, status,
+                                                model=message.model, drafter=message.drafter,
+                                                stats=message.stats)
+        self.refresh_history()
+
     def stored_chat_id(self) -> int | None:
         """The open chat's id in the database (a handle resolved; waits for the writer: for closing only)."""
         if self.chat_id is None or not isinstance(self.store, HistoryThread):
@@ -335,8 +350,7 @@ class ChatPanel(QWidget):
                 self._history_labels[chat.id] = (title, chat.message_count)
                 self.history_rows_written += 1
                 item.setText(title)
-                # A tooltip is rich text when it looks like HTML: escaped, a title shows as typed.
-                item.setToolTip(f"<p style='white-space:pre'>{html.escape(title)}\n{chat.message_count} messages</p>")
+                item.setToolTip(plain_tooltip(f"{title}\n{chat.message_count} messages"))
             if chat.id == self.chat_id:
                 current = item
         if current is not None:

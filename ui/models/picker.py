@@ -41,9 +41,11 @@ from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout
+from ui.plain_text import plain_tooltip
 from ui.tasks import TaskRunner
 
 NO_DRAFTER = "(no drafter model)"
+TOOLTIP_ROLE = Qt.ItemDataRole.ToolTipRole
 REMOTE_NOTE = ("Speculation on a remote server is the server's own, configured there; SpecDeck shows what it "
                "reports.")
 
@@ -346,7 +348,8 @@ class ModelPicker(QWidget):
     def _add_remote_items(self) -> None:
         for model in self.remote_models:
             self.target_combo.addItem(model.label, model)
-            self.target_combo.setItemData(self.target_combo.count() - 1, f"{model.engine} at {model.base_url}", 3)
+            self.target_combo.setItemData(self.target_combo.count() - 1,
+                                          plain_tooltip(f"{model.engine} at {model.base_url}"), TOOLTIP_ROLE)
 
     def drafter_path(self) -> str | None:
         data = self.drafter_combo.currentData()
@@ -413,7 +416,8 @@ class ModelPicker(QWidget):
         for entry in entries:
             if entry.is_model and entry.info is not None:
                 self.target_combo.addItem(f"{entry.label}", entry.path)
-                self.target_combo.setItemData(self.target_combo.count() - 1, describe_model(entry.info), 3)
+                self.target_combo.setItemData(self.target_combo.count() - 1, plain_tooltip(describe_model(entry.info)),
+                                              TOOLTIP_ROLE)
         self._add_remote_items()
         self.target_combo.blockSignals(False)
         broken = [e for e in entries if not e.usable]
@@ -500,13 +504,13 @@ class ModelPicker(QWidget):
         for rec in report.recommendations:
             if rec.kind == "model" and rec.drafter_path:
                 self.drafter_combo.addItem(self._rec_label(rec), rec.drafter_path)
-                self.drafter_combo.setItemData(self.drafter_combo.count() - 1, rec.note, 3)
+                self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(rec.note), TOOLTIP_ROLE)
         for entry, result in report.refused:
             self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
-            self.drafter_combo.setItemData(self.drafter_combo.count() - 1, result.reason, 3)
+            self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(result.reason), TOOLTIP_ROLE)
         ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
         if ngram is not None:
-            self.ngram_check.setToolTip(f"{ngram.note} Stacks with a drafter model.")
+            self.ngram_check.setToolTip(plain_tooltip(f"{ngram.note} Stacks with a drafter model."))
         index = self.drafter_combo.findData(wanted) if wanted else 0
         self.drafter_combo.setCurrentIndex(max(0, index))
         self.drafter_combo.blockSignals(False)

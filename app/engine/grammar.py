@@ -1,0 +1,97 @@
+"""Structured output: llama.cpp's grammar sampler as a mask on the target's logits rows.
+
+``response_format`` (``SamplingSettings``) is "" (free text), ``JSON_OBJECT`` (any JSON object) or a JSON Schema
+document, turned into GBNF by llama-cpp-python's converter (the one llama-server's Python twin uses).
+
+Speculation stays exact: each row of a verify pass is masked with the grammar's state after the draft tokens
+before it, so the target's distribution at every position is the constrained one, and a drafted token the
+grammar forbids has probability 0 there and is rejected like any other. The grammar itself advances only by
+the tokens actually emitted. Drafters are not constrained: they only propose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.engine.params import JSON_OBJECT
+from app.errors import SettingsError
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def grammar_text(response_format: str) -> str:
+    """The GBNF for a ``SamplingSettings.response_format``; SettingsError when the schema cannot be converted."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if response_format == JSON_OBJECT:
+        return str(JSON_GBNF)
+    try:
+        return str(json_schema_to_gbnf(response_format))
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise SettingsError(f"The JSON schema cannot be turned into a grammar: {exc}") from None
+
+
+class GrammarMask:
+    """One answer's grammar state over ``vocab`` (a llama_vocab pointer) of ``n_vocab`` tokens."""
+
+    def __init__(self, vocab: Any, n_vocab: int, response_format: str) -> None:
+        import llama_cpp as lc
+
+        self._lc = lc
+        self._sampler = None
+        self._sampler = lc.llama_sampler_init_grammar(vocab, grammar_text(response_format).encode(), b"root")
+        if not self._sampler:
+            raise SettingsError("llama.cpp refused the grammar made from the response format.")
+        self._buffer = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._buffer["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._array = lc.llama_token_data_array(
+            data=self._buffer.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=n_vocab, selected=-1,
+            sorted=False)
+
+    def allowed(self, sampler: Any, row: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
+        self._buffer["logit"] = row
+        self._array.size = row.size
+        self._array.selected = -1
+        self._array.sorted = False
+        self._lc.llama_sampler_apply(sampler, ctypes.byref(self._array))
+        logits: npt.NDArray[np.float32] = self._buffer["logit"]
+        return np.asarray(logits != -np.inf)  # the grammar sets what it forbids to -inf, in place
+
+    def mask_rows(self, rows: npt.NDArray[np.float32], draft: Sequence[int]) -> npt.NDArray[np.float32]:
+        """``rows`` (the verify pass: the pending token's row, then one per draft token) with every token the
+        grammar forbids at that position set to -inf. Row i is masked with the state after ``draft[:i]``; the
+        rows after the first forbidden draft token are never read (that token is rejected) and stay as they are."""
+        out = np.array(rows, dtype=np.float32, copy=True)
+        lc = self._lc
+        cursor = self._sampler
+        clone = None
+        try:
+            for i in range(out.shape[0]):
+                allowed = self.allowed(cursor, out[i])
+                out[i][~allowed] = -np.inf
+                if i >= len(draft) or not allowed[draft[i]]:
+                    break
+                if clone is None:
+                    clone = cursor = lc.llama_sampler_clone(self._sampler)
+                lc.llama_sampler_accept(cursor, int(draft[i]))
+        finally:
+            if clone is not None:
+                lc.llama_sampler_free(clone)
+        return out
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self._lc.llama_sampler_accept(self._sampler, int(token))
+
+    def close(self) -> None:
+        if self._sampler:
+            self._lc.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:  # the decode loop drops it with its generator, however that ends
+        self.close()
