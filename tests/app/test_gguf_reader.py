@@ -8,7 +8,6 @@ import struct
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -425,8 +424,9 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=300, deadline=timedelta(seconds=1), database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+# No per-example deadline: an absolute one fails on a busy machine (a 1 s bound failed at 1.27 s under a load
+# average of 7). A read that hangs still fails, at the suite's own timeout.
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(blob=mutated())
 def test_mutated_headers_only_raise_gguf_errors(tmp_path_factory: pytest.TempPathFactory,
                                                 blob: bytes) -> None:
