@@ -8,6 +8,7 @@ events), and each piece is short.
 
 from __future__ import annotations
 
+import html
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QScrollArea,
     QStackedWidget,
@@ -48,7 +50,7 @@ from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
 from ui.log_window import LogWindow
@@ -57,18 +59,31 @@ from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
 from ui.remote.window_side import RemoteSide
 from ui.tasks import TaskRunner
+from ui.wheel_guard import guard_wheel
 
 logger = logging.getLogger(__name__)
 
 WINDOW_STATE_FILE = "window.ini"
-SHORTCUTS_TEXT = "\n".join((
-    "Ctrl+Enter    send the message (anywhere in the window)",
-    "Esc           stop the answer (while one is being written)",
-    "Ctrl+N        new chat",
-    "F2            rename the chat selected in the list",
-    "Del           delete the chat selected in the list (Undo delete brings it back)",
-    "Ctrl+Q        quit",
-))
+# Keys: the same text sets each action's shortcut and fills the Keyboard shortcuts table.
+KEY_REGENERATE, KEY_CONTINUE, KEY_EDIT_LAST = "Ctrl+R", "Ctrl+Shift+Return", "Ctrl+E"
+KEY_COPY_ANSWER, KEY_MESSAGE_BOX, KEY_RENAME = "Ctrl+Shift+C", "Ctrl+L", "F2"
+SHORTCUTS = (
+    ("Ctrl+Enter", "send the message (anywhere in the window)"),
+    ("Esc", "stop the answer (while one is being written)"),
+    (KEY_REGENERATE, "regenerate the last answer"),
+    ("Ctrl+Shift+Enter", "continue an answer cut at Max tokens"),
+    (KEY_EDIT_LAST, "edit the last message"),
+    (KEY_COPY_ANSWER, "copy the last answer"),
+    (KEY_MESSAGE_BOX, "go to the message box"),
+    ("Tab", "leave the message box (to Send)"),
+    ("Ctrl+N", "new chat"),
+    (KEY_RENAME, "rename the open chat"),
+    ("Del", "delete the chat selected in the list (Undo delete brings it back)"),
+    ("Ctrl+Q", "quit"),
+)
+SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(
+    f"<tr><td><b>{html.escape(keys)}</b></td><td>{html.escape(what)}</td></tr>" for keys, what in SHORTCUTS
+) + "</table>"
 WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
 SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
@@ -187,6 +202,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._default_docks_pending = False
         self._build()
+        guard_wheel(self)
         self.notifier.attach(self)
         if warning:
             self.notifier.warning(warning)
@@ -270,7 +286,16 @@ class MainWindow(QMainWindow):
 
         self.log_window = LogWindow(self)
         self._build_menus()
-        self.statusBar()
+        # The load's progress in the status bar too: the Models dock's own bar is below the fold on a short
+        # screen (1366×768), where nothing visible moved for the whole load.
+        self.load_bar = QProgressBar(self)
+        self.load_bar.setObjectName("status_load_bar")
+        self.load_bar.setRange(0, 100)
+        self.load_bar.setMaximumWidth(320)
+        self.load_bar.setVisible(False)
+        self.statusBar().addPermanentWidget(self.load_bar)
+        self.picker.progress_bars.append(self.load_bar)
+        self.chat.model_loading = lambda: self.picker.loading
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
@@ -295,6 +320,17 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "&Log", self._on_log_action_triggered)
         view_menu.addAction(self.models_dock.toggleViewAction())
         view_menu.addAction(self.dashboard_dock.toggleViewAction())
+        chat_menu = bar.addMenu("&Chat")
+        chat = self.chat
+        for attr, text, call, keys in (
+            ("regenerate_action", "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE),
+            ("continue_action", "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE),
+            ("edit_last_action", "&Edit last message", lambda: chat.edit_last(), KEY_EDIT_LAST),
+            ("copy_answer_action", "Copy last &answer", lambda: chat.copy_last_answer(), KEY_COPY_ANSWER),
+            ("message_box_action", "&Message box", lambda: chat.focus_input(), KEY_MESSAGE_BOX),
+            ("rename_action", "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME),
+        ):
+            setattr(self, attr, self._action(chat_menu, text, call, keys))
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
@@ -324,6 +360,7 @@ class MainWindow(QMainWindow):
         self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
         self.chat.error_raised.connect(self._on_chat_error_raised)
         self.chat.answer_finished.connect(self._on_chat_answer_finished)
+        self.chat.chat_opened.connect(self._on_chat_chat_opened)
         self.chat.completion_mode_toggled.connect(self._on_chat_completion_mode_toggled)
         self.chat.generation_state_changed.connect(self._on_chat_generation_state_changed)
         self.sampling_form.changed.connect(self._on_sampling_form_changed)
@@ -464,6 +501,7 @@ class MainWindow(QMainWindow):
         if note:
             self.notifier.info(note)
         self.notifier.resolve(NEED_MODEL_MESSAGE)
+        self.notifier.resolve(LOADING_MESSAGE)
         self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
         # A base model (no chat template) starts in completion mode; a switch by the user is remembered.
         switched = event.target.path in self.settings.switched_mode_models
@@ -485,7 +523,8 @@ class MainWindow(QMainWindow):
         # A refused chat template (and the format used instead) is said once per loaded model, not per message.
         if event.warning and event.warning not in self._prompt_warnings_shown:
             self._prompt_warnings_shown.add(event.warning)
-            self.notifier.warning(event.warning)
+            # A notice, not a dialog: it comes as the answer starts, and a box would cover the stream.
+            self.notifier.info(event.warning)
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:
@@ -494,6 +533,10 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_bridge_load_cancelled(self) -> None:
         self.picker.set_loading(False, "Loading cancelled.")
+
+    @Slot(int)
+    def _on_chat_chat_opened(self, _chat_id: int) -> None:
+        self.dashboard.forget_answer()  # its totals were another chat's answer
 
     @Slot(object)
     def _on_chat_answer_finished(self, answer: ChatMessage) -> None:
@@ -595,9 +638,9 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_shortcuts_action_triggered(self) -> None:
-        box = QMessageBox(QMessageBox.Icon.Information, "Keyboard shortcuts", SHORTCUTS_TEXT,
+        box = QMessageBox(QMessageBox.Icon.Information, "Keyboard shortcuts", SHORTCUTS_HTML,
                           QMessageBox.StandardButton.Ok, self)
-        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.setTextFormat(Qt.TextFormat.RichText)  # a table: columns line up in any font (our own text only)
         box.open()
         self._shortcuts_box = box
 
