@@ -50,7 +50,7 @@ from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
 from ui.log_window import LogWindow
@@ -87,6 +87,9 @@ SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(
 WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
 SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
+# Below this width a first start shows the Models and Dashboard docks as tabs of one dock: side by side they
+# left the chat 225 px at 1024×700. The Dashboard tab comes to the front once a model is loaded.
+TABBED_DOCKS_BELOW_WIDTH = 1280
 
 
 def default_window_size(available: QSize) -> QSize:
@@ -201,6 +204,7 @@ class MainWindow(QMainWindow):
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
         self._default_docks_pending = False
+        self._raise_dashboard_on_load = False  # docks tabbed on a small screen: show the dashboard after a load
         self._build()
         guard_wheel(self)
         self.notifier.attach(self)
@@ -402,11 +406,27 @@ class MainWindow(QMainWindow):
         if self._default_docks_pending:
             self._default_docks_pending = False
             self._default_layout()
+        self._keep_chat_wider_than_list()
 
     def _default_layout(self) -> None:
         width = self.width()
+        if width < TABBED_DOCKS_BELOW_WIDTH:
+            self.tabifyDockWidget(self.models_dock, self.dashboard_dock)
+            self.models_dock.raise_()
+            self._raise_dashboard_on_load = True
+            side = max(SIDE_DOCK_MIN_WIDTH, DashboardPanel.MIN_WIDTH, width * 3 // 10)
+            self.resizeDocks([self.models_dock], [side], Qt.Orientation.Horizontal)
+            return
         self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 5),
                          max(DashboardPanel.MIN_WIDTH, width * 3 // 10)], Qt.Orientation.Horizontal)
+
+    def _keep_chat_wider_than_list(self) -> None:
+        """A restored splitter (saved on a wider screen) must not give the chat list more room than the chat."""
+        sizes = self.chat.splitter.sizes()
+        if len(sizes) == 2 and sizes[0] > sizes[1]:
+            total = sum(sizes)
+            first = max(HISTORY_MIN_WIDTH, total // 4)
+            self.chat.splitter.setSizes([first, total - first])
 
     def _save_window_state(self) -> None:
         qs = self._qsettings()
@@ -496,6 +516,9 @@ class MainWindow(QMainWindow):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self._prompt_warnings_shown.clear()
+        if self._raise_dashboard_on_load:
+            self._raise_dashboard_on_load = False
+            self.dashboard_dock.raise_()
         self.picker.show_loaded(event)
         note = self.bridge.last_load.context_note(event.n_ctx) if self.bridge.last_load else None
         if note:

@@ -306,8 +306,8 @@ class DashboardPanel(QWidget):
                      "answer's totals, as in its stats line in the chat",
             "tps": "Decode speed (tokens per second of wall clock)",
             "pct": "Speed as a share of the bandwidth roof: memory bandwidth (a CPU's probed on this machine, a "
-                   "GPU's from its spec sheet) ÷ bytes read per token, at one token per pass. Above 100% is only "
-                   "possible by speculating",
+                   "GPU's from its spec sheet) ÷ bytes read per token, at one token per pass, at the current "
+                   "context (doctor gives it at its --ctx). Above 100% is only possible by speculating",
             "acceptance": "Draft tokens accepted / drafted",
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
@@ -465,7 +465,7 @@ class DashboardPanel(QWidget):
             f"<span style='color:{BLUE.name()}'>━</span> 1 s average &nbsp; "
             f"<span style='color:{BLUE.name()}'>─</span> each pass",
             f"<span style='color:{RED.name()}'>━</span> bandwidth roof: {self._bandwidth_source()} bandwidth ÷ "
-            "bytes per token at this context (doctor: at --ctx)",
+            "bytes per token",
             f"<span style='color:{ORANGE.name()}'>╍</span> {PLAIN_RATE}: one token per pass, timed here at load",
             f"<span style='color:{GREEN.name()}'>┅</span> τ × roof: the most speculation can give",
         ]
@@ -504,6 +504,7 @@ class DashboardPanel(QWidget):
             p.titleLabel.setAttr("color", fg)
             p.titleLabel.setText(p.titleLabel.text)
         self.tau_legend.setLabelTextColor(fg)
+        self.tau_legend.setBrush(pg.mkBrush(_alpha(bg, 210)))  # readable over the points it may cover
         for _sample, label in self.tau_legend.items:
             label.setText(label.text, color=fg)
         # Tint above the one-token wall: speeds there are only possible by speculating.
