@@ -53,6 +53,7 @@ class Autopilot(QObject):
         self._folder_added = False
         self._cpu0, self._wall0 = 0.0, 0.0
         self.sent: list[str] = []
+        self._dock_waited = False
         self.started = time.monotonic()
         self.first_loaded_at: float | None = None  # wall clock: stalls before it are the window's start
         self._ticks_before_load = 0
@@ -145,10 +146,18 @@ class Autopilot(QObject):
         """Once the dock watches the served model, choose it in the picker so the chat goes through it."""
         remote = self.window.remote
         models = self.window.picker.remote_models
-        if remote.dashboard.info is None or not models:
+        server = remote.switch.server
+        if remote.dashboard.info is None or not models or server is None or server.runner.state != "ready":
             QTimer.singleShot(500, self._use_server)
             return
         self.window.picker.select_remote(models[0])
+        route = remote.route
+        if route is None:
+            say("the served model could not be chosen")
+            self._finish()
+            return
+        route.token_received.connect(self._on_bridge_token_received)
+        route.generation_finished.connect(self._on_bridge_generation_finished)
         say(f"answering through {models[0].base_url}")
         QTimer.singleShot(300, self._next)
 
@@ -205,6 +214,10 @@ class Autopilot(QObject):
         say(f"engine crashed: {event.message}")
 
     def _finish(self) -> None:
+        if self.spec.get("serve") and not self._dock_waited:
+            self._dock_waited = True  # the dock reads the server once a second: its figures of the answer
+            QTimer.singleShot(2500, self._finish)
+            return
         shot = self.spec.get("screenshot")
         if shot:
             self.window.grab().save(str(shot))

@@ -89,7 +89,7 @@ SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free ar
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
 # Below this width a first start shows the Models and Dashboard docks as tabs of one dock: side by side they
 # left the chat 225 px at 1024×700. The Dashboard tab comes to the front once a model is loaded.
-TABBED_DOCKS_BELOW_WIDTH = 1280
+TABBED_DOCKS_BELOW_WIDTH = 1200  # a 1366-pixel screen's first window (1256 px) keeps them side by side
 
 
 def default_window_size(available: QSize) -> QSize:

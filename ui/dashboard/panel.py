@@ -381,7 +381,7 @@ class DashboardPanel(QWidget):
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
         self.l_spec = self._hline(self.p_tps, RED, solid, "bandwidth roof: {value:.0f}")
         self.l_measured = self._hline(self.p_tps, ORANGE, dash, PLAIN_RATE + ": {value:.0f}", at=0.42)
-        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.55)
+        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.74)
         # What the lines mean, under the chart. The two differ by design: the roof is the memory bandwidth over
         # the bytes each token reads; the plain rate is one-token decoding timed here at load (the rate the
         # chat's "× the plain rate" divides by).
@@ -480,10 +480,11 @@ class DashboardPanel(QWidget):
 
     def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
                at: float = 0.02) -> pg.InfiniteLine:
-        # Labels sit at different points along the plot, so lines at similar heights stay readable.
+        # Labels sit at different points along the plot, so lines at similar heights stay readable, and hang
+        # below their line: above it, a line near the top edge had its label cut off.
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(color, width=1.5, style=style),
                                label=fmt, labelOpts={"position": at, "color": color,
-                                                     "anchors": [(0, 1), (0, 1)]})
+                                                     "anchors": [(0, 0), (0, 0)]})
         line.setVisible(False)
         p.addItem(line)
         return line

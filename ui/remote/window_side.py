@@ -92,6 +92,11 @@ class RemoteSide(QObject):
         self.disconnect_action.setEnabled(True)
         self.dashboard.watch(engine, info)
         self.picker.set_remote_models(remote_models(info))
+        if self.dock.isHidden() and not self.window.tabifiedDockWidgets(self.dock):
+            # A tab beside the dashboard: a third column squeezed the chat to a sliver at 1366×768.
+            dashboard = getattr(self.window, "dashboard_dock", None)
+            if dashboard is not None and dashboard.isVisible():
+                self.window.tabifyDockWidget(dashboard, self.dock)
         self.dock.show()
         self.dock.raise_()
 
