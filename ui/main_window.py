@@ -89,6 +89,7 @@ SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free ar
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
 # Below this width a first start shows the Models and Dashboard docks as tabs of one dock: side by side they
 # left the chat 225 px at 1024×700. The Dashboard tab comes to the front once a model is loaded.
+WELCOME_TEXT_WIDTH = 560
 TABBED_DOCKS_BELOW_WIDTH = 1200  # a 1366-pixel screen's first window (1256 px) keeps them side by side
 
 
@@ -171,9 +172,20 @@ class FirstRunPanel(QWidget):
             "No GGUF models were found on this computer. Install two small demo models (about 350 MB: "
             "SmolLM2 135M and Gemma 3 270M) to try it, or add a folder that holds your own models.", self)
         text.setWordWrap(True)
+        text.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        text.setMaximumWidth(WELCOME_TEXT_WIDTH)
+        self.text = text
         self.demo_button = QPushButton("Install demo models", self)
         self.folder_button = QPushButton("Add folder…", self)
-        for w in (title, text, self.demo_button, self.folder_button):
+        layout.addWidget(title, 0, Qt.AlignmentFlag.AlignHCenter)
+        # Not centred by the layout: a centred label is laid out at its one-line width hint and its wrapped
+        # lines were cut off; in a row between stretches it gets a width and the height its lines need.
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(text, 4)
+        row.addStretch(1)
+        layout.addLayout(row)
+        for w in (self.demo_button, self.folder_button):
             layout.addWidget(w, 0, Qt.AlignmentFlag.AlignHCenter)
         layout.addStretch(2)
 

@@ -104,3 +104,29 @@ def test_install_demo_models_is_offered_only_while_one_is_missing(make_window) -
     window = make_window(start_engine=False)
     all_there = installed_demo_models() == demo_model_paths()
     assert window.picker.demo_button.isVisibleTo(window.picker) == (not all_there)
+
+
+def test_wrapped_texts_get_the_height_their_lines_need(
+    qtbot: QtBot, make_window, tmp_path, monkeypatch  # type: ignore[no-untyped-def]
+) -> None:
+    """The welcome text, the base-model note and an incompatible drafter's reason were cut off."""
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    monkeypatch.setenv("SPECDECK_MODELS_DIR", str(empty))
+    window = make_window(start_engine=False)
+    window.resize(1024, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    text = window.first_run.text
+    assert text.isVisible()
+    qtbot.waitUntil(lambda: text.height() >= text.heightForWidth(text.width()), timeout=2000)
+    assert text.heightForWidth(text.width()) > text.fontMetrics().height() * 2  # it does wrap here
+
+    picker = window.picker
+    long_reason = ("✗ Incompatible: the drafter's vocabulary differs from the target's at token 268 of 269, so "
+                   "its drafts would be read as other tokens. Load refuses this pair.")
+    picker.compat_badge.setText(long_reason)
+    picker.target_info.setText("gemma3, 268M params, Q4_K_M, 241 MB, ctx 32768\n" + base_model_note("gemma3"))
+    window.models_dock.raise_()
+    for label in (picker.compat_badge, picker.target_info):
+        qtbot.waitUntil(lambda label=label: label.height() >= label.heightForWidth(label.width()), timeout=2000)

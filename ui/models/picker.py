@@ -145,11 +145,13 @@ class ModelPicker(QWidget):
         self.compat_badge.setObjectName("compat_badge")
         for label in (self.target_info, self.drafter_info, self.compat_badge):
             label.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is untrusted: never rich text
+        # The wrapped texts are whole rows: an empty-label row of wrapped text is given too little height, and
+        # the base-model note and the incompatible drafter's reason were cut off.
         form.addRow("Target", self.target_combo)
-        form.addRow("", self.target_info)
+        form.addRow(self.target_info)
         form.addRow("Drafter", self.drafter_combo)
-        form.addRow("", self.drafter_info)
-        form.addRow("", self.compat_badge)
+        form.addRow(self.drafter_info)
+        form.addRow(self.compat_badge)
         self.remote_note = QLabel(REMOTE_NOTE, models)
         self.remote_note.setWordWrap(True)
         self.remote_note.setTextFormat(Qt.TextFormat.PlainText)
