@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
@@ -155,6 +156,11 @@ class EngineBridge(QObject):
     @property
     def worker_pid(self) -> int | None:
         return self._client.pid
+
+    @property
+    def engine_log_path(self) -> Path | None:
+        """The engine worker's log file (llama.cpp's lines), for View → Log."""
+        return self._client.log_path
 
     @property
     def last_load(self) -> LoadSettings | None:

@@ -301,6 +301,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
         self.log_window = LogWindow(self)
+        self.log_window.follow_engine_file(lambda: self.bridge.engine_log_path)
         self._build_menus()
         # The load's progress in the status bar too: the Models dock's own bar is below the fold on a short
         # screen (1366×768), where nothing visible moved for the whole load.
