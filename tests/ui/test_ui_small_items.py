@@ -130,3 +130,22 @@ def test_wrapped_texts_get_the_height_their_lines_need(
     window.models_dock.raise_()
     for label in (picker.compat_badge, picker.target_info):
         qtbot.waitUntil(lambda label=label: label.height() >= label.heightForWidth(label.width()), timeout=2000)
+
+
+def test_api_chats_are_marked_in_the_list(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from ui.chat.panel import API_ROLE
+
+    window = make_window(start_engine=False)
+    chat = window.chat
+    chat.store.new_chat("typed here", "")
+    chat.store.new_chat("from a client", "", origin="api")
+    with qtbot.waitSignal(chat.history_refreshed, timeout=5000):
+        chat.refresh_history()
+    rows = {chat.history_list.item(i).text(): chat.history_list.item(i) for i in range(chat.history_list.count())}
+    assert rows["from a client"].data(API_ROLE) is True
+    assert not rows["from a client"].icon().isNull()
+    assert "API" in rows["from a client"].toolTip()
+    assert rows["typed here"].data(API_ROLE) is None
+    assert rows["typed here"].icon().isNull()
+    assert rows["from a client"].text() == "from a client"  # the title itself is unchanged (renames edit it)
+

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -59,6 +60,7 @@ from ui.models.sampling_form import SamplingForm
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
 HISTORY_MIN_WIDTH = 120
+API_ROLE = Qt.ItemDataRole.UserRole + 1  # a chat list row's mark: the chat came through the API
 UNDO_DELETE_MS = 60_000  # a deleted chat can be brought back this long (or until the next delete)
 NEED_MODEL_MESSAGE = "Load a model first (Models, on the left)."
 LOADING_MESSAGE = "The model is still loading; send again once it is loaded."
@@ -354,6 +356,9 @@ class ChatPanel(QWidget):
                 item = QListWidgetItem()
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
                 item.setData(Qt.ItemDataRole.UserRole, chat.id)
+                if chat.origin == "api":  # a request to `specdeck serve`, not typed here: marked, not renamed
+                    item.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_DriveNetIcon))
+                    item.setData(API_ROLE, True)
                 listed.insertItem(row, item)
             elif listed.item(row) is not item:
                 listed.insertItem(row, listed.takeItem(listed.row(item)))
@@ -365,7 +370,9 @@ class ChatPanel(QWidget):
                 self.history_rows_written += 1
                 item.setText(title)
                 # A tooltip is rich text when it looks like HTML: escaped, a title shows as typed.
-                item.setToolTip(f"<p style='white-space:pre'>{html.escape(title)}\n{chat.message_count} messages</p>")
+                via = "\nasked through the API (Model → Serve)" if chat.origin == "api" else ""
+                item.setToolTip(f"<p style='white-space:pre'>{html.escape(title)}\n{chat.message_count} messages"
+                                f"{via}</p>")
             if chat.id == self.chat_id:
                 current = item
         if current is not None:
