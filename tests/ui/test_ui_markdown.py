@@ -107,6 +107,27 @@ def test_highlighting_drafted_tokens_keeps_the_markdown(qtbot: QtBot) -> None:
     assert background_at(plain.index("Use")) != colours[FROM_NGRAM]
 
 
+def test_drafted_tokens_are_tinted_while_the_answer_streams(qtbot: QtBot) -> None:
+    """Each block is tinted once it is final, before the answer ends (not only after it)."""
+    view = make_view(qtbot)
+    view.highlight_sources = True
+    colours = source_colours(view.palette())
+    answer = ChatMessage("assistant", "", "streaming")
+    view.begin_answer()
+    for text, source in (("First ", FROM_TARGET), ("copied words", FROM_NGRAM), (".\n\n", FROM_TARGET),
+                         ("Second ", FROM_TARGET), ("more", FROM_NGRAM)):
+        answer.text += text
+        answer.pieces.append((text, source))
+        view.update_answer(answer)
+    assert view.streaming
+    plain = view.toPlainText()
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(plain.index("copied words") + 1)
+    assert cursor.charFormat().background().color() == colours[FROM_NGRAM]  # the finished block, tinted now
+    cursor.setPosition(plain.index("First") + 1)
+    assert cursor.charFormat().background().color() != colours[FROM_NGRAM]
+
+
 def test_streaming_renders_only_the_last_block(qtbot: QtBot) -> None:
     view = make_view(qtbot)
     view.begin_answer()

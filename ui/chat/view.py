@@ -329,6 +329,8 @@ class ChatView(QTextBrowser):
         if stable > self._stable_len:
             chunk = text[self._stable_len:stable]
             self._insert_body(self._cut_from(self._tail_start), chunk, plain=needs_plain(chunk, CHUNK_LIMIT_CHARS))
+            # Tinted as each block becomes final, not only when the answer ends; the last block waits.
+            self._highlight(self._tail_start, message, self._stable_len, stable)
             self._stable_len = stable
             self._tail_start = self._new_block().position()
             self._tail_plain = False
@@ -520,8 +522,9 @@ class ChatView(QTextBrowser):
             link.setForeground(self.palette().color(QPalette.ColorRole.Link))
             cursor.insertText("Copy", link)
 
-    def _highlight(self, start: int, message: ChatMessage) -> None:
-        """Tint each drafted token's characters in the rendered text, keeping the Markdown as rendered.
+    def _highlight(self, start: int, message: ChatMessage, src_from: int = 0, src_to: int | None = None) -> None:
+        """Tint each drafted token's characters in the rendered text from ``start`` on, keeping the Markdown as
+        rendered; ``src_from``/``src_to``: the part of the source text rendered there (default: all of it).
 
         Rendering drops Markdown's syntax but keeps the order of the text, so the rendered characters are
         matched to the source one by one (a character Markdown added is skipped)."""
@@ -533,7 +536,8 @@ class ChatView(QTextBrowser):
         for text, source in message.pieces:
             source_text.append(text)
             sources.extend([source] * len(text))
-        src = "".join(source_text)
+        src = "".join(source_text)[src_from:src_to]
+        sources = sources[src_from:src_to]
         runs: list[tuple[int, int, str]] = []  # document start, end, source
         i = 0
         block = self.document().findBlock(start)
