@@ -9,7 +9,9 @@ stats line, ``specdeck bench`` and the dashboard all derive from (``RunCounts``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from app.engine.params import LoadSettings, SamplingSettings
 
@@ -130,6 +132,15 @@ class Loaded:
     plain_tps: float = 0.0  # one-token passes per second measured at load: the delivered 1-token ceiling
 
 
+def drafted_by(loaded: Loaded) -> str | None:
+    """What drafts for a loaded pair, as the chat's footer and the history name it: the drafter model's path,
+    the n-gram drafter, or both ("<path> + n-gram (3)"); None for plain decoding."""
+    parts = [loaded.drafter.path] if loaded.drafter is not None else []
+    if loaded.ngram:
+        parts.append(f"n-gram ({loaded.ngram})")
+    return " + ".join(parts) or None
+
+
 @dataclass(frozen=True)
 class PromptProgress:
     """One chunk of the prompt is in the KV cache: ``done`` of ``total`` prompt tokens (a cached prefix counts)."""
@@ -245,7 +256,8 @@ class MessageStats:
     tokens_per_pass: float
     per_position_acceptance: tuple[float, ...]
     k_history: tuple[int, ...]
-    speedup_estimate: float  # decode tok/s over the measured plain rate (1.0 before one is known)
+    # decode tok/s over the plain rate: the engine's estimate; the window replaces it with speedup_over_plain
+    speedup_estimate: float
     decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
     end_tokens: int = 0  # see RunCounts
 
@@ -253,6 +265,52 @@ class MessageStats:
     def counts(self) -> RunCounts:
         return RunCounts(self.completion_tokens, self.passes, self.drafted, self.accepted, self.decode_tokens,
                          self.decode_seconds, self.end_tokens)
+
+
+def speedup_over_plain(stats: MessageStats, plain_tps: float) -> float:
+    """An answer's decode rate over the plain (one token per pass) rate measured at load, the rate the
+    dashboard draws; 0 when there is nothing to compare: no plain rate measured, or nothing drafted (an answer
+    decoded without drafts is plain decoding, and its ratio would only measure noise)."""
+    if stats.drafted <= 0 or plain_tps <= 0 or stats.decode_tps <= 0:
+        return 0.0
+    return stats.decode_tps / plain_tps
+
+
+def message_stats(value: MessageStats | Mapping[str, Any] | None) -> MessageStats | None:
+    """Stats as read back from the history (a JSON object) as MessageStats; None when they are not whole."""
+    if value is None or isinstance(value, MessageStats):
+        return value
+    names = {f.name for f in fields(MessageStats)}
+    try:
+        known: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items() if k in names}
+        return MessageStats(**known)
+    except TypeError:
+        return None
+
+
+def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
+    """One answer's stats over its first part and a Continue: counts add up, the prompt figures and the time
+    to first token are the first part's. Per-position acceptance cannot be added from two ratios: it is the
+    continuation's when that drafted, else the first part's."""
+    counts = first.counts + then.counts
+    return replace(
+        then,
+        prompt_tokens=first.prompt_tokens,
+        ttft_seconds=first.ttft_seconds,
+        prefill_tps=first.prefill_tps,
+        completion_tokens=counts.tokens,
+        decode_tps=counts.decode_tps,
+        decode_seconds=counts.decode_seconds,
+        passes=counts.passes,
+        drafted=counts.drafted,
+        accepted=counts.accepted,
+        acceptance=counts.acceptance,
+        tokens_per_pass=counts.tokens_per_pass,
+        per_position_acceptance=then.per_position_acceptance if then.drafted else first.per_position_acceptance,
+        k_history=first.k_history + then.k_history,
+        decode_tokens=counts.decode_tokens,
+        end_tokens=counts.end_tokens,
+    )
 
 
 @dataclass(frozen=True)

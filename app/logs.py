@@ -44,6 +44,8 @@ def setup_logging(level: int = logging.INFO, *, name: str = "specdeck") -> Path 
     root = logging.getLogger()
     with _lock:
         root.setLevel(level)
+        # httpx logs every request at INFO: the Remote engine dock's once-a-second reading filled the log.
+        logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
         if _handler is not None:
             return _handler_path
         path = log_file(name)

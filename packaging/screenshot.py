@@ -41,6 +41,10 @@ def main() -> int:
     parser.add_argument("--prompt", default=PROMPT, help="the message to send (default: the first edit prompt)")
     parser.add_argument("--n-ctx", type=int, default=4096, help="context size to load the model with")
     parser.add_argument("--size", default="1800x1000", help="screen and window size, WIDTHxHEIGHT")
+    parser.add_argument("--fresh", action="store_true", help="the window as a fresh start shows it (no load)")
+    parser.add_argument("--highlight", action="store_true", help="tint the drafted tokens")
+    parser.add_argument("--serve", action="store_true",
+                        help="serve the model (Model → Serve) and answer through it, with the Remote engine dock")
     args = parser.parse_args()
     xvfb = shutil.which("Xvfb")
     if xvfb is None:
@@ -48,19 +52,25 @@ def main() -> int:
         return 1
     smollm2, gemma = install_demo_models()
     target = gemma if args.model == "gemma" else smollm2
-    display = ":93"
     width, height = (int(x) for x in args.size.lower().split("x"))
-    server = subprocess.Popen([xvfb, display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Xvfb picks a free display and writes its number to the pipe (several screenshots may run at once).
+    read_end, write_end = os.pipe()
+    server = subprocess.Popen([xvfb, "-displayfd", str(write_end), "-screen", "0", f"{width}x{height}x24",
+                               "-nolisten", "tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              pass_fds=(write_end,))
+    os.close(write_end)
     try:
-        time.sleep(1.0)
+        with os.fdopen(read_end) as number:
+            display = f":{number.readline().strip()}"
+        time.sleep(0.5)
         with tempfile.TemporaryDirectory(prefix="specdeck-shot-") as home:
             shot = Path(home) / "shot.png"
             env = dict(os.environ, DISPLAY=display, SPECDECK_HOME=home, SPECDECK_MODELS_DIR=str(target.parent),
+                       PYTHONPATH=str(ROOT),
                        QT_QPA_PLATFORM="xcb", PYTHONUNBUFFERED="1")
             env["SPECDECK_AUTOPILOT"] = json.dumps({
                 "target": str(target), "ngram": 3, "prompts": [args.prompt], "max_tokens": args.max_tokens,
-                "n_ctx": args.n_ctx,
+                "n_ctx": args.n_ctx, "load": not args.fresh, "highlight": args.highlight, "serve": args.serve,
                 "screenshot": str(shot), "window_size": [width, height],
             })
             done = subprocess.run([sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],

@@ -5,10 +5,13 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
     {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
      "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
      "report": PATH | null, "quit": true, "hide_dashboard": false, "window_size": [W, H] | null,
-     "duration_s": null, "new_chat_every": null}
+     "duration_s": null, "new_chat_every": null, "load": true, "highlight": false, "serve": false}
 
 ``duration_s``: stop sending prompts once this many seconds have passed (the soak script); ``new_chat_every``:
-start a new chat every N prompts, so a long run never outgrows the context. The report then also holds
+start a new chat every N prompts, so a long run never outgrows the context. ``load``: false takes the
+screenshot of the window as a fresh start shows it (the target chosen, nothing loaded; ``ngram`` and
+``drafter`` are then left at the window's defaults). ``highlight``: tint drafted tokens. ``serve``: serve the loaded
+model (Model → Serve), watch it in the Remote engine dock and send the prompts through it. The report then also holds
 what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI thread's stacks behind each
 late tick (``ui/stall_watch.py``), for the soak's checks.
 
@@ -50,6 +53,7 @@ class Autopilot(QObject):
         self._folder_added = False
         self._cpu0, self._wall0 = 0.0, 0.0
         self.sent: list[str] = []
+        self._dock_waited = False
         self.started = time.monotonic()
         self.first_loaded_at: float | None = None  # wall clock: stalls before it are the window's start
         self._ticks_before_load = 0
@@ -84,6 +88,12 @@ class Autopilot(QObject):
         if "max_tokens" in spec:
             form.set_settings(replace(form.settings(), max_tokens=int(spec["max_tokens"])))
         target = str(spec["target"])
+        fresh = not spec.get("load", True)
+        if fresh and (picker.select_target(target) or picker.target_path() == target):
+            picker.drafters_ranked.connect(self._on_picker_drafters_ranked_fresh)
+            if picker._report_for == target:
+                self._on_picker_drafters_ranked_fresh()
+            return
         if not picker.select_target(target):
             if self._folder_added:
                 say(f"load refused: {target} is not in the library even after adding its folder")
@@ -94,6 +104,7 @@ class Autopilot(QObject):
             picker.library_changed.connect(self._on_picker_library_changed)  # then try again
             picker.add_folder(str(Path(target).parent))
             return
+        self.window.chat.highlight_check.setChecked(bool(spec.get("highlight")))
         if spec.get("drafter"):
             picker.select_drafter(str(spec["drafter"]))
         ngram = int(spec.get("ngram", 3))
@@ -107,6 +118,13 @@ class Autopilot(QObject):
             say(f"load refused: {picker.status_label.text()}")
             self.window.close()
 
+    @Slot()
+    def _on_picker_drafters_ranked_fresh(self) -> None:
+        """A fresh start, as the user first sees it: the choice made, nothing loaded."""
+        self.window.picker.drafters_ranked.disconnect(self._on_picker_drafters_ranked_fresh)
+        say("fresh start shown")
+        QTimer.singleShot(500, self._finish)
+
     @Slot(list)
     def _on_picker_library_changed(self, _entries: list[object]) -> None:
         self.window.picker.library_changed.disconnect(self._on_picker_library_changed)
@@ -118,7 +136,30 @@ class Autopilot(QObject):
         if self.first_loaded_at is None:
             self.first_loaded_at = time.time()
             self._ticks_before_load = len(self.lags)
+        if self.spec.get("serve") and self.window.remote.route is None:
+            self.window.remote.serve_action.setChecked(True)
+            QTimer.singleShot(500, self._use_server)
+            return
         self._next()
+
+    def _use_server(self) -> None:
+        """Once the dock watches the served model, choose it in the picker so the chat goes through it."""
+        remote = self.window.remote
+        models = self.window.picker.remote_models
+        server = remote.switch.server
+        if remote.dashboard.info is None or not models or server is None or server.runner.state != "ready":
+            QTimer.singleShot(500, self._use_server)
+            return
+        self.window.picker.select_remote(models[0])
+        route = remote.route
+        if route is None:
+            say("the served model could not be chosen")
+            self._finish()
+            return
+        route.token_received.connect(self._on_bridge_token_received)
+        route.generation_finished.connect(self._on_bridge_generation_finished)
+        say(f"answering through {models[0].base_url}")
+        QTimer.singleShot(300, self._next)
 
     @Slot()
     def _on_lag_timer_timeout(self) -> None:
@@ -173,6 +214,10 @@ class Autopilot(QObject):
         say(f"engine crashed: {event.message}")
 
     def _finish(self) -> None:
+        if self.spec.get("serve") and not self._dock_waited:
+            self._dock_waited = True  # the dock reads the server once a second: its figures of the answer
+            QTimer.singleShot(2500, self._finish)
+            return
         shot = self.spec.get("screenshot")
         if shot:
             self.window.grab().save(str(shot))

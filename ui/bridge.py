@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
@@ -41,12 +42,10 @@ PAINT_INTERVAL_MS = 33  # ~30 Hz
 DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
 MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
-# The window's engine worker yields the CPU to the GUI thread when they compete for a core: on a busy machine
-# (measured in the soak) the GUI thread otherwise waits for a core behind the decode threads, and the window
-# freezes for hundreds of milliseconds. Uncontended, the worker runs as fast as before. At +5 the soak (three
-# windows, three engines, two cores) still saw the GUI thread get half a core during 110-150 ms stalls; at +10
-# the scheduler gives a waking nice-0 thread about nine times the worker's share.
-WORKER_NICE = 10
+# The window's engine worker runs at the user's own priority: the answer the user waits for must not yield to
+# a compile or a browser tab (at nice +10 it did, and its slowed passes misled the depth policy). The window stays
+# responsive by costing little per token instead: tokens and stats are drained under a time budget and merged,
+# and repaints are coalesced on timers (this module, the chat view and the dashboard).
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ class EngineBridge(QObject):
         auto_restart: bool = True,
     ) -> None:
         super().__init__(parent)
-        self._client = client if client is not None else EngineClient(log_dir=logs_dir(), nice=WORKER_NICE)
+        self._client = client if client is not None else EngineClient(log_dir=logs_dir())
         self.auto_restart = auto_restart
         self._commands: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
         self._pending: deque[Any] = deque()
@@ -157,6 +156,11 @@ class EngineBridge(QObject):
     @property
     def worker_pid(self) -> int | None:
         return self._client.pid
+
+    @property
+    def engine_log_path(self) -> Path | None:
+        """The engine worker's log file (llama.cpp's lines), for View → Log."""
+        return self._client.log_path
 
     @property
     def last_load(self) -> LoadSettings | None:

@@ -24,3 +24,11 @@ def prefill_text(prefill_tps: float) -> str:
     if prefill_tps <= 0 or prefill_tps >= CACHED_PREFILL_TPS:
         return "prefill cached"
     return f"prefill {prefill_tps:.0f} tok/s"
+
+
+# The one name for the plain decoding rate measured at load: the dashboard's line and the chat's footer use it.
+PLAIN_RATE = "plain rate"
+
+
+def speedup_text(speedup: float) -> str:
+    return f"{speedup:.2f}× the {PLAIN_RATE}"

@@ -6,14 +6,18 @@ Records from any thread reach the window through a queued signal; the view keeps
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QFontDatabase, QHideEvent, QShowEvent
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.events import Log
 
 MAX_LINES = 5000
+ENGINE_FILE_MS = 1000  # while the window is open, the engine's log file is read for new lines this often
+ENGINE_FILE_CHUNK = 64 * 1024  # at most this much of it per read (the first read: its last part)
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -60,6 +64,48 @@ class LogWindow(QDialog):
         self.handler = QtLogHandler()
         self.handler.relay.line.connect(self.append_line, Qt.ConnectionType.QueuedConnection)
         logging.getLogger().addHandler(self.handler)
+        # llama.cpp writes to the engine worker's log file, not through the pipe: its lines are read from there.
+        self._engine_file: Callable[[], Path | None] = lambda: None
+        self._file_path: Path | None = None
+        self._file_offset = 0
+        self._file_rest = b""
+        self._file_timer = QTimer(self)
+        self._file_timer.setInterval(ENGINE_FILE_MS)
+        self._file_timer.timeout.connect(self.read_engine_file)
+
+    def follow_engine_file(self, path_of: Callable[[], Path | None]) -> None:
+        """Show the lines of the file ``path_of()`` names (the current engine worker's log) while open."""
+        self._engine_file = path_of
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.read_engine_file()
+        self._file_timer.start()
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        self._file_timer.stop()
+        super().hideEvent(event)
+
+    @Slot()
+    def read_engine_file(self) -> None:
+        path = self._engine_file()
+        if path is None:
+            return
+        try:
+            with path.open("rb") as fh:
+                if path != self._file_path:  # a new worker (a restart): its file from near its end
+                    self._file_path, self._file_rest = path, b""
+                    self._file_offset = max(0, fh.seek(0, 2) - ENGINE_FILE_CHUNK)
+                fh.seek(self._file_offset)
+                data = fh.read(ENGINE_FILE_CHUNK)
+        except OSError:
+            return  # not written yet, or pruned: nothing to show
+        self._file_offset += len(data)
+        *lines, self._file_rest = (self._file_rest + data).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", errors="replace").rstrip()
+            if text:
+                self.view.appendPlainText(f"llama.cpp: {text}")
 
     def detach(self) -> None:
         logging.getLogger().removeHandler(self.handler)

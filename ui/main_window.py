@@ -8,6 +8,7 @@ events), and each piece is short.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import tempfile
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QScrollArea,
     QStackedWidget,
@@ -50,7 +52,7 @@ from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
 from ui.log_window import LogWindow
@@ -59,23 +61,40 @@ from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
 from ui.remote.window_side import RemoteSide
 from ui.tasks import TaskRunner
+from ui.wheel_guard import guard_wheel
 
 logger = logging.getLogger(__name__)
 
 WINDOW_STATE_FILE = "window.ini"
 WINDOW_STATE_MAX_BYTES = 1 << 20  # the layout is a few kB
 HISTORY_REOPEN_SECONDS = 30
-SHORTCUTS_TEXT = "\n".join((
-    "Ctrl+Enter    send the message (anywhere in the window)",
-    "Esc           stop the answer (while one is being written)",
-    "Ctrl+N        new chat",
-    "F2            rename the chat selected in the list",
-    "Del           delete the chat selected in the list (Undo delete brings it back)",
-    "Ctrl+Q        quit",
-))
+# Keys: the same text sets each action's shortcut and fills the Keyboard shortcuts table.
+KEY_REGENERATE, KEY_CONTINUE, KEY_EDIT_LAST = "Ctrl+R", "Ctrl+Shift+Return", "Ctrl+E"
+KEY_COPY_ANSWER, KEY_MESSAGE_BOX, KEY_RENAME = "Ctrl+Shift+C", "Ctrl+L", "F2"
+SHORTCUTS = (
+    ("Ctrl+Enter", "send the message (anywhere in the window)"),
+    ("Esc", "stop the answer (while one is being written)"),
+    (KEY_REGENERATE, "regenerate the last answer"),
+    ("Ctrl+Shift+Enter", "continue an answer cut at Max tokens"),
+    (KEY_EDIT_LAST, "edit the last message"),
+    (KEY_COPY_ANSWER, "copy the last answer"),
+    (KEY_MESSAGE_BOX, "go to the message box"),
+    ("Tab", "leave the message box (to Send)"),
+    ("Ctrl+N", "new chat"),
+    (KEY_RENAME, "rename the open chat"),
+    ("Del", "delete the chat selected in the list (Undo delete brings it back)"),
+    ("Ctrl+Q", "quit"),
+)
+SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(
+    f"<tr><td><b>{html.escape(keys)}</b></td><td>{html.escape(what)}</td></tr>" for keys, what in SHORTCUTS
+) + "</table>"
 WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
 SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
 SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
+# Below this width a first start shows the Models and Dashboard docks as tabs of one dock: side by side they
+# left the chat 225 px at 1024×700. The Dashboard tab comes to the front once a model is loaded.
+WELCOME_TEXT_WIDTH = 560
+TABBED_DOCKS_BELOW_WIDTH = 1200  # a 1366-pixel screen's first window (1256 px) keeps them side by side
 
 
 def default_window_size(available: QSize) -> QSize:
@@ -157,9 +176,20 @@ class FirstRunPanel(QWidget):
             "No GGUF models were found on this computer. Install two small demo models (about 350 MB: "
             "SmolLM2 135M and Gemma 3 270M) to try it, or add a folder that holds your own models.", self)
         text.setWordWrap(True)
+        text.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        text.setMaximumWidth(WELCOME_TEXT_WIDTH)
+        self.text = text
         self.demo_button = QPushButton("Install demo models", self)
         self.folder_button = QPushButton("Add folder…", self)
-        for w in (title, text, self.demo_button, self.folder_button):
+        layout.addWidget(title, 0, Qt.AlignmentFlag.AlignHCenter)
+        # Not centred by the layout: a centred label is laid out at its one-line width hint and its wrapped
+        # lines were cut off; in a row between stretches it gets a width and the height its lines need.
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(text, 4)
+        row.addStretch(1)
+        layout.addLayout(row)
+        for w in (self.demo_button, self.folder_button):
             layout.addWidget(w, 0, Qt.AlignmentFlag.AlignHCenter)
         layout.addStretch(2)
 
@@ -191,7 +221,9 @@ class MainWindow(QMainWindow):
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
         self._default_docks_pending = False
+        self._raise_dashboard_on_load = False  # docks tabbed on a small screen: show the dashboard after a load
         self._build()
+        guard_wheel(self)
         self.notifier.attach(self)
         if warning:
             self.notifier.warning(warning)
@@ -290,8 +322,18 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
         self.log_window = LogWindow(self)
+        self.log_window.follow_engine_file(lambda: self.bridge.engine_log_path)
         self._build_menus()
-        self.statusBar()
+        # The load's progress in the status bar too: the Models dock's own bar is below the fold on a short
+        # screen (1366×768), where nothing visible moved for the whole load.
+        self.load_bar = QProgressBar(self)
+        self.load_bar.setObjectName("status_load_bar")
+        self.load_bar.setRange(0, 100)
+        self.load_bar.setMaximumWidth(320)
+        self.load_bar.setVisible(False)
+        self.statusBar().addPermanentWidget(self.load_bar)
+        self.picker.progress_bars.append(self.load_bar)
+        self.chat.model_loading = lambda: self.picker.loading
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
@@ -316,6 +358,17 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "&Log", self._on_log_action_triggered)
         view_menu.addAction(self.models_dock.toggleViewAction())
         view_menu.addAction(self.dashboard_dock.toggleViewAction())
+        chat_menu = bar.addMenu("&Chat")
+        chat = self.chat
+        for attr, text, call, keys in (
+            ("regenerate_action", "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE),
+            ("continue_action", "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE),
+            ("edit_last_action", "&Edit last message", lambda: chat.edit_last(), KEY_EDIT_LAST),
+            ("copy_answer_action", "Copy last &answer", lambda: chat.copy_last_answer(), KEY_COPY_ANSWER),
+            ("message_box_action", "&Message box", lambda: chat.focus_input(), KEY_MESSAGE_BOX),
+            ("rename_action", "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME),
+        ):
+            setattr(self, attr, self._action(chat_menu, text, call, keys))
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
@@ -345,6 +398,7 @@ class MainWindow(QMainWindow):
         self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
         self.chat.error_raised.connect(self._on_chat_error_raised)
         self.chat.answer_finished.connect(self._on_chat_answer_finished)
+        self.chat.chat_opened.connect(self._on_chat_chat_opened)
         self.chat.completion_mode_toggled.connect(self._on_chat_completion_mode_toggled)
         self.chat.generation_state_changed.connect(self._on_chat_generation_state_changed)
         self.sampling_form.changed.connect(self._on_sampling_form_changed)
@@ -401,11 +455,27 @@ class MainWindow(QMainWindow):
         if self._default_docks_pending:
             self._default_docks_pending = False
             self._default_layout()
+        self._keep_chat_wider_than_list()
 
     def _default_layout(self) -> None:
         width = self.width()
+        if width < TABBED_DOCKS_BELOW_WIDTH:
+            self.tabifyDockWidget(self.models_dock, self.dashboard_dock)
+            self.models_dock.raise_()
+            self._raise_dashboard_on_load = True
+            side = max(SIDE_DOCK_MIN_WIDTH, DashboardPanel.MIN_WIDTH, width * 3 // 10)
+            self.resizeDocks([self.models_dock], [side], Qt.Orientation.Horizontal)
+            return
         self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 5),
                          max(DashboardPanel.MIN_WIDTH, width * 3 // 10)], Qt.Orientation.Horizontal)
+
+    def _keep_chat_wider_than_list(self) -> None:
+        """A restored splitter (saved on a wider screen) must not give the chat list more room than the chat."""
+        sizes = self.chat.splitter.sizes()
+        if len(sizes) == 2 and sizes[0] > sizes[1]:
+            total = sum(sizes)
+            first = max(HISTORY_MIN_WIDTH, total // 4)
+            self.chat.splitter.setSizes([first, total - first])
 
     def _save_window_state(self) -> None:
         qs = self._qsettings()
@@ -495,11 +565,15 @@ class MainWindow(QMainWindow):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self._prompt_warnings_shown.clear()
+        if self._raise_dashboard_on_load:
+            self._raise_dashboard_on_load = False
+            self.dashboard_dock.raise_()
         self.picker.show_loaded(event)
         note = self.bridge.last_load.context_note(event.n_ctx) if self.bridge.last_load else None
         if note:
             self.notifier.info(note)
         self.notifier.resolve(NEED_MODEL_MESSAGE)
+        self.notifier.resolve(LOADING_MESSAGE)
         self.chat.input.setFocus()  # the first thing typed after a load is a message, not a setting
         # A base model (no chat template) starts in completion mode; a switch by the user is remembered.
         switched = event.target.path in self.settings.switched_mode_models
@@ -521,7 +595,8 @@ class MainWindow(QMainWindow):
         # A refused chat template (and the format used instead) is said once per loaded model, not per message.
         if event.warning and event.warning not in self._prompt_warnings_shown:
             self._prompt_warnings_shown.add(event.warning)
-            self.notifier.warning(event.warning)
+            # A notice, not a dialog: it comes as the answer starts, and a box would cover the stream.
+            self.notifier.info(event.warning)
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:
@@ -530,6 +605,10 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_bridge_load_cancelled(self) -> None:
         self.picker.set_loading(False, "Loading cancelled.")
+
+    @Slot(int)
+    def _on_chat_chat_opened(self, _chat_id: int) -> None:
+        self.dashboard.forget_answer()  # its totals were another chat's answer
 
     @Slot(object)
     def _on_chat_answer_finished(self, answer: ChatMessage) -> None:
@@ -631,9 +710,9 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_shortcuts_action_triggered(self) -> None:
-        box = QMessageBox(QMessageBox.Icon.Information, "Keyboard shortcuts", SHORTCUTS_TEXT,
+        box = QMessageBox(QMessageBox.Icon.Information, "Keyboard shortcuts", SHORTCUTS_HTML,
                           QMessageBox.StandardButton.Ok, self)
-        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.setTextFormat(Qt.TextFormat.RichText)  # a table: columns line up in any font (our own text only)
         box.open()
         self._shortcuts_box = box
 

@@ -114,6 +114,9 @@ class CeilingInfo:
     efficiency: float | None = None  # measured / spec, from a calibration
     measured_tps: float | None = None  # flat measured plain-decode rate when there is no spec curve
     device: str = ""  # what the roof was computed for, e.g. "NVIDIA RTX 4090 (1008 GB/s)"
+    # Where that bandwidth comes from: "probed" (a CPU's, measured on this machine: it moves between runs) or
+    # "spec sheet" (a GPU's, from its specifications or the user's override).
+    bandwidth_source: str = ""
     binding: str = ""  # "memory" or "compute"
 
     def spec_at(self, context: int) -> float | None:
@@ -182,4 +185,5 @@ def ceiling_for_loaded(
         measured_tps=calibration.tokens_per_second if calibration is not None else None,
         device=f"{binding_dev.name} ({binding_dev.bandwidth / GB:.0f} GB/s)",
         binding=first.binding,
+        bandwidth_source="probed" if binding_dev.kind == "cpu" else "spec sheet",
     )

@@ -179,6 +179,11 @@ class EngineClient:
 
     # --- events ---------------------------------------------------------------------------------
 
+    @property
+    def log_path(self) -> Path | None:
+        """The current worker's log file, where llama.cpp's own output goes; None before the first start."""
+        return self._log_path
+
     def log_tail(self, lines: int = TAIL_LINES) -> tuple[str, ...]:
         if self._log_path is None or not self._log_path.exists():
             return ()

@@ -28,7 +28,7 @@ from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context,
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
-from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress
+from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
 from app.library.model_file import check_model_file
@@ -318,6 +318,9 @@ class EngineSession:
         stop = StopReason()
         pieces: list[str] = []
         announced = False
+        # Only the tokens not already in the KV cache are prefilled; a cached prefix takes no time, and counting
+        # it made a cached prompt's rate read millions of tokens per second.
+        prefilled = max(len(tokens) - 1 - decoder.ctx.common_prefix(tokens[:-1]), 0)
         for event in decoder.generate(tokens, sampling, request_id, totals=totals, stop=stop,
                                        cancelled=cancelled):
             if not announced and not isinstance(event, PromptProgress):
@@ -326,7 +329,9 @@ class EngineSession:
             if hasattr(event, "text"):
                 pieces.append(event.text)
             yield event
-        yield Finished(request_id, stop.reason or "cancelled", totals.summary(decoder.plain_rate()), "".join(pieces))
+        stats = replace(totals.summary(decoder.plain_rate()),
+                        prefill_tps=decode_rate(prefilled, totals.prefill_seconds))
+        yield Finished(request_id, stop.reason or "cancelled", stats, "".join(pieces))
 
     def close(self) -> None:
         self.ctx.close()

@@ -412,8 +412,11 @@ class HistoryStore:
         return [row[0] for row in rows]
 
     def rename_chat(self, chat_id: int, title: str) -> None:
+        """A new title only: a rename is not activity, so the chat keeps its place in the list."""
         with self._write() as conn:
-            self._touch(conn, chat_id, "title=?", _clean_text(title))
+            cur = conn.execute("UPDATE chats SET title=? WHERE id=?", (_clean_text(title), chat_id))
+            if cur.rowcount == 0:
+                raise KeyError(f"There is no chat {chat_id}.")
 
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
         with self._write() as conn:

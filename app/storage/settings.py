@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings, as_dict
+from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
@@ -43,7 +43,9 @@ class AppSettings:
     schema_version: int = SCHEMA_VERSION
     target_path: str | None = None  # last target model
     drafter_path: str | None = None  # last drafter model
-    ngram: int = _DRAFT.ngram  # n-gram drafter key length; 0 = off
+    # n-gram drafter key length; 0 = off. On in a fresh home: it costs nothing to run, and speculation is the
+    # point of the app (DraftSettings stays off by default, so bench's and the API's plain runs stay plain).
+    ngram: int = NGRAM_KEY_LENGTH
     adaptive: bool = _DRAFT.adaptive
     k: int = _DRAFT.k
     k_max: int = _DRAFT.k_max

@@ -72,7 +72,9 @@ def test_list_chats_most_recent_first(store: HistoryStore) -> None:
     time.sleep(0.01)
     store.add_message(first, "user", "bump")
     assert [c.id for c in store.list_chats()] == [first, second]
+    time.sleep(0.01)
     store.rename_chat(second, "renamed")
+    assert [c.id for c in store.list_chats()] == [first, second]  # a rename is not activity: no move to the top
     store.set_system_prompt(second, "new prompt")
     assert store.chat(second).title == "renamed"
     assert store.chat(second).system_prompt == "new prompt"

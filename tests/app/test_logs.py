@@ -89,3 +89,22 @@ def test_the_root_logger_is_not_touched_by_import() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+def test_httpx_requests_stay_out_of_the_log(tmp_path: Path) -> None:
+    """The Remote engine dock reads a server once a second: httpx's INFO line per request filled the log."""
+    script = (
+        "import logging\n"
+        "from app.logs import setup_logging\n"
+        "path = setup_logging()\n"
+        "logging.getLogger('httpx').info('HTTP Request: GET http://127.0.0.1:8642/metrics')\n"
+        "logging.getLogger('httpx').warning('a warning is kept')\n"
+        "print(path)\n"
+    )
+    env = {**os.environ, "SPECDECK_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = Path(done.stdout.strip()).read_text()
+    assert "HTTP Request" not in text
+    assert "a warning is kept" in text

@@ -73,8 +73,7 @@ def choose_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | 
         assert picker.select_target(target) or picker.target_path() == str(target)
         if picker.target_path() == str(target) and picker._report_for == str(target):
             picker.drafters_ranked.emit()  # already ranked for this target
-    if drafter is not None:
-        assert picker.select_drafter(drafter)
+    assert picker.select_drafter(drafter)  # None: no drafter model (a fresh home would choose one)
     picker.ngram_check.setChecked(ngram > 0)
     if ngram:
         picker.ngram_spin.setValue(ngram)

@@ -116,7 +116,7 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     assert tk[0] == pytest.approx(3.5)
     lab = panel.labels
     assert lab["tps"].text() == f"{137 / 0.39:.1f} tok/s"
-    assert lab["pct"].text().startswith(f"{100 * 137 / 0.39 / spec:.0f}% of the spec-sheet roof")
+    assert lab["pct"].text().startswith(f"{100 * 137 / 0.39 / spec:.0f}% of the bandwidth roof")
     assert lab["alpha"].text() == "α 0.83"  # 80 accepted of 96 positions tested over the last 32 passes
     assert lab["tau"].text() == "τ 3.50"
     assert lab["k"].text() == "k 3"

@@ -16,12 +16,12 @@ from ui.dashboard.panel import DashboardPanel, decode_axis_top
 
 
 def test_axis_fits_the_data_and_the_nearest_ceiling_above_it() -> None:
-    top, off = decode_axis_top(45.0, {"measured": 57.0, "spec-sheet roof": 301.0, "τ × roof": 560.0})
+    top, off = decode_axis_top(45.0, {"plain rate": 57.0, "bandwidth roof": 301.0, "τ × roof": 560.0})
     assert top == 57.0  # a 20-50 tok/s trace fills the chart instead of its bottom 15 %
-    assert off == {"spec-sheet roof": 301.0, "τ × roof": 560.0}
-    top, off = decode_axis_top(80.0, {"measured": 57.0, "spec-sheet roof": 301.0, "τ × roof": None})
+    assert off == {"bandwidth roof": 301.0, "τ × roof": 560.0}
+    top, off = decode_axis_top(80.0, {"plain rate": 57.0, "bandwidth roof": 301.0, "τ × roof": None})
     assert (top, off) == (301.0, {})  # past the measured line, the roof is the nearer ceiling
-    top, off = decode_axis_top(400.0, {"measured": 57.0, "spec-sheet roof": 301.0})
+    top, off = decode_axis_top(400.0, {"plain rate": 57.0, "bandwidth roof": 301.0})
     assert (top, off) == (400.0, {})  # above every ceiling (speculation): all are drawn
 
 
@@ -55,7 +55,7 @@ def test_the_legend_explains_both_ceilings_and_names_far_ones(qtbot: QtBot) -> N
     panel.on_loaded(replace(make_loaded(), plain_tps=50.0))
     qtbot.waitUntil(lambda: panel.metrics.ceiling is far, timeout=5000)
     key = panel.tps_legend.text
-    assert "spec-sheet roof: bandwidth ÷ bytes per token" in key
-    assert "measured: plain decoding on this machine" in key
-    assert "off scale: spec-sheet roof 900 tok/s" in key  # 50 measured, no data yet: 900 is far
+    assert "bandwidth roof: memory bandwidth ÷ bytes per token" in key  # no source named: "memory"
+    assert "plain rate: one token per pass, timed here at load" in key
+    assert "off scale: bandwidth roof 900 tok/s" in key  # 50 measured, no data yet: 900 is far
     assert not panel.l_spec.isVisible()

@@ -84,6 +84,9 @@ def test_dashboard_plots_a_vllm_server_from_its_counters(qtbot: QtBot,
     assert panel.values["ceiling_tokens_per_second"].text() == NOT_REPORTED
     assert panel.values["tokens_per_second"].text() != NOT_REPORTED
     assert "vllm:generation_tokens_total" in panel.sources.text()
+    tips = " ".join(label.toolTip() for label in panel.values.values())
+    assert "vllm:generation_tokens_total" in tips  # where a figure comes from: in its tooltip
+    assert not panel.sources.isVisibleTo(panel)  # raw metric names are not drawn over the plots
 
     state["garbage"] = True  # the server starts answering garbage: a message, the panel keeps running
     panel.timer.start()

@@ -58,7 +58,10 @@ def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window:
     lst.setFocus()
     qtbot.waitUntil(lst.hasFocus, timeout=2000)
     qtbot.keyClick(handle, Qt.Key.Key_Delete)
-    assert chat.chat_id is None  # the deleted chat is no longer on screen
+    assert chat.chat_id != current  # the deleted chat is no longer on screen; its neighbour is
+    assert chat.chat_id == next(c.id for c in window.store.list_chats() if c.title == "Bread")
+    assert chat.history_list.currentItem().text() == "Bread"
+    assert "Borrow checker" in chat.undo_delete_button.text()  # says what it would bring back
     assert "Borrow checker" not in _titles(window)
     assert chat.undo_delete_button.isVisibleTo(chat)
     chat.undo_delete_button.click()

@@ -56,11 +56,12 @@ def test_code_block_has_language_label_background_and_a_copy_link_that_copies(qt
     assert "Done now." in view.toPlainText()  # the Markdown around the code is rendered
 
 
-def test_user_messages_are_rendered_as_markdown(qtbot: QtBot) -> None:
+def test_user_messages_are_shown_as_typed(qtbot: QtBot) -> None:
     view = make_view(qtbot)
-    view.append_message(ChatMessage("user", "Fix **this**:\n\n```\nx=1\n```"))
-    assert "**" not in view.toPlainText()
-    assert view.code_blocks() == ["x=1"]
+    typed = "Fix **this**:\n\n```\nx=1\n```"
+    view.append_message(ChatMessage("user", typed))
+    assert typed in view.toPlainText()  # no Markdown: what the user wrote is what they see
+    assert view.code_blocks() == []
 
 
 def test_no_resource_is_loaded_or_decoded_not_even_data_images(qtbot: QtBot) -> None:
@@ -104,6 +105,27 @@ def test_highlighting_drafted_tokens_keeps_the_markdown(qtbot: QtBot) -> None:
     assert cursor.charFormat().fontWeight() > 500  # bold kept under the tint
     assert background_at(plain.index("x = 1")) == colours[FROM_MODEL]
     assert background_at(plain.index("Use")) != colours[FROM_NGRAM]
+
+
+def test_drafted_tokens_are_tinted_while_the_answer_streams(qtbot: QtBot) -> None:
+    """Each block is tinted once it is final, before the answer ends (not only after it)."""
+    view = make_view(qtbot)
+    view.highlight_sources = True
+    colours = source_colours(view.palette())
+    answer = ChatMessage("assistant", "", "streaming")
+    view.begin_answer()
+    for text, source in (("First ", FROM_TARGET), ("copied words", FROM_NGRAM), (".\n\n", FROM_TARGET),
+                         ("Second ", FROM_TARGET), ("more", FROM_NGRAM)):
+        answer.text += text
+        answer.pieces.append((text, source))
+        view.update_answer(answer)
+    assert view.streaming
+    plain = view.toPlainText()
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(plain.index("copied words") + 1)
+    assert cursor.charFormat().background().color() == colours[FROM_NGRAM]  # the finished block, tinted now
+    cursor.setPosition(plain.index("First") + 1)
+    assert cursor.charFormat().background().color() != colours[FROM_NGRAM]
 
 
 def test_streaming_renders_only_the_last_block(qtbot: QtBot) -> None:
@@ -206,9 +228,11 @@ def test_a_remote_answer_shows_no_passes_or_speedup_it_never_reported() -> None:
                                  0.05))
     assert "decode 44.7 tok/s" in remote
     assert "tokens/pass" not in remote
-    assert "vs plain" not in remote
+    assert "×" not in remote
     local = format_stats({"ttft_seconds": 0.05, "prefill_tps": 850.0, "decode_tps": 21.3, "drafted": 10,
                           "accepted": 8, "acceptance": 0.8, "passes": 12, "tokens_per_pass": 2.5,
                           "speedup_estimate": 1.6})
     assert "2.50 tokens/pass" in local
-    assert "1.60× vs plain" in local
+    assert "1.60× the plain rate" in local
+    assert "×" not in format_stats({"decode_tps": 21.3, "drafted": 0, "passes": 12, "tokens_per_pass": 1.0,
+                                    "speedup_estimate": 0.7})  # nothing drafted: plain decoding, no ratio

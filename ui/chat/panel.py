@@ -12,10 +12,11 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -28,12 +29,25 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
 
 from app.errors import AppError, SettingsError, StorageError
-from app.events import EngineCrashed, EngineError, Finished, PromptProcessed, PromptProgress, Token
+from app.events import (
+    EngineCrashed,
+    EngineError,
+    Finished,
+    MessageStats,
+    PromptProcessed,
+    PromptProgress,
+    Token,
+    continued_stats,
+    drafted_by,
+    message_stats,
+    speedup_over_plain,
+)
 from app.storage.buffered_history import BufferedHistory
 from app.storage.history import ChatSummary, HistoryStore
 from app.storage.history_writer import HistoryThread
@@ -46,8 +60,10 @@ from ui.plain_text import plain_tooltip
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
 HISTORY_MIN_WIDTH = 120
-UNDO_DELETE_MS = 8000  # a deleted chat can be brought back this long
+API_ROLE = Qt.ItemDataRole.UserRole + 1  # a chat list row's mark: the chat came through the API
+UNDO_DELETE_MS = 60_000  # a deleted chat can be brought back this long (or until the next delete)
 NEED_MODEL_MESSAGE = "Load a model first (Models, on the left)."
+LOADING_MESSAGE = "The model is still loading; send again once it is loaded."
 FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
 
 
@@ -87,10 +103,15 @@ class ChatPanel(QWidget):
         self._request_id: int | None = None
         self._awaiting_start = False
         self._answer: ChatMessage | None = None
+        self.model_loading: Callable[[], bool] = lambda: False  # the window's: is a load under way?
         self._resumed_text = ""  # Continue: the partial answer the engine goes on from
+        self._resumed_stats: MessageStats | None = None  # and its figures, which the footer adds to
         self._dirty = False
         self._last_flush = 0.0
         self._pending_delete: int | None = None
+        # Edit last: where the turn taken back began and its messages, kept (in the view's memory and in the
+        # history) until the edited question is sent; Undo edit brings them back.
+        self._pending_edit: tuple[int, list[ChatMessage]] | None = None
         self._chat_list_requests = 0  # only the newest request's answer is shown
         self.context_menu: QMenu | None = None
         self._delete_timer = QTimer(self)
@@ -135,11 +156,19 @@ class ChatPanel(QWidget):
         self.history_list.customContextMenuRequested.connect(self._on_history_list_context_menu_requested)
         self.history_list.currentItemChanged.connect(self._on_history_list_current_item_changed)
         self.history_list.itemChanged.connect(self._on_history_list_item_changed)
+        self.undo_edit_button = QPushButton("Undo edit", self)
+        self.undo_edit_button.setToolTip("Bring back the message taken back for editing, and its answer")
+        self.undo_edit_button.setVisible(False)
+        self.undo_edit_button.clicked.connect(self._on_undo_edit_button_clicked)
         self.undo_delete_button = QPushButton("Undo delete", left)
         self.undo_delete_button.setVisible(False)
         self.undo_delete_button.clicked.connect(self._on_undo_delete_button_clicked)
         left_layout.addWidget(self.new_chat_button)
         left_layout.addWidget(self.search_edit)
+        self.no_match_label = QLabel("No chat matches this search.", left)
+        self.no_match_label.setWordWrap(True)
+        self.no_match_label.setVisible(False)
+        left_layout.addWidget(self.no_match_label)
         left_layout.addWidget(self.history_list)
         left_layout.addWidget(self.undo_delete_button)
         # F2 renames: the list's own edit key (EditKeyPressed is among its default edit triggers).
@@ -177,6 +206,7 @@ class ChatPanel(QWidget):
         self.input = QPlainTextEdit(right)
         self.input.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
         self.input.setMaximumHeight(120)
+        self.input.setTabChangesFocus(True)  # Tab moves on to Send; a tab character is rarely meant in a message
         layout.addWidget(self.input)
         buttons_row = QWidget(right)
         buttons = FlowLayout(buttons_row, h_spacing=6, v_spacing=4)
@@ -198,7 +228,7 @@ class ChatPanel(QWidget):
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
         for w in (self.send_button, self.stop_button, self.regenerate_button, self.continue_button,
-                  self.edit_button, self.highlight_check, self.colour_key):
+                  self.edit_button, self.undo_edit_button, self.highlight_check, self.colour_key):
             buttons.addWidget(w)
         layout.addWidget(buttons_row)
         splitter.addWidget(left)
@@ -319,6 +349,7 @@ class ChatPanel(QWidget):
         if matching is not None:
             chats = [c for c in chats if c.id in matching]
         chats = [c for c in chats if c.id != self._pending_delete]
+        self.no_match_label.setVisible(matching is not None and not chats)  # an empty list alone says nothing
         listed = self.history_list
         listed.blockSignals(True)
         # Each chat keeps its row object, moved where the order says, and a row is written only when what it
@@ -340,6 +371,9 @@ class ChatPanel(QWidget):
                 item = QListWidgetItem()
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
                 item.setData(Qt.ItemDataRole.UserRole, chat.id)
+                if chat.origin == "api":  # a request to `specdeck serve`, not typed here: marked, not renamed
+                    item.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_DriveNetIcon))
+                    item.setData(API_ROLE, True)
                 listed.insertItem(row, item)
             elif listed.item(row) is not item:
                 listed.insertItem(row, listed.takeItem(listed.row(item)))
@@ -350,7 +384,8 @@ class ChatPanel(QWidget):
                 self._history_labels[chat.id] = (title, chat.message_count)
                 self.history_rows_written += 1
                 item.setText(title)
-                item.setToolTip(plain_tooltip(f"{title}\n{chat.message_count} messages"))
+                via = "\nasked through the API (Model → Serve)" if chat.origin == "api" else ""
+                item.setToolTip(plain_tooltip(f"{title}\n{chat.message_count} messages{via}"))
             if chat.id == self.chat_id:
                 current = item
         if current is not None:
@@ -370,6 +405,7 @@ class ChatPanel(QWidget):
             self.error_raised.emit(str(exc))
             return
         self.chat_id = chat_id
+        self._pending_edit = None  # an edit not sent deleted nothing: the chat's history still holds its turn
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
             ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
@@ -395,6 +431,7 @@ class ChatPanel(QWidget):
     def new_chat(self) -> None:
         if self.generating:
             return
+        self._pending_edit = None
         self.chat_id = None
         self.messages = []
         self.view.show_messages([])
@@ -421,8 +458,9 @@ class ChatPanel(QWidget):
             self.error_raised.emit(str(exc))
             return False
         if self.bridge.loaded is None:
-            self.error_raised.emit(NEED_MODEL_MESSAGE)
+            self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
             return False
+        self._commit_edit()
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
             self.chat_id = self._create("new_chat", title, self.system_prompt.text())
@@ -457,15 +495,25 @@ class ChatPanel(QWidget):
         self.completion_check.setChecked(on)
         self.completion_check.blockSignals(False)
         self.system_prompt.setEnabled(not on)
+        self._show_verbatim(on)
 
     @Slot(bool)
     def _on_completion_check_toggled(self, on: bool) -> None:
         self.system_prompt.setEnabled(not on)
+        self._show_verbatim(on)
         self.completion_mode_toggled.emit(on)
+
+    def _show_verbatim(self, on: bool) -> None:
+        """Completion mode shows the transcript as raw text; the chat is drawn again in the new way."""
+        if self.view.verbatim != on:
+            self.view.verbatim = on
+            if not self.generating:
+                self.view.show_messages(self.messages)
 
     def _start_answer(self, sampling: Any, resume: ChatMessage | None = None) -> None:
         """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
         same message (and the same stored answer)."""
+        self._commit_edit()  # Regenerate or Continue after Edit last: the chat as shown is the chat
         loaded = self.bridge.loaded
         if resume is not None:
             answer = resume
@@ -474,13 +522,13 @@ class ChatPanel(QWidget):
         else:
             answer = ChatMessage("assistant", "", "streaming",
                                  model=loaded.target.path if loaded else None,
-                                 drafter=loaded.drafter.path if loaded and loaded.drafter else None)
+                                 drafter=drafted_by(loaded) if loaded else None)
             messages = self._engine_messages()
         if resume is None and self.chat_id is not None and self.store is not None:
             answer.store_id = self._create(
                 "begin_answer", self.chat_id,
                 model=loaded.target.path if loaded else None,
-                drafter=loaded.drafter.path if loaded and loaded.drafter else None,
+                drafter=answer.drafter,
                 sampling=sampling,
             )
         try:
@@ -495,6 +543,7 @@ class ChatPanel(QWidget):
                 self._store_call(self.store.delete_message, answer.store_id)
             return
         self._resumed_text = resume.text if resume is not None else ""
+        self._resumed_stats = message_stats(resume.stats) if resume is not None else None
         self._answer = answer
         self._request_id = None
         self._awaiting_start = True
@@ -544,26 +593,55 @@ class ChatPanel(QWidget):
         return True
 
     def edit_last(self) -> bool:
-        """Take the last question back into the input box (and drop it and its answer) to edit and resend."""
+        """Take the last question back into the input box to edit and resend. The question and its answer
+        leave the view but nothing is deleted until the edited question is sent: Undo edit brings them back."""
         if self.generating:
             return False
         users = [i for i, m in enumerate(self.messages) if m.role == "user"]
         if not users:
             return False
+        self._commit_edit()  # an earlier edit not sent: its turn is replaced by this one's
         index = users[-1]
         question = self.messages[index]
-        if question.store_id is not None and self.chat_id is not None and self.store is not None:
-            self._store_call(self.store.truncate_after, self.chat_id, question.store_id, inclusive=True)
-        else:
-            for m in self.messages[index:]:
-                if m.store_id is not None and self.store is not None:
-                    self._store_call(self.store.delete_message, m.store_id)
+        self._pending_edit = (index, self.messages[index:])
         del self.messages[index:]
         self.view.show_messages(self.messages)
         self.input.setPlainText(question.text)
         self.input.setFocus()
         self._update_buttons()
         return True
+
+    def undo_edit(self) -> bool:
+        """Bring back the turn Edit last took away (the input box keeps what was typed)."""
+        if self.generating or self._pending_edit is None:
+            return False
+        index, removed = self._pending_edit
+        self._pending_edit = None
+        if index != len(self.messages):
+            return False  # the chat moved on meanwhile (it cannot: sending commits); nothing to put back
+        self.messages.extend(removed)
+        if self.input.toPlainText() == removed[0].text:
+            self.input.clear()
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+        return True
+
+    def _commit_edit(self) -> None:
+        """The edited question is being sent: the turn it replaces is deleted from the history now."""
+        pending, self._pending_edit = self._pending_edit, None
+        if pending is None or self.store is None:
+            return
+        question = pending[1][0]
+        if question.store_id is not None and self.chat_id is not None:
+            self._store_call(self.store.truncate_after, self.chat_id, question.store_id, inclusive=True)
+        else:
+            for m in pending[1]:
+                if m.store_id is not None:
+                    self._store_call(self.store.delete_message, m.store_id)
+
+    @Slot()
+    def _on_undo_edit_button_clicked(self) -> None:
+        self.undo_edit()
 
     # --- engine events ------------------------------------------------------------------------------
 
@@ -612,8 +690,17 @@ class ChatPanel(QWidget):
             answer.text = self._resumed_text + event.text if event.text else answer.text
         answer.status = FINAL_STATUS.get(event.reason, "complete")
         answer.stop_reason = event.reason
-        answer.stats = event.stats if event.reason != "error" else None
+        answer.stats = self._answer_stats(event) if event.reason != "error" else self._resumed_stats
         self._end_answer(answer)
+
+    def _answer_stats(self, event: Finished) -> MessageStats:
+        """The answer's figures: a continued answer's over both parts, and its speedup over the plain rate
+        measured at load (the rate the dashboard draws), or none when that is not measured."""
+        stats = event.stats
+        if self._resumed_stats is not None:
+            stats = continued_stats(self._resumed_stats, stats)
+        loaded = self.bridge.loaded
+        return replace(stats, speedup_estimate=speedup_over_plain(stats, loaded.plain_tps if loaded else 0.0))
 
     @Slot(EngineError)
     def _on_bridge_engine_error(self, event: EngineError) -> None:
@@ -678,6 +765,7 @@ class ChatPanel(QWidget):
         last = self.messages[-1] if self.messages else None
         self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
                                         and last.stop_reason == "max_tokens")
+        self.undo_edit_button.setVisible(idle and self._pending_edit is not None)
 
     @Slot()
     def _on_send_button_clicked(self) -> None:
@@ -717,7 +805,7 @@ class ChatPanel(QWidget):
         if self.generating or last is None or last.role != "assistant" or last.stop_reason != "max_tokens":
             return False
         if self.bridge.loaded is None:
-            self.error_raised.emit(NEED_MODEL_MESSAGE)
+            self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
             return False
         try:
             sampling = self.sampling_form.settings()
@@ -757,6 +845,32 @@ class ChatPanel(QWidget):
         if item is not None:
             self.history_list.editItem(item)
 
+    def rename_current_chat(self) -> bool:
+        """Start renaming the open chat (else the one selected in the list), wherever the focus is."""
+        item = next((self.history_list.item(row) for row in range(self.history_list.count())
+                     if self.history_list.item(row).data(Qt.ItemDataRole.UserRole) == self.chat_id), None)
+        item = item if self.chat_id is not None and item is not None else self.selected_chat_item()
+        if item is None or not self.history_list.isEnabled():
+            return False
+        self.history_list.setCurrentItem(item)
+        self.history_list.setFocus()
+        self.history_list.editItem(item)
+        return True
+
+    def last_answer(self) -> ChatMessage | None:
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+
+    def copy_last_answer(self) -> bool:
+        """Put the newest answer's text, as the model wrote it, on the clipboard."""
+        answer = self.last_answer()
+        if answer is None or not answer.text:
+            return False
+        QGuiApplication.clipboard().setText(answer.text)
+        return True
+
+    def focus_input(self) -> None:
+        self.input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
     @Slot()
     def _on_delete_shortcut_activated(self) -> None:
         item = self.selected_chat_item()
@@ -786,15 +900,29 @@ class ChatPanel(QWidget):
         self.commit_pending_delete()
         self._pending_delete = chat_id
         self._delete_timer.start(UNDO_DELETE_MS)
-        if chat_id == self.chat_id:
-            self.new_chat()
+        was_open = chat_id == self.chat_id
+        title = ""
+        neighbour: int | None = None
         for row in range(self.history_list.count()):  # hidden now, before the refreshed list arrives
-            if self.history_list.item(row).data(Qt.ItemDataRole.UserRole) == chat_id:
+            item = self.history_list.item(row)
+            if item.data(Qt.ItemDataRole.UserRole) == chat_id:
+                title = item.text()
                 self.history_list.blockSignals(True)
                 self.history_list.takeItem(row)
                 self.history_list.blockSignals(False)
+                # The chat that took its row (or the one above, for the last row) is shown next.
+                near = self.history_list.item(min(row, self.history_list.count() - 1))
+                neighbour = near.data(Qt.ItemDataRole.UserRole) if near is not None else None
                 break
+        if was_open:
+            if isinstance(neighbour, int):
+                self.open_chat(neighbour)
+            else:
+                self.new_chat()
         self.refresh_history()
+        self.undo_delete_button.setText(f"Undo delete of “{title}”" if title else "Undo delete")
+        self.undo_delete_button.setToolTip(f"Deleted for good in {UNDO_DELETE_MS // 1000} s, or at the next "
+                                           "delete or when SpecDeck closes")
         self.undo_delete_button.setVisible(True)
         self.chat_deleted.emit(chat_id)
 

@@ -41,7 +41,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QWidget
 
 from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
-from ui.figures import acceptance_text, decode_text, prefill_text, tau_text
+from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -71,6 +71,7 @@ STOP_NOTES = {
     "crashed": "engine crashed",
 }
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+_TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # a table's |---|:--:| line
 
 
 @dataclass
@@ -102,7 +103,9 @@ def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
         parts.append(f"acceptance {acceptance_text(_stat(stats, 'acceptance'))}")
     if _stat(stats, "passes") > 0:  # a remote server reports no passes, so neither figure exists for its answers
         parts.append(f"{tau_text(_stat(stats, 'tokens_per_pass'))} tokens/pass")
-        parts.append(f"{_stat(stats, 'speedup_estimate'):.2f}× vs plain")
+    speedup = _stat(stats, "speedup_estimate")
+    if _stat(stats, "drafted") > 0 and speedup > 0:  # measured against the plain rate, and something drafted
+        parts.append(speedup_text(speedup))
     return " · ".join(parts)
 
 
@@ -135,6 +138,40 @@ def stable_prefix_length(text: str) -> int:
             return cut + 2
         cut = text.rfind("\n\n", 0, cut)
     return 0
+
+
+def keep_lines(text: str) -> str:
+    """Markdown that reads as it was written: every line break outside code is a hard break (Markdown joins
+    consecutive lines into one paragraph, which collapsed unfenced code and line-by-line answers), and a pipe
+    table right under a line of text gets the blank line Markdown needs to see it as a table."""
+    lines = text.split("\n")
+    out: list[str] = []
+    fence: str | None = None
+    indented = False  # in an indented code block (it keeps its lines already, and a break would be copied)
+    previous_blank = True
+    for i, line in enumerate(lines):
+        following = lines[i + 1] if i + 1 < len(lines) else None
+        blank = not line.strip()
+        opened = _FENCE.match(line)
+        if opened:
+            marker = opened.group(1)
+            fence = None if fence == marker else (fence or marker)
+        elif fence is None:
+            if line.startswith(("    ", "\t")):
+                indented = indented or previous_blank
+            elif not blank:
+                indented = False
+            starts_table = "|" in line and following is not None and _TABLE_RULE.match(following) is not None
+            if starts_table and not previous_blank:
+                out.append("")
+            in_table = "|" in line and (starts_table or _TABLE_RULE.match(line) is not None or
+                                        (following is not None and "|" in following))
+            if (not (indented or blank or in_table) and following is not None and following.strip()
+                    and not line.endswith(("  ", "\\"))):
+                line += "  "
+        out.append(line)
+        previous_blank = blank
+    return "\n".join(out)
 
 
 def needs_plain(text: str, limit: int = MARKDOWN_LIMIT_CHARS) -> bool:
@@ -178,6 +215,8 @@ class ChatView(QTextBrowser):
         self.setUndoRedoEnabled(False)
         self.document().setUndoRedoEnabled(False)
         self.highlight_sources = False
+        # Completion mode: the transcript is one raw text, shown as written (a "# comment" is no heading).
+        self.verbatim = False
         self.resource_requests: list[str] = []  # every URL the document asked for (none is ever loaded)
         self.renders = 0  # Markdown renders, for tests of the incremental path
         self._snippets: dict[int, str] = {}  # code block id -> its text, for the Copy links
@@ -258,7 +297,9 @@ class ChatView(QTextBrowser):
         self._heading(ROLE_TITLES.get(message.role, message.role.capitalize()))
         cursor = self._new_block()
         start = cursor.position()
-        self._insert_body(cursor, message.text, plain=needs_plain(message.text))
+        # The user's own text is shown as typed: a pasted snippet keeps its lines and its spaces.
+        plain = message.role == "user" or self.verbatim or needs_plain(message.text)
+        self._insert_body(cursor, message.text, plain=plain)
         self._highlight(start, message)
         self._footer(message)
 
@@ -278,7 +319,7 @@ class ChatView(QTextBrowser):
         if self._answer_start is None or self._tail_start is None:
             return
         text = message.text
-        if not self._plain and needs_plain(text):
+        if not self._plain and (self.verbatim or needs_plain(text)):
             self._plain = True  # the whole answer, from here to its end
             self._restart_plain(self._answer_start)
         if self._plain:
@@ -288,6 +329,8 @@ class ChatView(QTextBrowser):
         if stable > self._stable_len:
             chunk = text[self._stable_len:stable]
             self._insert_body(self._cut_from(self._tail_start), chunk, plain=needs_plain(chunk, CHUNK_LIMIT_CHARS))
+            # Tinted as each block becomes final, not only when the answer ends; the last block waits.
+            self._highlight(self._tail_start, message, self._stable_len, stable)
             self._stable_len = stable
             self._tail_start = self._new_block().position()
             self._tail_plain = False
@@ -395,7 +438,7 @@ class ChatView(QTextBrowser):
         self.renders += 1
         scratch = QTextDocument()
         scratch.setDefaultFont(self.font())
-        scratch.setMarkdown(text, MARKDOWN)
+        scratch.setMarkdown(keep_lines(text), MARKDOWN)
         self._make_safe(scratch)
         self._dress_code_blocks(scratch)
         cursor.insertFragment(QTextDocumentFragment(scratch))
@@ -479,8 +522,9 @@ class ChatView(QTextBrowser):
             link.setForeground(self.palette().color(QPalette.ColorRole.Link))
             cursor.insertText("Copy", link)
 
-    def _highlight(self, start: int, message: ChatMessage) -> None:
-        """Tint each drafted token's characters in the rendered text, keeping the Markdown as rendered.
+    def _highlight(self, start: int, message: ChatMessage, src_from: int = 0, src_to: int | None = None) -> None:
+        """Tint each drafted token's characters in the rendered text from ``start`` on, keeping the Markdown as
+        rendered; ``src_from``/``src_to``: the part of the source text rendered there (default: all of it).
 
         Rendering drops Markdown's syntax but keeps the order of the text, so the rendered characters are
         matched to the source one by one (a character Markdown added is skipped)."""
@@ -492,7 +536,8 @@ class ChatView(QTextBrowser):
         for text, source in message.pieces:
             source_text.append(text)
             sources.extend([source] * len(text))
-        src = "".join(source_text)
+        src = "".join(source_text)[src_from:src_to]
+        sources = sources[src_from:src_to]
         runs: list[tuple[int, int, str]] = []  # document start, end, source
         i = 0
         block = self.document().findBlock(start)

@@ -33,7 +33,7 @@ from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 from app.events import EngineCrashed, Finished, Loaded, PassStats
 from app.units import format_bytes
 from ui.bridge import EngineBridge
-from ui.figures import acceptance_text, decode_text, tau_text
+from ui.figures import PLAIN_RATE, acceptance_text, decode_text, tau_text
 from ui.flow_layout import FlowLayout
 from ui.tasks import TaskRunner
 
@@ -49,7 +49,7 @@ MB = 1e6
 LIVE_LABEL_TEMPLATES = {
     "scope": "last second:",
     "tps": "9999.9 tok/s",
-    "pct": "9999% of the spec-sheet roof ▲",
+    "pct": "9999% of the bandwidth roof ▲",
     "acceptance": "accept 100%",
     "alpha": "α 0.00",
     "tau": "τ 99.99",
@@ -227,6 +227,12 @@ class DashboardPanel(QWidget):
         self.metrics.set_ceiling(ceiling)
         self._paint()
 
+    def forget_answer(self) -> None:
+        """Another chat was opened: the strip and the plots no longer show the last answer's figures."""
+        if not self.metrics.generating:
+            self.metrics.reset()
+            self._paint()
+
     @Slot(PassStats)
     def on_pass(self, event: PassStats) -> None:
         self.metrics.on_pass(event)
@@ -299,8 +305,9 @@ class DashboardPanel(QWidget):
             "scope": "While an answer streams: the last second and the last 32 passes. After it: the "
                      "answer's totals, as in its stats line in the chat",
             "tps": "Decode speed (tokens per second of wall clock)",
-            "pct": "Speed as a share of the spec-sheet roof: memory bandwidth ÷ bytes read per token, at one "
-                   "token per pass. Above 100% is only possible by speculating",
+            "pct": "Speed as a share of the bandwidth roof: memory bandwidth (a CPU's probed on this machine, a "
+                   "GPU's from its spec sheet) ÷ bytes read per token, at one token per pass, at the current "
+                   "context (doctor gives it at its --ctx). Above 100% is only possible by speculating",
             "acceptance": "Draft tokens accepted / drafted",
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
@@ -372,11 +379,12 @@ class DashboardPanel(QWidget):
         self.c_tps_smooth = self.p_tps.plot(pen=pg.mkPen(BLUE, width=2.5), connect="finite",
                                             name="1 s average")
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
-        self.l_spec = self._hline(self.p_tps, RED, solid, "spec-sheet roof: {value:.0f}")
-        self.l_measured = self._hline(self.p_tps, ORANGE, dash, "measured here: {value:.0f}", at=0.42)
-        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.55)
-        # What the lines mean, under the chart. The two ceilings differ by design: the roof is the spec
-        # sheet's bandwidth over the bytes each token reads; "measured" is plain decoding timed here.
+        self.l_spec = self._hline(self.p_tps, RED, solid, "bandwidth roof: {value:.0f}")
+        self.l_measured = self._hline(self.p_tps, ORANGE, dash, PLAIN_RATE + ": {value:.0f}", at=0.42)
+        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.74)
+        # What the lines mean, under the chart. The two differ by design: the roof is the memory bandwidth over
+        # the bytes each token reads; the plain rate is one-token decoding timed here at load (the rate the
+        # chat's "× the plain rate" divides by).
         self.tps_legend = pg.LabelItem("", size="7pt", justify="left")
         self._tps_legend_note: str | None = None
         self.y_tps = _YRange(self.p_tps, 10.0)
@@ -397,6 +405,7 @@ class DashboardPanel(QWidget):
 
         # Tokens per pass against Leviathan, and k over time.
         self.p_tau = plot(2, 0, "Tokens per pass τ vs draft depth", "τ", "k")
+        self.tau_legend = self.p_tau.addLegend(offset=(8, 4), labelTextSize="7pt")  # which is theory, which data
         self.c_curve = self.p_tau.plot(pen=pg.mkPen(GREEN, width=2), name="Leviathan E[τ] at measured α")
         self.c_tau_k = self.p_tau.plot(pen=None, symbol="o", symbolSize=9, symbolPen=None,
                                        symbolBrush=BLUE, name="measured mean τ")
@@ -409,6 +418,7 @@ class DashboardPanel(QWidget):
         self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(_alpha(BLUE, 160), width=1.5))
         self.y_k = _YRange(self.p_k, 4.0)
         self.x_time = _XRange((self.p_tps, self.p_acc, self.p_k))
+        self._x_request: int | None = None  # the answer the time axis was fitted to
 
         # Memory: one bar per part of the loaded model and per process, in MB (a 0.1 GB model stays visible).
         self.p_mem = plot(3, 0, "Memory (MB)", "", "MB", colspan=2)
@@ -447,26 +457,34 @@ class DashboardPanel(QWidget):
 
     def _show_tps_legend(self, off_scale: str) -> None:
         """The decode chart's key; ``off_scale`` names ceilings too far above the data to draw."""
-        if off_scale == self._tps_legend_note:
+        key = f"{off_scale}|{self._bandwidth_source()}"  # the roof's source arrives with the ceiling
+        if key == self._tps_legend_note:
             return
-        self._tps_legend_note = off_scale
+        self._tps_legend_note = key
         lines = [
             f"<span style='color:{BLUE.name()}'>━</span> 1 s average &nbsp; "
             f"<span style='color:{BLUE.name()}'>─</span> each pass",
-            f"<span style='color:{RED.name()}'>━</span> spec-sheet roof: bandwidth ÷ bytes per token",
-            f"<span style='color:{ORANGE.name()}'>╍</span> measured: plain decoding on this machine",
+            f"<span style='color:{RED.name()}'>━</span> bandwidth roof: {self._bandwidth_source()} bandwidth ÷ "
+            "bytes per token",
+            f"<span style='color:{ORANGE.name()}'>╍</span> {PLAIN_RATE}: one token per pass, timed here at load",
             f"<span style='color:{GREEN.name()}'>┅</span> τ × roof: the most speculation can give",
         ]
         if off_scale:
             lines.append(f"off scale: {off_scale} tok/s")
         self.tps_legend.setText("<br>".join(lines), color=self._fg.name())
 
+    def _bandwidth_source(self) -> str:
+        """"probed" (a CPU's) or "spec-sheet" (a GPU's): the roof's bandwidth is named for where it came from."""
+        source = self.metrics.ceiling.bandwidth_source if self.metrics.ceiling is not None else ""
+        return {"probed": "probed", "spec sheet": "spec-sheet"}.get(source, "memory")
+
     def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
                at: float = 0.02) -> pg.InfiniteLine:
-        # Labels sit at different points along the plot, so lines at similar heights stay readable.
+        # Labels sit at different points along the plot, so lines at similar heights stay readable, and hang
+        # below their line: above it, a line near the top edge had its label cut off.
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(color, width=1.5, style=style),
                                label=fmt, labelOpts={"position": at, "color": color,
-                                                     "anchors": [(0, 1), (0, 1)]})
+                                                     "anchors": [(0, 0), (0, 0)]})
         line.setVisible(False)
         p.addItem(line)
         return line
@@ -486,6 +504,10 @@ class DashboardPanel(QWidget):
                 ax.setTextPen(pg.mkPen(fg))
             p.titleLabel.setAttr("color", fg)
             p.titleLabel.setText(p.titleLabel.text)
+        self.tau_legend.setLabelTextColor(fg)
+        self.tau_legend.setBrush(pg.mkBrush(_alpha(bg, 210)))  # readable over the points it may cover
+        for _sample, label in self.tau_legend.items:
+            label.setText(label.text, color=fg)
         # Tint above the one-token wall: speeds there are only possible by speculating.
         self.above_wall.setBrush(QBrush(_alpha(GREEN, 35)))
 
@@ -527,6 +549,9 @@ class DashboardPanel(QWidget):
         self.repaints += 1
         self._paint_strip(s)
         t = s.t
+        if self.metrics.request_id != self._x_request:
+            self._x_request = self.metrics.request_id
+            self.x_time.hi = self.x_time.lo = -1.0  # each answer starts its own time axis at 0
         # Copies already: the snapshot owns its arrays, so pyqtgraph may keep views of them.
         self.c_tps.setData(t, s.tps)
         self.c_tps_smooth.setData(t, s.tps_smooth)
@@ -541,9 +566,9 @@ class DashboardPanel(QWidget):
 
         spec, measured, spec_tau = s.spec_ceiling, s.measured_ceiling, s.speculative_ceiling
         data_top = float(np.nanmax(s.tps_smooth)) if len(t) and np.isfinite(s.tps_smooth).any() else 0.0
-        top, off_scale = decode_axis_top(data_top, {"measured": measured, "spec-sheet roof": spec,
+        top, off_scale = decode_axis_top(data_top, {PLAIN_RATE: measured, "bandwidth roof": spec,
                                                     "τ × roof": spec_tau})
-        for line, name, value in ((self.l_spec, "spec-sheet roof", spec), (self.l_measured, "measured", measured),
+        for line, name, value in ((self.l_spec, "bandwidth roof", spec), (self.l_measured, PLAIN_RATE, measured),
                                   (self.l_spec_tau, "τ × roof", spec_tau)):
             if value is None or not np.isfinite(value) or name in off_scale:
                 line.setVisible(False)
@@ -626,10 +651,12 @@ class DashboardPanel(QWidget):
         pct = 100.0 * tps / spec if tps is not None and spec else None
         if pct is not None:
             above = pct > 100.0
-            set_text("pct", f"{pct:.0f}% of the spec-sheet roof" + (" ▲" if above else ""))
+            set_text("pct", f"{pct:.0f}% of the bandwidth roof" + (" ▲" if above else ""))
             self._style_pct(f"color: {GREEN.name()}; font-weight: bold" if above else "")
         else:
-            set_text("pct", "roof unknown" if self.metrics.loaded else "–")
+            # Between answers there is no speed to compare: the roof itself, when it is known.
+            roof = "roof unknown" if spec is None else f"roof {spec:.0f} tok/s"
+            set_text("pct", roof if self.metrics.loaded else "–")
             self._style_pct("")
         set_text("alpha", f"α {alpha:.2f}" if alpha is not None else "α –")
         set_text("k", f"k {c.k}" if c.k is not None else "k –")

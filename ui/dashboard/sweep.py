@@ -42,6 +42,7 @@ from PySide6.QtWidgets import (
 from app.engine.params import DraftSettings
 from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneReport
 from ui.tasks import TaskRunner
+from ui.wheel_guard import guard_wheel
 
 BLUE = QColor(31, 119, 180)
 ORANGE = QColor(255, 127, 14)
@@ -86,6 +87,9 @@ class SweepPlot(QWidget):
         self.graph.addItem(self.points)
         self.winner = pg.ScatterPlotItem(size=16, symbol="star", brush=pg.mkBrush(ORANGE), pen=pg.mkPen("k"))
         self.graph.addItem(self.winner)
+        # Before the first result: the range a result will fall in, not pyqtgraph's empty −400…400.
+        self.graph.setXRange(0.5, 1.5, padding=0)
+        self.graph.setYRange(0.0, 2.0, padding=0)
         self.measured: list[Measured] = []
         self.best: Measured | None = None
         self.legend_lines: list[str] = []
@@ -137,6 +141,7 @@ class TuneDialog(QDialog):
         self._signals = _SweepSignals(self)
         self._signals.progress.connect(self._on_signals_progress)
         self._build()
+        guard_wheel(self)
 
     def _build(self) -> None:
         outer = QVBoxLayout(self)

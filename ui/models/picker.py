@@ -27,9 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.params import K_MAX, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.engine.chat_template import fallback_name
+from app.engine.params import KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
-from app.events import Loaded, LoadProgress
+from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
@@ -55,15 +56,18 @@ FIT_READING = "Reading the model file for a fit estimate…"
 FitAsk = tuple[str, str | None, int, str, int, bool]
 
 
-BASE_MODEL_NOTE = ("No chat template: this looks like a base model, which continues text rather than "
-                   "answering; it is given a generic chat format.")
+def base_model_note(architecture: str) -> str:
+    """What a model without a chat template gets, in the words the chat's own notice uses."""
+    return ("No chat template: this looks like a base model, which continues text rather than answering. "
+            f"Completion mode is on for it; in chat mode its architecture's known format "
+            f"({fallback_name(architecture)}) is used.")
 
 
 def describe_model(info: GGUFInfo) -> str:
     """arch, parameters, quantization, file size, trained context: one line (and a base model says so)."""
     line = (f"{info.architecture}, {format_count(info.n_params)} params, {info.quantization}, "
             f"{format_bytes(info.file_size)}, ctx {info.context_length}")
-    return line if info.has_chat_template else f"{line}\n{BASE_MODEL_NOTE}"
+    return line if info.has_chat_template else f"{line}\n{base_model_note(info.architecture)}"
 
 
 def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
@@ -102,6 +106,9 @@ class ModelPicker(QWidget):
         self._report_for: str | None = None
         self._wanted_target: str | None = None
         self._wanted_drafter: str | None = None
+        # Until the user picks a drafter (or settings name a pair), the best compatible one predicted to pay
+        # is chosen for them: speculation is on from the first answer.
+        self._drafter_auto = True
         self._scan_serial = 0
         self._rank_serial = 0
         self.scanning = False
@@ -131,6 +138,7 @@ class ModelPicker(QWidget):
         self.target_info.setTextFormat(Qt.TextFormat.PlainText)
         self.drafter_combo = QComboBox(models)
         self.drafter_combo.currentIndexChanged.connect(self._on_drafter_combo_current_index_changed)
+        self.drafter_combo.activated.connect(self._on_drafter_combo_activated)
         self.drafter_info = QLabel(models)
         self.drafter_info.setWordWrap(True)
         self.drafter_info.setTextFormat(Qt.TextFormat.PlainText)
@@ -139,11 +147,13 @@ class ModelPicker(QWidget):
         self.compat_badge.setObjectName("compat_badge")
         for label in (self.target_info, self.drafter_info, self.compat_badge):
             label.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is untrusted: never rich text
+        # The wrapped texts are whole rows: an empty-label row of wrapped text is given too little height, and
+        # the base-model note and the incompatible drafter's reason were cut off.
         form.addRow("Target", self.target_combo)
-        form.addRow("", self.target_info)
+        form.addRow(self.target_info)
         form.addRow("Drafter", self.drafter_combo)
-        form.addRow("", self.drafter_info)
-        form.addRow("", self.compat_badge)
+        form.addRow(self.drafter_info)
+        form.addRow(self.compat_badge)
         self.remote_note = QLabel(REMOTE_NOTE, models)
         self.remote_note.setWordWrap(True)
         self.remote_note.setTextFormat(Qt.TextFormat.PlainText)
@@ -176,13 +186,10 @@ class ModelPicker(QWidget):
         draft = QGroupBox("Drafting", self)
         dform = QFormLayout(draft)
         self.adaptive_check = QCheckBox("Adaptive draft depth", draft)
-        self.adaptive_check.setChecked(True)
         self.k_spin = QSpinBox(draft)
         self.k_spin.setRange(0, 32)
-        self.k_spin.setValue(4)
         self.k_max_spin = QSpinBox(draft)
         self.k_max_spin.setRange(0, 32)
-        self.k_max_spin.setValue(K_MAX)
         self.adaptive_check.toggled.connect(self._on_adaptive_check_toggled)
         dform.addRow(self.adaptive_check)
         dform.addRow("Fixed depth k", self.k_spin)
@@ -212,11 +219,9 @@ class ModelPicker(QWidget):
         self.gpu_layers_spin = QSpinBox(load)
         self.gpu_layers_spin.setRange(-1, 10_000)
         self.gpu_layers_spin.setSpecialValueText("all")
-        self.gpu_layers_spin.setValue(-1)
         self.ctx_spin = QSpinBox(load)
         self.ctx_spin.setRange(256, MAX_CTX)
         self.ctx_spin.setSingleStep(1024)
-        self.ctx_spin.setValue(4096)
         self.kv_combo = QComboBox(load)
         self.kv_combo.addItems(list(KV_TYPES))
         self.flash_combo = QComboBox(load)
@@ -251,6 +256,10 @@ class ModelPicker(QWidget):
         self.progress = QProgressBar(load)
         self.progress.setRange(0, 100)
         self.progress.setVisible(False)
+        # Every bar that shows the load: this one, and the window's status bar (always in view, whatever the
+        # dock's height). One bar per phase (target, drafter, timing), each from 0 to 100 % with its own text.
+        self.progress_bars: list[QProgressBar] = [self.progress]
+        self._progress_stage = ""
         self.status_label = QLabel("No model loaded.", load)
         self.status_label.setWordWrap(True)
         for label in (self.fit_label, self.gpu_note, self.status_label):
@@ -270,7 +279,11 @@ class ModelPicker(QWidget):
             spin.valueChanged.connect(self._on_setting_changed)
         self.kv_combo.currentIndexChanged.connect(self._on_setting_changed)
         self.flash_combo.currentIndexChanged.connect(self._on_setting_changed)
-        self._on_adaptive_check_toggled(True)
+        # The defaults live in AppSettings alone: a fresh home shows them, a saved file replaces them.
+        defaults = AppSettings()
+        for name, (_read, show) in self._bindings().items():
+            show(getattr(defaults, name))
+        self._on_adaptive_check_toggled(self.adaptive_check.isChecked())
 
     # --- settings in and out ------------------------------------------------------------------------
 
@@ -301,6 +314,7 @@ class ModelPicker(QWidget):
         self.folders = s.model_folders
         self._wanted_target = s.target_path
         self._wanted_drafter = s.drafter_path
+        self._drafter_auto = s.target_path is None  # a saved pair is the user's choice, drafter or none
         for name, (_read, show) in self._bindings().items():
             show(getattr(s, name))
 
@@ -427,6 +441,7 @@ class ModelPicker(QWidget):
             files = f"{len(broken)} file{'s' if len(broken) != 1 else ''}"
             note += f"; {files} could not be used: {broken[0].error}"
         self.status_label.setText(note + ".")
+        self._offer_demo_models()
         index = self.target_combo.findData(wanted) if wanted else -1
         if index < 0 and self.target_combo.count():
             index = 0
@@ -439,6 +454,13 @@ class ModelPicker(QWidget):
             self.target_combo.setCurrentIndex(-1)
             self.target_combo.setCurrentIndex(index)
         self.library_changed.emit(entries)
+
+    def _offer_demo_models(self) -> None:
+        """"Install demo models" only while one of them is missing from the library."""
+        from app.library.demo_install import demo_model_paths
+
+        found = {os.path.realpath(e.path) for e in self.entries if e.is_model and e.usable}
+        self.demo_button.setVisible(not all(os.path.realpath(p) in found for p in demo_model_paths()))
 
     def has_models(self) -> bool:
         return any(e.is_model for e in self.entries)
@@ -457,7 +479,8 @@ class ModelPicker(QWidget):
 
     def select_drafter(self, path: str | os.PathLike[str] | None) -> bool:
         self._wanted_drafter = str(path) if path else None
-        index = self.drafter_combo.findData(str(path) if path else None)
+        self._drafter_auto = False
+        index = self.drafter_combo.findData(str(path)) if path else 0
         if index >= 0:
             self.drafter_combo.setCurrentIndex(index)
         return index >= 0
@@ -511,12 +534,25 @@ class ModelPicker(QWidget):
         ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
         if ngram is not None:
             self.ngram_check.setToolTip(plain_tooltip(f"{ngram.note} Stacks with a drafter model."))
-        index = self.drafter_combo.findData(wanted) if wanted else 0
+        if wanted:
+            index = self.drafter_combo.findData(wanted)
+        else:
+            index = 1 if self._drafter_auto and self._auto_drafter(report) else 0
         self.drafter_combo.setCurrentIndex(max(0, index))
         self.drafter_combo.blockSignals(False)
         self._apply_tuned()
         self._refresh()
         self.drafters_ranked.emit()
+
+    @staticmethod
+    def _auto_drafter(report: DrafterReport) -> bool:
+        """Whether the top-ranked drafter model (the list's first after "no drafter") is predicted to pay."""
+        best = next((r for r in report.recommendations if r.kind == "model" and r.drafter_path), None)
+        return best is not None and best.speedup > 1.0
+
+    @Slot(int)
+    def _on_drafter_combo_activated(self, _index: int) -> None:
+        self._drafter_auto = False  # the user chose: keep their choice, "no drafter" included
 
     def _show_remote(self, remote: RemoteModel | None) -> None:
         """A remote model: drafting is the server's, so the drafter controls are off and say why."""
@@ -695,39 +731,40 @@ class ModelPicker(QWidget):
     def set_loading(self, loading: bool, text: str = "") -> None:
         self.loading = loading
         self.cancel_button.setEnabled(loading)
-        self.progress.setVisible(loading)
-        if loading:
-            self.progress.setValue(0)
+        self._progress_stage = ""
+        for bar in self.progress_bars:
+            bar.setVisible(loading)
+            bar.setValue(0)
+            bar.setFormat("Starting the load…")
         if text:
             self.status_label.setText(text)
         self._refresh()
 
     def show_progress(self, event: LoadProgress) -> None:
-        if event.stage == "timing":
-            self.progress.setValue(int(100 * max(0.0, min(1.0, event.fraction))))
-            self.status_label.setText(f"Timing a pass of each draft width… {event.fraction * 100:.0f}%")
-            return
-        # Two stages (target, drafter) share the bar.
-        base = 0 if event.stage == "target" else 50
-        span = 50 if self.drafter_path() else (100 if event.stage == "target" else 50)
-        self.progress.setValue(int(base + span * max(0.0, min(1.0, event.fraction))))
-        self.status_label.setText(f"Loading the {event.stage}… {event.fraction * 100:.0f}%")
+        """The phase's own progress: the bar starts again at each phase and never goes back within one, and
+        its text and the status line say the same."""
+        percent = int(100 * max(0.0, min(1.0, event.fraction)))
+        if event.stage == self._progress_stage:
+            percent = max(percent, self.progress.value())
+        self._progress_stage = event.stage
+        what = "Timing a pass of each draft width" if event.stage == "timing" else f"Loading the {event.stage}"
+        text = f"{what}… {percent}%"
+        for bar in self.progress_bars:
+            bar.setValue(percent)
+            bar.setFormat(text)
+        self.status_label.setText(text)
 
     def show_loaded(self, event: Loaded) -> None:
         self.set_loading(False)
         self._loaded_pair = TunePair(event.target.path, event.drafter.path if event.drafter else None,
                                      event.n_ctx, self.threads_spin.value())
         self.tune_button.setEnabled(True)
-        drafts = []
         if not event.gpu_offload:
             self.set_gpu_offload_available(False)
-        if event.drafter is not None:
-            drafts.append(Path(event.drafter.path).name)
-        if event.ngram:
-            drafts.append(f"n-gram ({event.ngram})")
+        drafts = drafted_by(event)
         self.status_label.setText(
             f"Loaded {Path(event.target.path).name}"
-            + (f" with {' + '.join(drafts)}" if drafts else " (no drafter)")
+            + (f" with {Path(drafts).name}" if drafts else " (no drafter)")
             + f" on {event.backend}, context {event.n_ctx}, in {event.load_seconds:.1f} s."
         )
 

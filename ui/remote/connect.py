@@ -20,6 +20,8 @@ class ConnectDialog(QDialog):
         form = QFormLayout(self)
         self.url = QLineEdit(url, self)
         self.url.setPlaceholderText("http://host:port (llama-server, vLLM, SGLang or specdeck serve)")
+        # Wide enough for the whole placeholder and a typical URL: the start was cut off ("ttp://…").
+        self.url.setMinimumWidth(self.url.fontMetrics().horizontalAdvance(self.url.placeholderText()) + 24)
         self.key = QLineEdit(self)
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.key.setPlaceholderText("optional")

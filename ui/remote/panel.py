@@ -11,10 +11,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Slot
-from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QFormLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, Qt, QTimer, Slot
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QFormLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.serve.remote import (
     NOT_REPORTED,
@@ -42,8 +43,11 @@ FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("mean_accepted_length", "Tokens per pass", lambda v: f"{v:.2f}"),
     ("kv_usage", "KV cache in use", lambda v: f"{v:.0%}"),
     ("read_bytes_per_second", "Memory read per GPU", lambda v: format_si(v, "B/s")),
-    ("ceiling_tokens_per_second", "Plain-decoding ceiling", lambda v: f"{v:.1f} tok/s"),
+    ("ceiling_tokens_per_second", "Plain rate (measured at load)", lambda v: f"{v:.1f} tok/s"),
 )
+PLOT_MIN_HEIGHT = 110  # two plots and the figures fit a 700-pixel screen's dock; taller docks give them more
+GAP_SECONDS = 2.5 * SCRAPE_MS / 1000  # readings further apart than this are not joined by a line
+LIVE_WINDOW_S = 1.0  # the live rate of this window's own answer: tokens over the last second
 
 
 def _plain(text: str) -> QLabel:
@@ -77,7 +81,7 @@ class RemoteDashboard(QWidget):
             self.values[key] = _plain("—")
             form.addRow(title, self.values[key])
         layout.addLayout(form)
-        self.tps_plot = pg.PlotWidget(title="Decode tok/s (from counter deltas)")
+        self.tps_plot = pg.PlotWidget(title="Decode tok/s")
         self.tps_plot.setLabel("bottom", "seconds")
         self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(BLUE, width=2))
         self.acc_plot = pg.PlotWidget(title="Acceptance (accepted / drafted)")
@@ -85,17 +89,74 @@ class RemoteDashboard(QWidget):
         self.acc_plot.setLabel("bottom", "seconds")
         self.acc_curve = self.acc_plot.plot(pen=pg.mkPen(GREEN, width=2))
         for plot in (self.tps_plot, self.acc_plot):
-            plot.setMinimumHeight(160)
+            plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+            plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
             plot.setMouseEnabled(False, False)
-            layout.addWidget(plot)
+            plot.hideButtons()
+            plot.setMenuEnabled(False)
+            layout.addWidget(plot, 1)
+        for curve in (self.tps_curve, self.acc_curve):
+            curve.setSymbol("o")  # each reading is a dot; a line joins only readings close in time
+            curve.setSymbolSize(4)
+            curve.opts["connect"] = "finite"
+        # Where each figure comes from (the server's metric names) is in its tooltip, not over the plots.
         self.sources = _plain("")
-        self.sources.setStyleSheet("color: gray")
+        self.sources.setObjectName("remote_sources")
+        self.sources.setVisible(False)
         layout.addWidget(self.sources)
+        self._apply_palette()
+        # This window's own answer to this server, counted as its tokens arrive: llama-server's counters move
+        # only when an answer ends, so during one they cannot say how fast it goes.
+        self._live: deque[tuple[float, int]] = deque()
+        self.streaming = False
         self.status = _plain("")
         layout.addWidget(self.status)
         self.timer = QTimer(self)
         self.timer.setInterval(SCRAPE_MS)
         self.timer.timeout.connect(self._on_timer_timeout)
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self._apply_palette()
+        super().changeEvent(event)
+
+    def _apply_palette(self) -> None:
+        """The window's own colours, as the main dashboard has (pyqtgraph's default is black)."""
+        pal = self.palette()
+        fg = pal.color(QPalette.ColorRole.WindowText)
+        for plot in (self.tps_plot, self.acc_plot):
+            plot.setBackground(pal.color(QPalette.ColorRole.Base))
+            item = plot.getPlotItem()
+            for side in ("left", "bottom"):
+                axis = item.getAxis(side)
+                axis.setPen(pg.mkPen(fg))
+                axis.setTextPen(pg.mkPen(fg))
+            item.titleLabel.setAttr("color", fg)
+            item.titleLabel.setText(item.titleLabel.text)
+
+    # --- this window's own answer, live --------------------------------------------------------------
+
+    def stream_started(self) -> None:
+        self.streaming = True
+        self._live.clear()
+
+    def stream_tokens(self, count: int, now: float | None = None) -> None:
+        """Tokens of this window's answer arrived (from the chat's route to this server)."""
+        now = time.monotonic() if now is None else now
+        self._live.append((now, count))
+
+    def stream_ended(self) -> None:
+        self.streaming = False
+        self._live.clear()
+
+    def live_rate(self, now: float | None = None) -> float | None:
+        """Tokens per second of this window's answer over the last second; None when no answer streams."""
+        now = time.monotonic() if now is None else now
+        while self._live and self._live[0][0] < now - LIVE_WINDOW_S:
+            self._live.popleft()
+        if not self.streaming or not self._live:
+            return None
+        return sum(n for _, n in self._live) / LIVE_WINDOW_S
 
     # --- control ------------------------------------------------------------------------------------
 
@@ -171,9 +232,13 @@ class RemoteDashboard(QWidget):
 
     def show_rates(self, figures: RemoteRates, exposed: dict[str, bool], t: float) -> None:
         self.latest = figures
+        live = self.live_rate()
         for key, _title, fmt in FIGURES:
             value = getattr(figures, key)
-            if value is not None:
+            if key == "tokens_per_second" and live is not None:
+                text = f"{live:.1f} (this window's answer, live)"
+                self._shown[key] = (live, t)
+            elif value is not None:
                 text = fmt(value)
                 self._shown[key] = (value, t)
             elif key in SPECULATION_FIGURES and self.info is not None and self.info.speculating is False:
@@ -187,14 +252,32 @@ class RemoteDashboard(QWidget):
             else:
                 text = NOT_REPORTED
             self.values[key].setText(text)
-        if figures.tokens_per_second is not None:
-            self._tps.append((t, figures.tokens_per_second))
-            self.tps_curve.setData([p[0] for p in self._tps], [p[1] for p in self._tps])
+        tps = live if live is not None else figures.tokens_per_second
+        if tps is not None:
+            self._tps.append((t, tps))
+            self.tps_curve.setData(*_broken_at_gaps(self._tps))
         if figures.acceptance is not None:
             self._acc.append((t, figures.acceptance))
-            self.acc_curve.setData([p[0] for p in self._acc], [p[1] for p in self._acc])
+            self.acc_curve.setData(*_broken_at_gaps(self._acc))
         self.acc_plot.setTitle("Acceptance (accepted / drafted)" if exposed.get("acceptance")
                                else f"Acceptance: {NOT_REPORTED}")
         self._sources.update(figures.sources)  # a figure kept from an earlier interval keeps its source
         self.sources.setText("Sources: " + "; ".join(f"{k}: {v}" for k, v in self._sources.items())
                              if self._sources else "")
+        for key, label in self.values.items():
+            source = "this window's answer, counted as it streams" if key == "tokens_per_second" and live \
+                else self._sources.get(key)
+            label.setToolTip(f"From {source}" if source else "")
+
+
+def _broken_at_gaps(points: deque[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """x and y with a NaN between readings more than GAP_SECONDS apart, so no line is drawn across the gap."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (x, y) in enumerate(points):
+        if i and x - points[i - 1][0] > GAP_SECONDS:
+            xs.append((x + points[i - 1][0]) / 2)
+            ys.append(float("nan"))
+        xs.append(x)
+        ys.append(y)
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)

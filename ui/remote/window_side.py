@@ -13,9 +13,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QMenu
+from PySide6.QtWidgets import QDialog, QDockWidget, QFrame, QMainWindow, QMenu, QScrollArea
 
-from app.events import EngineError
+from app.events import EngineError, Finished, Token
 from app.serve.remote import RemoteEngine, RemoteInfo, RemoteModel, remote_models
 from ui.chat.panel import ChatPanel
 from ui.models.picker import ModelPicker
@@ -43,7 +43,14 @@ class RemoteSide(QObject):
         self.dashboard = RemoteDashboard(tasks, window)
         self.dock = QDockWidget("Remote engine", window)
         self.dock.setObjectName("remote_dock")
-        self.dock.setWidget(self.dashboard)
+        # In a scroll area: the dashboard's own minimum height must not grow the window past a small screen
+        # (at 1024×700 it made the window 1049×721, and it never shrank back).
+        scroll = QScrollArea(self.dock)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(self.dashboard)
+        self.dock.setWidget(scroll)
         window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
         self.dock.hide()
         self.connect_action = connect_action
@@ -85,6 +92,11 @@ class RemoteSide(QObject):
         self.disconnect_action.setEnabled(True)
         self.dashboard.watch(engine, info)
         self.picker.set_remote_models(remote_models(info))
+        if self.dock.isHidden() and not self.window.tabifiedDockWidgets(self.dock):
+            # A tab beside the dashboard: a third column squeezed the chat to a sliver at 1366×768.
+            dashboard = getattr(self.window, "dashboard_dock", None)
+            if dashboard is not None and dashboard.isVisible():
+                self.window.tabifyDockWidget(dashboard, self.dock)
         self.dock.show()
         self.dock.raise_()
 
@@ -118,9 +130,31 @@ class RemoteSide(QObject):
             n_ctx = info.n_ctx if info is not None and info.base_url == model.base_url else None
             self.route = RemoteChat(model, self._key, n_ctx, self)
             self.route.engine_error.connect(self._on_route_engine_error)
+            self.route.generation_started.connect(self._on_route_generation_started)
+            self.route.token_received.connect(self._on_route_token_received)
+            self.route.generation_finished.connect(self._on_route_generation_finished)
         self.chat.use_engine(self.route or self.local_engine)
         if old is not None:
             old.close()
+
+    def _watching(self) -> bool:
+        """Whether the dock watches the server the chat answers from (its answer is then the dock's live rate)."""
+        info = self.dashboard.info
+        return self.route is not None and info is not None and info.base_url == self.route.model.base_url
+
+    @Slot(int)
+    def _on_route_generation_started(self, _request_id: int) -> None:
+        if self._watching():
+            self.dashboard.stream_started()
+
+    @Slot(Token)
+    def _on_route_token_received(self, event: Token) -> None:
+        if self._watching():
+            self.dashboard.stream_tokens(len(event.token_ids) or 1)  # a server's stream: about a token a chunk
+
+    @Slot(Finished)
+    def _on_route_generation_finished(self, _event: Finished) -> None:
+        self.dashboard.stream_ended()
 
     def _on_connect_failed(self, exc: Exception) -> None:
         self.connect_action.setEnabled(True)
@@ -144,6 +178,7 @@ class RemoteSide(QObject):
 
     @Slot(EngineError)
     def _on_route_engine_error(self, event: EngineError) -> None:
+        self.dashboard.stream_ended()
         self.notifier.error(event.message)  # the chat ends the answer; the message is the window's to show
 
     @Slot()
