@@ -16,10 +16,11 @@ from app.ceiling.device_fit import device_fit_error
 from app.ceiling.roofline import ModelShape, kv_bytes_per_token, kv_cache_bytes
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
-from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.drafters import ModelDrafter
 from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.engine.suffix_tree import SuffixDrafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress
 from app.library.compat import CompatResult, VocabInfo, check_compatible
@@ -205,7 +206,7 @@ class EngineSession:
                 f"{Path(settings.target_path).name} is a recurrent or hybrid model, whose cache cannot be rolled "
                 "back; speculative decoding is refused for it. Turn the drafters off to use it."
             )
-        ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
+        ngram = SuffixDrafter(min_match=draft.ngram) if draft.ngram > 0 else None
         k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         if model_drafter is not None and draft.model_start is not None:
