@@ -20,7 +20,7 @@ from app.engine.drafters import ModelDrafter
 from app.engine.llama import SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
-from app.engine.suffix_tree import SuffixDrafter
+from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress
 from app.library.compat import CompatResult, VocabInfo, check_compatible
@@ -206,7 +206,8 @@ class EngineSession:
                 f"{Path(settings.target_path).name} is a recurrent or hybrid model, whose cache cannot be rolled "
                 "back; speculative decoding is refused for it. Turn the drafters off to use it."
             )
-        ngram = SuffixDrafter(min_match=draft.ngram) if draft.ngram > 0 else None
+        ngram = suffix_drafter(draft.ngram, draft.history_tokens, self.target.tokenize, log) \
+            if draft.ngram > 0 else None
         k_max = min(draft.k_max, settings.n_batch - 1) if draft.speculative else 0
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         if model_drafter is not None and draft.model_start is not None:

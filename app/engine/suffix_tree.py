@@ -17,7 +17,7 @@ per-token p goes to the depth policy as the prior for each position.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from app.engine.drafters import Draft
@@ -368,3 +368,43 @@ class SuffixDrafter:
         return Draft(tokens=own.tokens, q=[None] * len(own.tokens), sources=[FROM_NGRAM] * len(own.tokens),
                      match_len=min(own.match_len, self.MATCH_CAP), probs=own.probs)
 
+
+
+CHARS_PER_TOKEN = 4  # to read about the number of tokens asked for from the history's text
+
+
+def stored_answers(max_tokens: int, tokenize: Callable[[str], list[int]], path: str | None = None,
+                   log: Callable[[str], None] | None = None) -> list[list[int]]:
+    """The user's newest complete answers from the chat history, tokenized, oldest first (about
+    ``max_tokens`` in all). A history that cannot be read gives none and a log line: drafting from it is an
+    optimisation, never a reason to fail a load."""
+    from app.errors import StorageError
+    from app.storage.history import HistoryStore
+
+    try:
+        store = HistoryStore(path, check_damage=False)
+        try:
+            texts = store.recent_answers(max_tokens * CHARS_PER_TOKEN)
+        finally:
+            store.close()
+    except (StorageError, OSError) as exc:
+        if log is not None:
+            log(f"suffix drafter: the chat history could not be read ({exc}); drafting without it")
+        return []
+    answers = [tokenize(text) for text in texts]
+    while answers and sum(len(a) for a in answers) > max_tokens:
+        del answers[0]
+    return answers
+
+
+def suffix_drafter(min_match: int, history_tokens: int, tokenize: Callable[[str], list[int]],
+                   log: Callable[[str], None] | None = None, history_path: str | None = None) -> SuffixDrafter:
+    """The session's suffix drafter, with the user's earlier answers in its history tree when asked."""
+    drafter = SuffixDrafter(min_match)
+    if history_tokens > 0:
+        answers = stored_answers(min(history_tokens, drafter.history_tokens), tokenize, history_path, log)
+        drafter.remember(answers)
+        if log is not None and answers:
+            log(f"suffix drafter: {drafter.history_answers} earlier answers "
+                f"({len(drafter.history.tokens)} tokens) from the chat history")
+    return drafter

@@ -6,10 +6,13 @@ brute-force count of the same text); no model, no timing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.suffix_tree import SEPARATOR, SuffixDrafter, SuffixTree
+from app.engine.suffix_tree import SEPARATOR, SuffixDrafter, SuffixTree, stored_answers, suffix_drafter
+from app.storage.history import HistoryStore
 
 
 def occurrences(text: list[int], sub: list[int]) -> int:
@@ -193,3 +196,29 @@ def test_history_off_keeps_nothing() -> None:
     drafter.observe([9])
     assert drafter.history_answers == 0
     assert drafter.propose([9, 40, 41], 2).tokens == []
+
+
+def test_the_session_drafter_reads_the_users_earlier_answers_from_the_chat_history(tmp_path: Path) -> None:
+    """A real history file: complete answers are read (newest within the cap), others are not; with history
+    off nothing is read."""
+    path = tmp_path / "history.sqlite3"
+    with HistoryStore(path) as store:
+        chat = store.new_chat()
+        store.add_message(chat, "user", "please repeat")
+        store.add_message(chat, "assistant", "def read_records(path): return open(path).read()")
+        store.add_message(chat, "assistant", "half an answer", status="cancelled")
+
+    def tokenize(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    drafter = suffix_drafter(1, 1000, tokenize, history_path=str(path))
+    assert drafter.history_answers == 1
+    assert drafter.propose(tokenize("x = def read_rec"), 4).tokens == tokenize("ords")
+    assert suffix_drafter(1, 0, tokenize, history_path=str(path)).history_answers == 0
+    assert stored_answers(10, tokenize, str(path)) == []  # the one answer is longer than the cap
+    lines: list[str] = []
+    unreadable = tmp_path / "not-a-folder"
+    unreadable.write_text("x")
+    assert stored_answers(1000, tokenize, str(unreadable / "history.sqlite3"), lines.append) == []
+    assert len(lines) == 1
+    assert "could not be read" in lines[0]
