@@ -12,7 +12,9 @@ found in the prompt, the answer so far or earlier answers, at the best width on 
         [--prompts MORE.jsonl] [--bench BENCH.json] [--curve 1:19.1,2:36.1,4:59.2] [--max-tokens 256]
 
 The curve: --curve, else the one in --bench's report (the same run the prediction is checked against),
-else the one `specdeck bench` last recorded for the target here, else the recording session's calibration.
+else the one `specdeck bench` last recorded for the target here, else the recording's own timing (widths 1
+to 65 after the first prompt, median of 3); widths past the chosen curve's widest come from the recording's,
+scaled by the one-token costs.
 With --bench (a `specdeck bench --baseline --json` report on the same prompts, target and max tokens), the
 predicted speedup of each prompt is printed beside the measured one and its range over the repeats, with
 bench's per-pass Python overhead (its plain runs' median) charged to every pass of every engine.
@@ -63,7 +65,7 @@ def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int
     session = EngineSession(LoadSettings(str(target), DraftSettings(ngram=NGRAM_KEY_LENGTH), n_threads=threads))
     traces = []
     try:
-        curve_ms = {w: t * 1000 for w, t in session.decoder.controller.cost.widths.items()}
+        curve_ms: dict[int, float] = {}
         for path in prompt_files:
             for messages in read_prompts(path):
                 prompt, _ = session.prompt_tokens(messages)
@@ -74,12 +76,41 @@ def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int
                     if isinstance(event, Token):
                         answer += event.token_ids
                 traces.append({"file": path.name, "prompt": prompt, "answer": answer})
+                if not curve_ms:
+                    curve_ms = time_widths(session, prompt)
     finally:
         session.close()
     out = {"traces": traces, "curve_ms": curve_ms}
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(out))
     return out
+
+
+CURVE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 48, 65)  # up to ngram-mod's widest pass
+
+
+def time_widths(session: Any, prompt: list[int], repeats: int = 3) -> dict[int, float]:
+    """Milliseconds of a target pass by width after this prompt (median of ``repeats``, widths interleaved)."""
+    import statistics
+    import time
+
+    ctx = session.ctx
+    session.plain_decoder.reset_cache()
+    ctx.prefill(prompt)
+    base = ctx.n_past
+    probe = (prompt * (1 + max(CURVE_WIDTHS) // max(len(prompt), 1)))[: max(CURVE_WIDTHS)]
+    times: dict[int, list[float]] = {w: [] for w in CURVE_WIDTHS}
+    ctx.decode(probe[:8], all_logits=True)  # warm-up
+    ctx.truncate(base)
+    for _ in range(repeats):
+        for width in CURVE_WIDTHS:
+            t0 = time.perf_counter()
+            ctx.decode(probe[:width], all_logits=True)
+            ctx.synchronize()
+            times[width].append((time.perf_counter() - t0) * 1000)
+            ctx.truncate(base)
+    session.plain_decoder.reset_cache()
+    return {w: statistics.median(v) for w, v in times.items()}
 
 
 def parse_curve(text: str) -> dict[int, float]:
@@ -101,7 +132,7 @@ def choose_curve(args: argparse.Namespace, bench: dict[str, Any] | None, recorde
     measured = load_curve(str(args.target))
     if measured is not None:
         return dict(measured.widths_ms), "the curve bench recorded for this target"
-    return {int(w): float(ms) for w, ms in recorded["curve_ms"].items()}, "the recording's calibration"
+    return {int(w): float(ms) for w, ms in recorded["curve_ms"].items()}, "the recording's timing"
 
 
 def main() -> int:
@@ -123,6 +154,10 @@ def main() -> int:
     bench = json.loads(args.bench.read_text()) if args.bench else None
     recorded = record(args.target, args.prompts, args.max_tokens, args.threads)
     curve_ms, curve_from = choose_curve(args, bench, recorded)
+    if curve_from != "the recording's timing":
+        # Widths past the chosen curve's widest (llama.cpp drafts up to 64) from the recording, scaled.
+        wide = CostCurve({int(w): float(ms) for w, ms in recorded["curve_ms"].items()})
+        curve_ms = CostCurve(curve_ms).merged(wide).widths
     overhead_ms = args.overhead_ms
     if overhead_ms is None:
         overhead_ms = float(bench["total"]["baseline"].get("overhead_ms_median", 0.0)) if bench else 0.0
@@ -137,7 +172,8 @@ def main() -> int:
         "oracle": replay_oracle(traces, curve, history=False),
     }
     print(f"curve ({curve_from}, + {overhead_ms:.3f} ms overhead per pass): "
-          + ", ".join(f"{w}:{ms:.1f}" for w, ms in sorted(curve_ms.items()) if w in (1, 2, 3, 5, 9, 17)) + " ms")
+          + ", ".join(f"{w}:{ms:.1f}" for w, ms in sorted(curve_ms.items()) if w in (1, 2, 4, 8, 16, 32, 65))
+          + " ms")
     head = f"{'#':>2} {'prompts':<18} {'tokens':>6}"
     for name in engines:
         head += f" | {name + ' τ':>15} {'×':>6}"

@@ -90,7 +90,8 @@ def total(runs: Sequence[Replayed]) -> Replayed:
 
 class CostCurve:
     """Seconds of a target pass by width, from measured widths: interpolated between them, and past the
-    widest with the slope of the two widest (never falling)."""
+    widest with the mean slope from width 1 to the widest (two noisy neighbours can make a local slope
+    flat or negative, which would price very wide drafts, llama.cpp's 48-64, at nothing)."""
 
     def __init__(self, widths: dict[int, float]) -> None:
         if 1 not in widths:
@@ -107,8 +108,14 @@ class CostCurve:
             a, b = lower[-1], upper[0]
             return curve[a] + (curve[b] - curve[a]) * (width - a) / (b - a)
         a = lower[-1]
-        slope = (curve[a] - curve[lower[-2]]) / (a - lower[-2]) if len(lower) > 1 else 0.0
+        slope = (curve[a] - curve[1]) / (a - 1) if a > 1 else 0.0
         return curve[a] + max(slope, 0.0) * (width - a)
+
+    def merged(self, wider: CostCurve) -> CostCurve:
+        """This curve, with the widths only ``wider`` measured added, scaled by the two one-token costs."""
+        scale = self.widths[1] / wider.widths[1]
+        widths = {w: t * scale for w, t in wider.widths.items() if w > max(self.widths)}
+        return CostCurve({**self.widths, **widths})
 
 
 def _accepted(draft: Sequence[int], answer: Sequence[int], at: int) -> int:
