@@ -26,7 +26,7 @@ from app.events import FROM_NGRAM
 SEPARATOR = -1  # between documents of a tree's text: never matched, never followed
 _ROOT = 0
 _SHIFT = 32  # edge key: node << _SHIFT | token (token ids are below 2**32)
-NODE_BYTES = 150  # measured with tracemalloc: four typed arrays, the edge dict's entry and its key
+NODE_BYTES = 165  # measured with tracemalloc: seven typed arrays, the edge dict's entry and its key
 TOKEN_BYTES = 8
 
 
@@ -61,11 +61,12 @@ class SuffixTree:
         self._count = array("q", [0])
         self._total = array("q", [0])
         self._pos = array("q", [0])
+        self._prev = array("q", [0])  # where the occurrence before the latest ends (for the latest's own match)
         self._best = array("q", [-1])
         self._depth = array("q", [0])
         self._token = array("q", [SEPARATOR])
         self._edges: dict[int, int] = {}
-        self._active: list[int] = []  # nodes of the text's suffixes still being repeated, shortest first
+        self._active: list[int] = []  # nodes of the text's suffixes that occurred before, shortest first
 
     # --- size -------------------------------------------------------------------------------------
 
@@ -85,6 +86,7 @@ class SuffixTree:
         self._count.append(1)
         self._total.append(0)
         self._pos.append(pos)
+        self._prev.append(pos)
         self._best.append(-1)
         self._depth.append(self._depth[parent] + 1)
         self._token.append(token)
@@ -111,6 +113,7 @@ class SuffixTree:
             if self.tokens[after] != SEPARATOR:
                 self._new_node(child, self.tokens[after], after + 1)
         self._count[child] += 1
+        self._prev[child] = self._pos[child]
         self._pos[child] = end + 1
         self._add_child_occurrence(node, child)
         return child
@@ -125,8 +128,10 @@ class SuffixTree:
         self._count[_ROOT] += 1
         active: list[int] = []
         for node in (_ROOT, *self._active):
+            if self._depth[node] == self.max_depth:
+                continue  # matched at full depth: kept for drafting, not extended
             child = self._step(node, token, end)
-            if child is not None and self._depth[child] < self.max_depth:
+            if child is not None:
                 active.append(child)
         self._active = active
 
@@ -163,11 +168,17 @@ class SuffixTree:
     def depth(self, node: int) -> int:
         return self._depth[node]
 
+    def _source(self, node: int) -> int:
+        """Where the latest occurrence of a childless node's substring that has a next token ends."""
+        pos = self._pos[node]
+        return self._prev[node] if pos >= len(self.tokens) else pos
+
     def continuations(self, node: int, j: int) -> int:
         """How many earlier occurrences of the state's substring have a next token."""
         if j == 0 and self._best[node] >= 0:
             return self._total[node]
-        return 1 if self._pos[node] + j < len(self.tokens) and self.tokens[self._pos[node] + j] >= 0 else 0
+        at = self._source(node) + j
+        return 1 if at < len(self.tokens) and self.tokens[at] >= 0 else 0
 
     def active_states(self) -> list[tuple[int, int]]:
         """The text's own suffixes as match states, shortest first (the context matching itself)."""
@@ -196,7 +207,7 @@ class SuffixTree:
                 tokens.append(self._token[node])
                 probs.append(min(p, 1.0))
                 continue
-            at = self._pos[node] + j
+            at = self._source(node) + j
             if at >= len(text):
                 period = len(text) - (at - len(tokens))
                 if not periodic or matched < period or at - len(text) >= len(tokens):
@@ -245,7 +256,7 @@ class SuffixDrafter:
     (what came after its first observed length, the prompt) goes to the earlier-answers tree.
     """
 
-    MAX_DEPTH = 32
+    MAX_DEPTH = 16  # as good as 24 or 32 in the replays of the edit prompts, and half the nodes of a copy
     MATCH_CAP = 64  # longest match length reported (and followed in the earlier-answers tree)
     MIN_PROB = 0.1
     CONTEXT_TOKENS = 1 << 17  # past this the context tree is rebuilt from its newer half

@@ -76,7 +76,7 @@ def test_a_unique_long_match_is_followed_to_full_depth_with_certainty() -> None:
     draft = SuffixDrafter().propose([*code, 7, 8, *code[:20]], 16)
     assert draft.tokens == code[20:36]
     assert draft.probs == [1.0] * 16
-    assert draft.match_len >= 20
+    assert draft.match_len == SuffixDrafter.MAX_DEPTH  # matched as deep as the tree goes
 
 
 def test_the_furthest_reaching_match_wins() -> None:
@@ -182,11 +182,16 @@ def test_history_is_capped_in_tokens_and_drops_the_oldest_answers_first() -> Non
 
 
 def test_history_is_capped_in_bytes() -> None:
-    cap = 200_000
+    answers = [[(i * 7 + j * j) % 50 for j in range(400)] for i in range(20)]  # repetitive: many nodes
+    uncapped = SuffixDrafter()
+    uncapped.remember(answers)
+    assert uncapped.history_answers == 20
+    cap = uncapped.history.nbytes // 2
     drafter = SuffixDrafter(history_bytes=cap)
-    drafter.remember([[(i * 7 + j) % 50 for j in range(400)] for i in range(20)])  # repetitive: many nodes
+    drafter.remember(answers)
     assert 0 < drafter.history.nbytes <= cap
-    assert drafter.history_answers < 20
+    assert 0 < drafter.history_answers < 20
+    assert drafter.history.count(answers[-1][:8]) >= 1  # the newest answers are the ones kept
 
 
 def test_history_off_keeps_nothing() -> None:
