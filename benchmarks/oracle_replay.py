@@ -13,8 +13,8 @@ found in the prompt, the answer so far or earlier answers, at the best width on 
 
 The curve: --curve, else the one in --bench's report (the same run the prediction is checked against),
 else the one `specdeck bench` last recorded for the target here, else the recording's own timing (widths 1
-to 65 after the first prompt, median of 3); widths past the chosen curve's widest come from the recording's,
-scaled by the one-token costs.
+to 65 after the first prompt, median of 3). Widths past a bench curve's widest (17) come from the
+recording's, scaled by the one-token costs; a --curve is extended with its mean slope.
 With --bench (a `specdeck bench --baseline --json` report on the same prompts, target and max tokens), the
 predicted speedup of each prompt is printed beside the measured one and its range over the repeats, with
 bench's per-pass Python overhead (its plain runs' median) charged to every pass of every engine.
@@ -154,7 +154,7 @@ def main() -> int:
     bench = json.loads(args.bench.read_text()) if args.bench else None
     recorded = record(args.target, args.prompts, args.max_tokens, args.threads)
     curve_ms, curve_from = choose_curve(args, bench, recorded)
-    if curve_from != "the recording's timing":
+    if curve_from not in ("the recording's timing", "--curve"):
         # Widths past the chosen curve's widest (llama.cpp drafts up to 64) from the recording, scaled.
         wide = CostCurve({int(w): float(ms) for w, ms in recorded["curve_ms"].items()})
         curve_ms = CostCurve(curve_ms).merged(wide).widths
