@@ -413,3 +413,18 @@ def test_the_trees_probabilities_are_the_prior_and_the_measured_acceptance_corre
         rates.update_at(0, i % 2 == 0, predicted=1.0)
     assert rates.rate(0, 1.0) == pytest.approx(0.5, abs=0.15)
     assert rates.rate(0, 0.5) == pytest.approx(0.25, abs=0.1)
+
+
+def test_a_new_answer_relaxes_what_short_matches_taught_but_keeps_long_ones() -> None:
+    c = controller(gpu_costs(8), k_max=8)
+    for bucket in range(4):
+        measured(c, bucket, 1.0)  # an answer whose every match continued (a JSON copy)
+    assert c.choose(8, False, match_len=1, probe=False) == 8
+    c.start_answer()
+    short, long = c.ngram_buckets[c.bucket(1)], c.ngram_buckets[c.bucket(30)]
+    assert short.rate(0) == pytest.approx((1.0 + short.prior) / 2)
+    assert short.seen[0] == 1
+    assert long.rate(0) == 1.0
+    assert long.seen[0] == 10
+    short.update([False])  # one miss in the new answer now weighs a quarter, not a twelfth
+    assert short.rate(0) == pytest.approx(0.6 * 0.75)
