@@ -65,7 +65,7 @@ class SamplingSettings:
         return self.temperature == 0.0
 
 
-NGRAM_KEY_LENGTH = 3  # the n-gram drafter's key length where none is chosen (window, chat, serve, tune, bench)
+NGRAM_KEY_LENGTH = 3  # the suffix drafter's shortest match where none is chosen (window, chat, serve, tune, bench)
 K_MAX = 16  # the adaptive depth's cap: measured against 8 and 32 on code edits (README, "Speed")
 HISTORY_TOKENS = 1 << 16  # earlier answers from the chat history the suffix drafter reads at load, at most
 
