@@ -149,6 +149,8 @@ def main() -> int:
                         "the bench report's plain median, else 0)")
     parser.add_argument("--exact", action="store_true",
                         help="leave SpecDeck's measured drafting time out (repeatable figures, no machine load)")
+    parser.add_argument("--history", action="store_true", help="SpecDeck and the oracle also draft from the "
+                        "earlier prompts' answers, in order (the window's memory across chats; bench resets it)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     bench = json.loads(args.bench.read_text()) if args.bench else None
@@ -166,10 +168,10 @@ def main() -> int:
     names = [t["file"] for t in recorded["traces"]]
     engines: dict[str, list[Replayed]] = {
         "specdeck": replay_specdeck(traces, curve, min_match=args.ngram, k_max=args.k_max,
-                                    count_draft_time=not args.exact),
+                                    count_draft_time=not args.exact, history=args.history),
         "ngram-simple": replay_ngram_simple(traces, curve),
         "ngram-mod": replay_ngram_mod(traces, curve),
-        "oracle": replay_oracle(traces, curve, history=False),
+        "oracle": replay_oracle(traces, curve, history=args.history),
     }
     print(f"curve ({curve_from}, + {overhead_ms:.3f} ms overhead per pass): "
           + ", ".join(f"{w}:{ms:.1f}" for w, ms in sorted(curve_ms.items()) if w in (1, 2, 4, 8, 16, 32, 65))
