@@ -389,16 +389,22 @@ def stored_answers(max_tokens: int, tokenize: Callable[[str], list[int]], path: 
     """The user's newest complete answers from the chat history, tokenized, oldest first (about
     ``max_tokens`` in all). A history that cannot be read gives none and a log line: drafting from it is an
     optimisation, never a reason to fail a load."""
-    from app.errors import StorageError
-    from app.storage.history import HistoryStore
+    import sqlite3
+    from pathlib import Path
 
+    from app.errors import StorageError
+    from app.paths import data_dir
+    from app.storage.history import FILE_NAME, HistoryStore
+
+    if not Path(path if path is not None else data_dir() / FILE_NAME).exists():
+        return []  # no history yet: nothing to read, and none is created from here
     try:
         store = HistoryStore(path, check_damage=False)
         try:
             texts = store.recent_answers(max_tokens * CHARS_PER_TOKEN)
         finally:
             store.close()
-    except (StorageError, OSError) as exc:
+    except (StorageError, OSError, sqlite3.Error) as exc:
         if log is not None:
             log(f"suffix drafter: the chat history could not be read ({exc}); drafting without it")
         return []

@@ -222,8 +222,37 @@ def test_the_session_drafter_reads_the_users_earlier_answers_from_the_chat_histo
     assert suffix_drafter(1, 0, tokenize, history_path=str(path)).history_answers == 0
     assert stored_answers(10, tokenize, str(path)) == []  # the one answer is longer than the cap
     lines: list[str] = []
-    unreadable = tmp_path / "not-a-folder"
-    unreadable.write_text("x")
-    assert stored_answers(1000, tokenize, str(unreadable / "history.sqlite3"), lines.append) == []
+    unreadable = tmp_path / "a-folder.sqlite3"
+    unreadable.mkdir()
+    assert stored_answers(1000, tokenize, str(unreadable), lines.append) == []
     assert len(lines) == 1
     assert "could not be read" in lines[0]
+
+
+def test_a_session_loads_the_users_earlier_answers_into_its_drafter(tiny_target: Path) -> None:
+    """Through EngineSession, as the window loads it: the history in SPECDECK_HOME (the scratch home of the
+    tests) is read at load when history_tokens is set, and not at all when it is 0."""
+    from app.engine.params import DraftSettings, LoadSettings
+    from app.engine.session import EngineSession
+
+    with HistoryStore() as store:
+        chat = store.new_chat()
+        store.add_message(chat, "assistant", "apples and pears and plums, apples and pears")
+    lines: list[str] = []
+    for tokens, expected in ((1000, 1), (0, 0)):
+        settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, history_tokens=tokens, k_max=4),
+                                n_ctx=256, n_threads=1)
+        session = EngineSession(settings, log=lines.append)
+        try:
+            drafter = session.decoder.ngram
+            assert drafter is not None
+            assert drafter.history_answers == expected
+        finally:
+            session.close()
+    assert any("earlier answers" in line for line in lines)
+
+
+def test_no_history_file_is_created_by_reading_it(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    assert stored_answers(1000, lambda text: [1], str(path)) == []
+    assert not path.exists()
