@@ -12,8 +12,11 @@ outlives a request).
 
     .venv/bin/python benchmarks/vs_llama_server.py --target MODEL.gguf [--target MODEL2.gguf] \\
         [--drafter DRAFTER.gguf] [--prompts resources/prompts/edit.jsonl] [--max-tokens 256] [--repeat 3]
+    .venv/bin/python benchmarks/vs_llama_server.py --target MODEL.gguf --workloads   # every bundled workload
 
-Prints a Markdown table (the README's "Speed" table) and, with --json, writes every figure.
+--prompts is repeatable; --workloads runs every file in WORKLOADS (edits, multi-turn edits, an agent loop,
+a RAG summary, JSON extraction, prose), each one a row. Prints a Markdown table (the README's "Speed" table)
+and, with --json, writes every figure.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from app.engine.params import NGRAM_KEY_LENGTH  # noqa: E402
 from app.engine.session import chat_prompt_tokens  # noqa: E402
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+PROMPTS_DIR = ROOT / "resources" / "prompts"
+WORKLOADS = ("edit", "multi_turn", "agent", "rag", "json", "prose")
 READY_TIMEOUT_S = 120.0
 
 
@@ -155,9 +160,10 @@ def llama_server_modes(binary: Path, target: Path, drafter: Path | None, prompts
     return out
 
 
-def specdeck_bench(target: Path, drafter: Path | None, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def specdeck_bench(target: Path, drafter: Path | None, prompts: Path, args: argparse.Namespace,
+                   out: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "app", "bench", "--target", str(target), "--ngram", str(args.ngram),
-           "--prompts", str(args.prompts), "--baseline", "--repeat", str(args.repeat),
+           "--prompts", str(prompts), "--baseline", "--repeat", str(args.repeat),
            "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx), "--json", str(out)]
     if drafter is not None:
         cmd += ["--drafter", str(drafter)]
@@ -182,12 +188,13 @@ def cell(m: dict[str, Any] | None) -> str:
 
 
 def table(rows: list[dict[str, Any]], with_drafter: bool) -> str:
-    head = ["model", "llama.cpp plain tok/s", *NGRAM_MODES] + (["draft-simple"] if with_drafter else [])
-    head += ["SpecDeck plain tok/s", "SpecDeck adaptive n-gram" + (" + drafter" if with_drafter else "")]
+    head = ["model", "workload", "llama.cpp plain tok/s", *NGRAM_MODES] + (["draft-simple"] if with_drafter else [])
+    head += ["SpecDeck plain tok/s", "SpecDeck adaptive suffix" + (" + drafter" if with_drafter else "")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         ls, sd = row["llama_server"], row["specdeck"]
-        cells = [row["model"], f"{ls['plain_tok_s']:.1f}", *(cell(ls.get(m)) for m in NGRAM_MODES)]
+        cells = [row["model"], row["workload"], f"{ls['plain_tok_s']:.1f}",
+                 *(cell(ls.get(m)) for m in NGRAM_MODES)]
         if with_drafter:
             cells.append(cell(ls.get("draft-simple")))
         cells += [f"{sd['plain_tok_s']:.1f}", cell(sd)]
@@ -199,10 +206,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, action="append", required=True, help="repeatable")
     parser.add_argument("--drafter", type=Path, help="drafter model for draft-simple and SpecDeck (one target)")
-    parser.add_argument("--prompts", type=Path, default=ROOT / "resources" / "prompts" / "edit.jsonl")
+    parser.add_argument("--prompts", type=Path, action="append", help="repeatable (default: edit.jsonl)")
+    parser.add_argument("--workloads", action="store_true", help="every bundled workload: " + ", ".join(WORKLOADS))
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="SpecDeck's n-gram key length")
+    parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="SpecDeck's shortest suffix match")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=0, help="0: each engine's own default")
     parser.add_argument("--json", type=Path)
@@ -215,22 +223,25 @@ def main() -> int:
         return 2
     if args.drafter is not None and len(args.target) > 1:
         parser.error("--drafter goes with one --target")
-    prompts = read_prompts(args.prompts)
+    files = [PROMPTS_DIR / f"{name}.jsonl" for name in WORKLOADS] if args.workloads else []
+    files += args.prompts or ([] if files else [PROMPTS_DIR / "edit.jsonl"])
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs-llama-server-") as scratch:
         logs = Path(scratch)
         for target in args.target:
-            print(f"{target.name}: {len(prompts)} prompts, {args.max_tokens} tokens, {args.repeat} repeats",
-                  flush=True)
-            ls = llama_server_modes(binary, target, args.drafter, prompt_tokens(target, prompts), args, logs)
-            sd = specdeck_bench(target, args.drafter, args, logs / f"{target.stem}-specdeck.json")
-            rows.append({"model": target.stem, "llama_server": ls, "specdeck": sd})
+            for path in files:
+                prompts = read_prompts(path)
+                print(f"{target.name}, {path.name}: {len(prompts)} prompts, {args.max_tokens} tokens, "
+                      f"{args.repeat} repeats", flush=True)
+                ls = llama_server_modes(binary, target, args.drafter, prompt_tokens(target, prompts), args, logs)
+                sd = specdeck_bench(target, args.drafter, path, args, logs / f"{target.stem}-{path.stem}.json")
+                rows.append({"model": target.stem, "workload": path.stem, "llama_server": ls, "specdeck": sd})
     print()
-    print(f"{args.prompts.name} (the same prompt tokens in both engines), greedy, {args.max_tokens} tokens, "
-          f"median of {args.repeat} (range); each speedup against that engine's own plain decoding:")
+    print(f"{', '.join(p.name for p in files)} (the same prompt tokens in both engines), greedy, {args.max_tokens} "
+          f"tokens, median of {args.repeat} (range); each speedup against that engine's own plain decoding:")
     print(table(rows, args.drafter is not None))
     if args.json:
-        args.json.write_text(json.dumps({"prompts": str(args.prompts), "max_tokens": args.max_tokens,
+        args.json.write_text(json.dumps({"prompts": [str(p) for p in files], "max_tokens": args.max_tokens,
                                          "repeat": args.repeat, "rows": rows}, indent=2))
     return 0
 

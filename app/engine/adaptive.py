@@ -1,9 +1,12 @@
 """Choosing the draft depth k each pass from measured acceptance and measured cost.
 
-Expected tokens from a draft of depth k: E(k) = 1 + Σ_{i≤k} Π_{j≤i} a_j, with a_j the decayed rate at
-which position j is accepted given that every earlier one was. Expected time: t_verify(k + 1) plus the
-drafter's steps. k maximises E(k) / time. t_verify(n) is measured per width (flat on a GPU, rising on a
-small CPU), so the controller learns what a wide pass really costs on this machine.
+Expected tokens from a draft of depth k: E(k) = 1 + Σ_{i≤k} Π_{j≤i} a_j, with a_j the chance that
+position j is accepted given that every earlier one was. For a suffix draft, a_j is the tree's own estimate
+(the ratio of its counts at that step) times a correction measured per (match length, position): how
+often such drafts were right against how often the tree said they would be. Expected time:
+t_verify(k + 1) plus the drafter's steps. k maximises E(k) / time. t_verify(n) is measured per width (flat
+on a GPU, rising on a small CPU), relative to the one-token cost of the same moment, so a busy machine
+scales every width at once and a pass timed while it was busy is not held against drafting later.
 """
 
 from __future__ import annotations
@@ -20,17 +23,22 @@ EXPLORE_DEPTH = 2  # how far past the deepest measured position the policy may d
 PROBE_EVERY = 12  # fewest passes at k = 0 between probes, so a return of good drafts is noticed
 PROBE_BUDGET = 0.03  # most of the decoding time that probes may take (an expensive drafter probes rarely)
 PROBE_K = 2
+PROBE_MAX_INTERVAL = 64  # most passes between probes, whatever a wide pass was last measured to cost
 NGRAM_PRIORS = (0.2, 0.4, 0.7, 0.9)  # per match-length bucket: < 3, < 6, < 16 and longer
+SHORT_MATCH_BUCKETS = 2  # the buckets whose evidence is relaxed at each new answer (matches under 6 tokens)
 MODEL_PRIOR = 0.6  # a model drafter's acceptance before this pair has been measured
 
 
 @dataclass
 class PositionAcceptance:
-    """Decayed acceptance rate per draft position for one drafter (or one n-gram match-length bucket).
+    """Decayed acceptance per draft position for one drafter (or one suffix match-length bucket).
 
-    ``below`` is the bucket of shorter matches: a longer match is at least as reliable, so where this
-    bucket has no outcome yet at a position, it starts from the shorter matches' rate when that is higher
-    than its own prior (a copy in progress passes through every bucket on its way to long matches).
+    ``rates`` holds, per position, the measured acceptance over the acceptance the drafter predicted (a
+    ratio of decayed sums, so a drafter that gives no prediction, 1 each time, gets a plain decayed rate);
+    ``rate(position, predicted)`` is the predicted chance corrected by it. ``below`` is the bucket of shorter
+    matches: a longer match is at least as reliable, so where this bucket has no outcome yet at a position,
+    it starts from the shorter matches' correction when that is higher than its own prior (a copy in
+    progress passes through every bucket on its way to long matches).
     """
 
     k_max: int
@@ -38,39 +46,57 @@ class PositionAcceptance:
     below: PositionAcceptance | None = None
     rates: list[float] = field(default_factory=list)
     seen: list[int] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)  # decayed sum of the predictions (weight 1 at first)
 
     def __post_init__(self) -> None:
         self.rates = [self.prior] * self.k_max
         self.seen = [0] * self.k_max
+        self.predicted = [1.0] * self.k_max
 
-    def rate(self, position: int) -> float:
+    def correction(self, position: int) -> float:
         own = self.rates[position]
         if self.seen[position] == 0 and self.below is not None:
-            return max(own, self.below.rate(position))
+            return max(own, self.below.correction(position))
         return own
+
+    def rate(self, position: int, predicted: float = 1.0) -> float:
+        return min(1.0, predicted * self.correction(position))
 
     def measured(self, position: int) -> bool:
         return self.seen[position] > 0 or (self.below is not None and self.below.measured(position))
 
-    def update_at(self, position: int, ok: bool) -> None:
-        """One outcome at ``position``: a running mean with the prior while there are few, then decayed.
+    def update_at(self, position: int, ok: bool, predicted: float = 1.0) -> None:
+        """One outcome at ``position``, drafted with ``predicted`` chance of acceptance: a running mean with
+        the prior while there are few, then decayed.
 
         A plain decayed average would let the prior outweigh the first outcomes for a long time (at
         DECAY 0.92, moving from a prior of 0.85 to 0.95 takes over ten straight hits).
         """
         if position < self.k_max:
             if self.seen[position] == 0:
-                self.rates[position] = self.rate(position)
+                self.rates[position] = self.correction(position)
             weight = max(1 - DECAY, 1.0 / (self.seen[position] + 1 + PRIOR_WEIGHT))
-            self.rates[position] += weight * ((1.0 if ok else 0.0) - self.rates[position])
+            before = self.predicted[position]
+            hits = self.rates[position] * before
+            self.predicted[position] = before + weight * (predicted - before)
+            hits += weight * ((1.0 if ok else 0.0) - hits)
+            self.rates[position] = hits / self.predicted[position] if self.predicted[position] > 0 else 1.0
             self.seen[position] += 1
 
-    def update(self, accepted: Sequence[bool]) -> None:
-        """``accepted`` holds one flag per drafted position up to and including the first rejection."""
+    def update(self, accepted: Sequence[bool], predicted: Sequence[float] = ()) -> None:
+        """``accepted`` holds one flag per drafted position up to and including the first rejection;
+        ``predicted`` the drafter's chance for each (conditional on the earlier ones), where it gives one."""
         for i, ok in enumerate(accepted[: self.k_max]):
-            self.update_at(i, ok)
+            self.update_at(i, ok, predicted[i] if i < len(predicted) else 1.0)
             if not ok:
                 break
+
+    def relax(self) -> None:
+        """Move halfway back to the prior, with at most one outcome's weight: what a kind of draft did in one
+        answer says less about the next one (a JSON answer's short matches continue; prose's do not)."""
+        for i in range(self.k_max):
+            self.rates[i] = (self.rates[i] + self.prior) / 2
+            self.seen[i] = min(self.seen[i], 1)
 
     def measured_depth(self) -> int:
         """How many leading positions have at least one outcome (here or in a shorter-match bucket)."""
@@ -86,13 +112,14 @@ class _Shadow:
 
     rates: PositionAcceptance
     tokens: list[int]
+    predicted: list[float]
     scored: int = 0
 
     def score(self, emitted: Sequence[int]) -> bool:
         """Score the next emitted tokens; True once the outcome is known (first miss or proposal's end)."""
         for tok in emitted:
             ok = self.tokens[self.scored] == tok
-            self.rates.update_at(self.scored, ok)
+            self.rates.update_at(self.scored, ok, self.predicted[self.scored])
             self.scored += 1
             if not ok or self.scored == len(self.tokens):
                 return True
@@ -102,17 +129,24 @@ class _Shadow:
 class CostModel:
     """Seconds per target pass of each width and per drafter step, from recent measurements.
 
-    Medians of a short window, not means: on a shared machine one pass in a few is slowed by other
-    work, and a mean would let those outliers talk the policy out of speculating. A wide pass is kept
-    relative to the one-token cost of its time, so a width the policy stopped using follows the machine's
-    current speed (measured by every plain pass) instead of going stale.
+    A pass of width w is kept as its ratio to the one-token cost of the same moment; the one-token cost
+    now is the median of the latest estimates from passes of any width (a wide pass of known ratio r that
+    took t seconds says one token costs t / r). So a machine that gets busier, or quieter, scales every
+    width at once, whichever widths the policy is using, and a wide pass timed while another program held
+    the CPU is not held against drafting once it is gone (issue 27: a cost learned under load kept the
+    depth at 0 for hundreds of passes). Medians, not means: on a shared machine one pass in a few is
+    slowed by other work. Ratios older than MAX_AGE passes are forgotten, so a width the policy stopped
+    using is measured again rather than trusted forever.
     """
 
-    WINDOW = 15
+    WINDOW = 15  # ratios kept per width
+    ONE_WINDOW = 5  # one-token estimates: short, so a change of load is followed within three passes
+    MAX_AGE = 1000  # passes
 
     def __init__(self) -> None:
-        self._one: deque[float] = deque(maxlen=self.WINDOW)
-        self._samples: dict[int, deque[tuple[float, float | None]]] = {}  # (seconds, one-token cost then)
+        self._one: deque[float] = deque(maxlen=self.ONE_WINDOW)
+        self._ratios: dict[int, deque[tuple[float, int]]] = {}  # (seconds / one-token cost then, pass)
+        self._passes = 0
         self._draft: deque[float] = deque(maxlen=self.WINDOW)
         self._catch_up: deque[float] = deque(maxlen=self.WINDOW)
         self._rollback: deque[float] = deque(maxlen=self.WINDOW)
@@ -128,13 +162,32 @@ class CostModel:
     def draft_step(self) -> float:
         return statistics.median(self._draft) if self._draft else 0.0
 
+    @property
+    def one(self) -> float | None:
+        """The one-token cost now (None before any pass was measured)."""
+        return statistics.median(self._one) if self._one else None
+
+    def ratio(self, width: int) -> float | None:
+        """The median recent cost of a ``width``-token pass over the one-token cost of its time."""
+        samples = self._ratios.get(width)
+        if not samples:
+            return None
+        while samples and samples[0][1] <= self._passes - self.MAX_AGE:
+            samples.popleft()
+        return statistics.median(r for r, _ in samples) if samples else None
+
     def observe_verify(self, width: int, seconds: float) -> None:
-        if width == 1:
-            self._one.append(seconds)
-        else:
-            one = statistics.median(self._one) if self._one else None
-            self._samples.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds, one))
+        self._passes += 1
         self._table = None
+        if width <= 1:
+            self._one.append(seconds)
+            return
+        known = self.ratio(width)
+        one = self.one
+        if one is not None and one > 0:
+            self._ratios.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds / one, self._passes))
+        if known:
+            self._one.append(seconds / known)
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
@@ -159,19 +212,19 @@ class CostModel:
         self._rollback.append(seconds)
 
     def _fit(self) -> dict[int, float]:
-        """Median per width, never above width × the one-token cost.
+        """The one-token cost now times each width's ratio, never above width × the one-token cost.
 
         Not forced to rise with width: quantized CPU kernels work in row groups (llama.cpp's repacked
         Q4_K handles 4 at a time), so a pass of 8 tokens can cost less than one of 7.
         """
-        one = statistics.median(self._one) if self._one else None
-        table: dict[int, float] = {} if one is None else {1: one}
-        for width, samples in self._samples.items():
-            table[width] = statistics.median(
-                seconds * one / then if one is not None and then else seconds for seconds, then in samples
-            )
-        if one is not None:
-            table = {w: min(t, w * one) for w, t in table.items()}
+        one = self.one
+        if one is None:
+            return {}
+        table = {1: one}
+        for width in sorted(self._ratios):
+            ratio = self.ratio(width)
+            if ratio is not None:
+                table[width] = min(one * ratio, width * one)
         return table
 
     def verify(self, width: int) -> float:
@@ -193,6 +246,15 @@ class CostModel:
             slope = (widths[a] - widths[lower[-2]]) / (a - lower[-2]) if len(lower) > 1 else 0.0
             return widths[a] + max(slope, 0.0) * (width - a)
         return widths[upper[0]]
+
+
+def conditional(probs: Sequence[float]) -> list[float]:
+    """Per-position chances given the earlier positions, from cumulative ones (a suffix draft's ``probs``)."""
+    out, before = [], 1.0
+    for p in probs:
+        out.append(min(1.0, p / before) if before > 0 else 0.0)
+        before = p
+    return out
 
 
 def expected_tokens(rates: Sequence[float], k: int) -> float:
@@ -237,26 +299,34 @@ class DepthController:
         self.model = PositionAcceptance(self.k_max, prior=min(max(measured, 0.0), 1.0))
 
     def start_answer(self) -> None:
-        """Forget the proposals still being scored (they belong to the previous answer's text)."""
+        """Forget the proposals still being scored (they belong to the previous answer's text), and half of
+        what short matches taught: in the replays of the bundled workloads, a prose answer after a JSON one
+        drafted 7 deep on one-token matches; relaxing them raised the worst prompt from 0.92x to 0.98x."""
         self._shadows = []
+        for bucket in self.ngram_buckets[:SHORT_MATCH_BUCKETS]:
+            bucket.relax()
 
-    def score_proposal(self, proposal: Sequence[int], match_len: int, emitted: Sequence[int]) -> None:
-        """Greedy decoding: score this pass's n-gram proposal, drafted or not, against what the target emits
+    def score_proposal(self, proposal: Sequence[int], match_len: int, emitted: Sequence[int],
+                       probs: Sequence[float] = ()) -> None:
+        """Greedy decoding: score this pass's suffix proposal, drafted or not, against what the target emits
         from here on, and the earlier proposals still open against ``emitted``.
 
         Every proposal is scored, so each position's rate gets about one outcome per emitted token: a copy
         is recognised within a few tokens, not after several whole proposals.
         """
         if proposal:
-            self._shadows.append(_Shadow(self.ngram_buckets[self.bucket(match_len)], list(proposal)))
+            predicted = _padded(conditional(probs), len(proposal))
+            self._shadows.append(_Shadow(self.ngram_buckets[self.bucket(match_len)], list(proposal), predicted))
         self._shadows = [sh for sh in self._shadows if not sh.score(emitted)]
 
     @staticmethod
     def bucket(match_len: int) -> int:
         return 0 if match_len < 3 else 1 if match_len < 6 else 2 if match_len < 16 else 3
 
-    def choose(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True) -> int:
-        """Best depth given how many n-gram tokens are on offer (free) and whether a model drafter exists.
+    def choose(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True,
+               probs: Sequence[float] = ()) -> int:
+        """Best depth given how many suffix tokens are on offer (free, with the tree's cumulative ``probs``)
+        and whether a model drafter exists.
 
         ``probe`` allows an occasional shallow draft at k = 0, within PROBE_BUDGET of the time: it notices
         when drafts start to hit again, and keeps the cost of a wide pass measured.
@@ -276,8 +346,9 @@ class DepthController:
         if limit == 0:
             self.history.append(0)
             return 0
+        predicted = _padded(conditional(probs), ngram_available)
         rates = [
-            self.ngram.rate(i) if i < ngram_available else self.model.rate(i - ngram_available)
+            self.ngram.rate(i, predicted[i]) if i < ngram_available else self.model.rate(i - ngram_available)
             for i in range(limit)
         ]
         best_k, best = 0, 1.0 / self.cost.verify(1)
@@ -322,16 +393,21 @@ class DepthController:
         """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
         extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1) + self.cost.rollback
         extra += max(0, PROBE_K - ngram_available) * self.cost.draft_step
-        return max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1)
+        return min(PROBE_MAX_INTERVAL, max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1))
 
     def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,
-                *, ngram_scored_elsewhere: bool = False) -> None:
+                *, ngram_scored_elsewhere: bool = False, probs: Sequence[float] = ()) -> None:
         from app.events import FROM_NGRAM
 
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         ng = [ok for s, ok in zip(sources, accepted, strict=False) if s == FROM_NGRAM]
         md = [ok for s, ok in zip(sources, accepted, strict=False) if s != FROM_NGRAM]
         if ng and not ngram_scored_elsewhere:
-            self.ngram.update(ng)
+            self.ngram.update(ng, conditional(probs))
         if md and (not ng or all(ng)):
             self.model.update(md)
+
+
+def _padded(values: list[float], n: int) -> list[float]:
+    """``values`` cut or padded with 1 (no prediction) to ``n`` entries."""
+    return values[:n] + [1.0] * max(0, n - len(values))

@@ -49,7 +49,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """`specdeck bench`'s options, also parsed by `tune` and the window's sweep (one set of defaults)."""
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=0, metavar="N", help="n-gram drafter key length (0 = off)")
+    parser.add_argument("--ngram", type=int, default=0, metavar="N", help="suffix drafter's shortest match (0 = off)")
     depth = parser.add_mutually_exclusive_group()
     depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
     depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")

@@ -74,8 +74,9 @@ class SamplingSettings:
         return self.temperature == 0.0
 
 
-NGRAM_KEY_LENGTH = 3  # the n-gram drafter's key length where none is chosen (window, chat, serve, tune, bench)
+NGRAM_KEY_LENGTH = 3  # the suffix drafter's shortest match where none is chosen (window, chat, serve, tune, bench)
 K_MAX = 16  # the adaptive depth's cap: measured against 8 and 32 on code edits (README, "Speed")
+HISTORY_TOKENS = 1 << 16  # earlier answers from the chat history the suffix drafter reads at load, at most
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,12 @@ class DraftSettings:
     """How drafts are made: an optional model drafter, an optional n-gram drafter, and the depth policy."""
 
     drafter_path: str | None = None
-    ngram: int = 0  # key length of the n-gram drafter; 0 = off
+    # The suffix drafter (the setting keeps the n-gram drafter's name): the shortest match it drafts from;
+    # 0 = off.
+    ngram: int = 0
+    # Tokens of the user's earlier answers, from the chat history, that the suffix drafter reads at load (its
+    # memory across chats); 0 = none. The window passes HISTORY_TOKENS unless the user turned it off.
+    history_tokens: int = 0
     adaptive: bool = True
     k: int = 4  # fixed depth when not adaptive
     k_max: int = K_MAX
@@ -94,7 +100,8 @@ class DraftSettings:
     model_start: float | None = None
 
     def validate(self) -> DraftSettings:
-        _number("N-gram key length", self.ngram, 0, 16, integer=True)
+        _number("Shortest suffix match", self.ngram, 0, 16, integer=True)
+        _number("Earlier answers to draft from", self.history_tokens, 0, MAX_CTX, integer=True)
         _number("Draft depth k", self.k, 0, 32, integer=True)
         _number("Maximum draft depth", self.k_max, 0, 32, integer=True)
         _number("Drafter confidence cut", self.p_min, 0.0, 1.0)

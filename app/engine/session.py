@@ -23,10 +23,11 @@ from app.ceiling.roofline import (
 )
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
-from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.drafters import ModelDrafter
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
@@ -211,7 +212,8 @@ class EngineSession:
                     )
             dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back its drafts by checkpoint
             model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
-        ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
+        ngram = suffix_drafter(draft.ngram, draft.history_tokens, self.target.tokenize, log) \
+            if draft.ngram > 0 else None
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         if model_drafter is not None and draft.model_start is not None:
             controller.start_model_from(draft.model_start)

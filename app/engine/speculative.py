@@ -17,10 +17,11 @@ import numpy.typing as npt
 
 from app.engine import sampling
 from app.engine.adaptive import DepthController
-from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
+from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.params import SamplingSettings
+from app.engine.suffix_tree import SuffixDrafter
 from app.errors import PromptTooLongError
 from app.events import (
     FROM_MODEL,
@@ -117,7 +118,7 @@ class SpeculativeDecoder:
         target: Model,
         ctx: Context,
         *,
-        ngram: NGramDrafter | None = None,
+        ngram: SuffixDrafter | None = None,
         drafter: ModelDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
@@ -284,7 +285,7 @@ class SpeculativeDecoder:
             ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
             # Probes also run in greedy n-gram mode, where acceptance is scored without drafting: they keep
             # the cost of a wide pass measured.
-            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len)
+            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len, probs=ng_draft.probs)
             k = max(0, min(k, self.k_cap, room - 1, remaining - 1, ctx.rollback_limit()))
             draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
             if self.drafter is not None and len(draft) < k:
@@ -314,8 +315,9 @@ class SpeculativeDecoder:
                 # Greedy output does not depend on speculation, so every n-gram proposal, drafted or not,
                 # is scored against what the target emits: acceptance at every depth stays measured,
                 # also while the policy drafts little or nothing.
-                controller.score_proposal(ng_draft.tokens, ng_draft.match_len, emitted)
-            controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy)
+                controller.score_proposal(ng_draft.tokens, ng_draft.match_len, emitted, ng_draft.probs)
+            controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy,
+                               probs=ng_draft.probs)
             # A pass of this width costs its decode plus building a distribution per row to accept from.
             controller.cost.observe_verify(width, t_accepted - t_drafted)
             if draft.model_steps:

@@ -3,8 +3,8 @@
 Each candidate setting is measured by the bench itself (``app.engine.bench.bench``): speculative and plain
 runs side by side, alternating, in one engine worker, so each speedup is a ratio of neighbouring runs on
 this machine, with its spread over the repeats. The sweep starts from the window's defaults and moves one
-dimension at a time from the best setting so far: n-gram key length, k_max, fixed against adaptive depth,
-then the drafter choice (none, n-gram, model, both). The winner is saved per (target, drafter) pair
+dimension at a time from the best setting so far: the suffix drafter's shortest match, k_max, fixed against
+adaptive depth, then the drafter choice (none, n-gram, model, both). The winner is saved per (target, drafter) pair
 (``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
 ``cancelled``) keeps every setting measured so far, and the best of them is still saved.
 """
@@ -37,7 +37,7 @@ FIXED_DEPTHS = (2, 4, 8)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One drafting setting: which drafters, the n-gram key length, and the depth policy."""
+    """One drafting setting: which drafters, the suffix drafter's shortest match, and the depth policy."""
 
     use_model: bool
     ngram: int  # 0: no n-gram drafter

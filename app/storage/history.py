@@ -448,6 +448,21 @@ class HistoryStore:
         ).fetchall()
         return [self._message(row) for row in rows]
 
+    def recent_answers(self, max_chars: int) -> list[str]:
+        """The newest complete answers, oldest first, up to ``max_chars`` characters in all (the suffix
+        drafter's memory across chats)."""
+        out: list[str] = []
+        total = 0
+        rows = self._conn.execute(
+            "SELECT text FROM messages WHERE role='assistant' AND status='complete' ORDER BY id DESC")
+        for (text,) in rows:
+            if total + len(text) > max_chars:
+                break
+            out.append(text)
+            total += len(text)
+        out.reverse()
+        return out
+
     def message(self, message_id: int) -> StoredMessage:
         row = self._conn.execute(
             "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated,"

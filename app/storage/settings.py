@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
+from app.engine.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
@@ -43,9 +43,10 @@ class AppSettings:
     schema_version: int = SCHEMA_VERSION
     target_path: str | None = None  # last target model
     drafter_path: str | None = None  # last drafter model
-    # n-gram drafter key length; 0 = off. On in a fresh home: it costs nothing to run, and speculation is the
-    # point of the app (DraftSettings stays off by default, so bench's and the API's plain runs stay plain).
+    # The suffix drafter's shortest match; 0 = off. On in a fresh home: it costs nothing to run, and speculation
+    # is the point of the app (DraftSettings stays off by default, so bench's and the API's plain runs stay plain).
     ngram: int = NGRAM_KEY_LENGTH
+    draft_from_history: bool = True  # the suffix drafter also drafts from earlier answers in the chat history
     adaptive: bool = _DRAFT.adaptive
     k: int = _DRAFT.k
     k_max: int = _DRAFT.k_max
@@ -63,7 +64,8 @@ class AppSettings:
 
     def draft_settings(self) -> DraftSettings:
         return DraftSettings(drafter_path=self.drafter_path, ngram=self.ngram, adaptive=self.adaptive,
-                             k=self.k, k_max=self.k_max)
+                             k=self.k, k_max=self.k_max,
+                             history_tokens=HISTORY_TOKENS if self.draft_from_history else 0)
 
     def to_load_settings(self) -> LoadSettings | None:
         """The settings to load the remembered pair with; None when no target was chosen yet."""
@@ -182,6 +184,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     "target_path": _optional_path("The target model"),
     "drafter_path": _optional_path("The drafter model"),
     "ngram": _via(_draft("ngram"), int),
+    "draft_from_history": _bool("Draft from earlier answers"),
     "adaptive": _bool("Adaptive draft depth"),
     "k": _via(_draft("k"), int),
     "k_max": _via(_draft("k_max"), int),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+
+import pytest
 
 from app.engine.adaptive import (
     EXPLORE_DEPTH,
@@ -13,7 +16,7 @@ from app.engine.adaptive import (
     PositionAcceptance,
     expected_tokens,
 )
-from app.engine.drafters import NGramDrafter
+from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_MODEL, FROM_NGRAM
 
 
@@ -114,7 +117,7 @@ def simulate(stream: list[int], prompt_len: int, costs: dict[int, float], k_max:
     """Greedy n-gram decoding of ``stream`` (the target's answer is fixed, as greedy output is), one pass at
     a time, with the decoder's bookkeeping; returns the depth chosen at each pass."""
     c = controller(costs, k_max=k_max)
-    ngram = NGramDrafter(3)
+    ngram = SuffixDrafter(3)
     tokens = list(stream[:prompt_len])
     ks: list[int] = []
     c.start_answer()
@@ -187,12 +190,12 @@ def test_an_endless_repetition_is_drafted_to_full_depth() -> None:
 
 
 def test_ngram_proposal_continues_a_short_period_to_full_depth() -> None:
-    ngram = NGramDrafter(3)
+    ngram = SuffixDrafter(3)
     tokens = [7, 8, 9] + [1, 2] * 4
     draft = ngram.propose(tokens, 6)
     assert draft.tokens == [1, 2, 1, 2, 1, 2]
     # Without a whole period matched, nothing is invented past the end of what is known.
-    assert NGramDrafter(2).propose([5, 6, 1, 2, 3, 1, 2], 6).tokens == [3, 1, 2]
+    assert SuffixDrafter(2).propose([5, 6, 1, 2, 3, 1, 2], 6).tokens == [3, 1, 2]
 
 
 def test_a_stale_width_follows_the_one_token_cost() -> None:
@@ -293,3 +296,135 @@ def test_a_pair_measured_before_starts_from_its_acceptance() -> None:
         known.observe([FROM_MODEL] * depths[-1], [True] * depths[-1])
     assert depths[0] > 0
     assert max(depths) >= 8
+
+
+# --- issue 27, defect 2: a cost learned while the CPU was busy must not keep the depth at 0 ---------------
+
+def edit_prompt_copy() -> tuple[list[int], list[int]]:
+    """The first bundled edit prompt and the answer it asks for (its code with the two renames), as word
+    tokens: a copy of the prompt's code with a few changed tokens, as a model writes it."""
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "edit.jsonl"
+    text = json.loads(path.read_text(encoding="utf-8").splitlines()[0])["messages"][0]["content"]
+    code = text[text.index("```") :]
+    answer = code.replace("load_orders", "read_orders").replace("orders", "records")
+    ids: dict[str, int] = {}
+
+    def tokens(s: str) -> list[int]:
+        return [ids.setdefault(piece, len(ids)) for piece in re.findall(r"\w+|\s+|[^\w\s]", s)]
+
+    return tokens(text), tokens(answer)
+
+
+def run_answer(c: DepthController, prompt: list[int], answer: list[int], busy: Callable[[int], float]) -> list[int]:
+    """One greedy answer through the suffix drafter and ``c``, each pass charged SLOW_CPU's cost for its width
+    times ``busy(pass)`` (how much slower the machine is then); returns the depth chosen at each pass."""
+    drafter = SuffixDrafter(1)
+    tokens, produced, ks = list(prompt), 0, []
+    c.start_answer()
+    while produced < len(answer):
+        proposal = drafter.propose(tokens, c.k_max)
+        k = min(c.choose(len(proposal), False, proposal.match_len, probs=proposal.probs), len(answer) - produced - 1)
+        n = 0
+        while n < k and proposal.tokens[n] == answer[produced + n]:
+            n += 1
+        emitted = answer[produced : produced + n + 1]
+        c.score_proposal(proposal.tokens, proposal.match_len, emitted, proposal.probs)
+        c.cost.observe_verify(k + 1, interpolated(SLOW_CPU, k + 1) * busy(len(ks)))
+        tokens += emitted
+        produced += len(emitted)
+        ks.append(k)
+    return ks
+
+
+def interpolated(costs: dict[int, float], width: int) -> float:
+    lower = max(w for w in costs if w <= width)
+    upper = min((w for w in costs if w >= width), default=lower)
+    if upper == lower:
+        return costs[lower]
+    return costs[lower] + (costs[upper] - costs[lower]) * (width - lower) / (upper - lower)
+
+
+@pytest.mark.parametrize("busy_now", [False, True], ids=["quiet", "busy"])
+def test_the_depth_rises_within_20_passes_of_a_copy_after_wide_passes_were_timed_on_a_busy_cpu(
+        busy_now: bool) -> None:
+    """The window's report: after a run during which a background job slowed the CPU, a near-verbatim copy ran
+    at k = 0 on 49 of 50 passes. Here a first answer copies the edit prompt's code four times over, and a job
+    starting at its 14th pass (well into the copy, while it drafts at full depth, so no plain pass updates the
+    one-token cost) makes every pass 2.5x slower. The next answer (the edit itself) runs with the job gone,
+    or still running. A busy CPU scales every width alike, so both answers must take the passes they take
+    on a machine that never had the job (before the fix: 374 and 158 passes against 95 and 87, the depth
+    ratcheting down from 16 to 2), and the edit's copy must draft within its first 20 passes."""
+    prompt, answer = edit_prompt_copy()
+    code = prompt[prompt.index(answer[0]) :]
+    calibrated = {w: interpolated(SLOW_CPU, w) for w in range(1, 18)}
+    quiet = controller(calibrated, k_max=16)
+    quiet_first = run_answer(quiet, prompt, code * 4, lambda n: 1.0)
+    quiet_second = run_answer(quiet, prompt, answer, lambda n: 1.0)
+    c = controller(calibrated, k_max=16)
+    first = run_answer(c, prompt, code * 4, lambda n: 1.0 if n < 14 else 2.5)
+    assert max(first[:14]) == 16  # the job starts during the copy, at full depth
+    second = run_answer(c, prompt, answer, lambda n: 2.5 if busy_now else 1.0)
+    assert len(first) <= 1.1 * len(quiet_first), first
+    assert max(second[:20]) > 0, second[:20]
+    assert len(second) <= 1.1 * len(quiet_second), second
+
+
+def test_a_wide_pass_timed_at_the_start_of_a_busy_spell_is_forgotten() -> None:
+    """The one-token cost of the same moment comes from passes of every width, so a spell of load that starts
+    during a run of wide passes moves the one-token cost, not the widths' ratios."""
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe_verify(1, 0.010)
+        cost.observe_verify(9, 0.030)
+    for _ in range(30):  # a job starts: only wide passes run, each 2.5× slower
+        cost.observe_verify(9, 0.075)
+    assert cost.verify(9) / cost.verify(1) == pytest.approx(3.0, rel=0.05)
+    for _ in range(5):  # the job is gone: plain passes show it
+        cost.observe_verify(1, 0.010)
+    assert cost.verify(9) == pytest.approx(0.030, rel=0.05)
+
+
+def test_ratios_older_than_max_age_are_forgotten() -> None:
+    cost = CostModel()
+    cost.observe_verify(1, 0.010)
+    cost.observe_verify(5, 0.100)
+    assert cost.verify(5) == pytest.approx(0.05)  # capped at width × the one-token cost
+    for _ in range(CostModel.MAX_AGE):
+        cost.observe_verify(1, 0.010)
+    assert 5 not in cost.widths
+
+
+def test_the_trees_probabilities_are_the_prior_and_the_measured_acceptance_corrects_them() -> None:
+    c = controller(gpu_costs(8), k_max=8)
+    for bucket in c.ngram_buckets:
+        bucket.seen = [10] * 8  # measured, with no correction yet
+        bucket.rates = [1.0] * 8
+    sure = c.choose(8, False, match_len=20, probe=False, probs=[1.0] * 8)
+    unsure = c.choose(8, False, match_len=20, probe=False, probs=[0.5 ** (i + 1) for i in range(8)])
+    assert sure == 8
+    assert unsure < sure
+    # Drafts the tree called certain were right half the time at position 0: the correction halves the prior.
+    rates = c.ngram_buckets[c.bucket(20)]
+    for i in range(40):
+        rates.update_at(0, i % 2 == 0, predicted=1.0)
+    assert rates.rate(0, 1.0) == pytest.approx(0.5, abs=0.15)
+    assert rates.rate(0, 0.5) == pytest.approx(0.25, abs=0.1)
+
+
+def test_a_new_answer_relaxes_what_short_matches_taught_but_keeps_long_ones() -> None:
+    c = controller(gpu_costs(8), k_max=8)
+    for bucket in range(4):
+        measured(c, bucket, 1.0)  # an answer whose every match continued (a JSON copy)
+    assert c.choose(8, False, match_len=1, probe=False) == 8
+    c.start_answer()
+    short, long = c.ngram_buckets[c.bucket(1)], c.ngram_buckets[c.bucket(30)]
+    assert short.rate(0) == pytest.approx((1.0 + short.prior) / 2)
+    assert short.seen[0] == 1
+    assert long.rate(0) == 1.0
+    assert long.seen[0] == 10
+    short.update([False])  # one miss in the new answer now weighs a quarter, not a twelfth
+    assert short.rate(0) == pytest.approx(0.6 * 0.75)

@@ -21,11 +21,12 @@ import pytest
 
 from app.engine import speculative
 from app.engine.adaptive import DepthController
-from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
+from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_NGRAM, Finished, PassStats, Token
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
@@ -73,7 +74,7 @@ class Tiny:
         model = {"same": "same", "perturbed": "perturbed", "stacked": "perturbed"}.get(kind)
         drafter = ModelDrafter(*self.drafters[model]) if model else None
         controller = DepthController(k_max=8, fixed=k)
-        dec = SpeculativeDecoder(self.target, self.ctx, ngram=NGramDrafter(ngram) if ngram else None,
+        dec = SpeculativeDecoder(self.target, self.ctx, ngram=SuffixDrafter(ngram) if ngram else None,
                                  drafter=drafter, controller=controller)
         if k is None:
             dec.calibrate()  # the adaptive policy starts from measured costs, as in a session
@@ -206,7 +207,7 @@ def near_tie_at(model: Model, prefix: list[int], plain_tok: int, spec_tok: int) 
     return float(single[plain_tok] - single[spec_tok]), noise
 
 
-class PlainAnswerDrafter(NGramDrafter):
+class PlainAnswerDrafter(SuffixDrafter):
     """Proposes the plain answer's next tokens with every CORRUPT_EVERY-th one changed: drafts that are mostly
     right by construction, with rejections among them, whatever the model writes on this CPU."""
 

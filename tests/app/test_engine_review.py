@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from app.engine.adaptive import PROBE_K, CostModel, DepthController
-from app.engine.drafters import MAX_STEP_CATCH_UP, ModelDrafter, NGramDrafter
+from app.engine.drafters import MAX_STEP_CATCH_UP, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder
+from app.engine.suffix_tree import SuffixDrafter
 from app.events import PassStats, Token
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
@@ -75,7 +76,7 @@ def test_two_decoders_on_one_context_never_reuse_each_others_cache(tiny: Tiny) -
     """A session's speculative and plain decoders share the target context. One answers a chat, the other
     writes a different one into the cache, then the first continues its chat: its answer must equal the
     answer from an empty cache (the prefix it remembers is no longer there)."""
-    first = SpeculativeDecoder(tiny.target, tiny.ctx, ngram=NGramDrafter(2),
+    first = SpeculativeDecoder(tiny.target, tiny.ctx, ngram=SuffixDrafter(2),
                                controller=DepthController(k_max=4, fixed=3))
     second = SpeculativeDecoder(tiny.target, tiny.ctx)
     chat = tiny.tokens("The cat sat on the mat, and then the cat")
@@ -157,8 +158,8 @@ def test_greedy_ngram_decoding_probes_when_it_does_not_draft(tiny: Tiny) -> None
     for bucket in controller.ngram_buckets:
         bucket.rates = [0.0] * 4
         bucket.seen = [100] * 4
-    controller.score_proposal = lambda proposal, match_len, emitted: None  # type: ignore[method-assign]
-    decoder = SpeculativeDecoder(tiny.target, tiny.ctx, ngram=NGramDrafter(1), controller=controller)
+    controller.score_proposal = lambda *args: None  # type: ignore[method-assign]
+    decoder = SpeculativeDecoder(tiny.target, tiny.ctx, ngram=SuffixDrafter(1), controller=controller)
     decoder.reset_cache()
     ks = [e.k for e in decoder.generate(tiny.tokens("one two three, one two three, one two"),
                                         SamplingSettings(temperature=0.0, max_tokens=200))

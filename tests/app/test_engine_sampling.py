@@ -28,10 +28,11 @@ import pytest
 
 from app.engine import sampling
 from app.engine.adaptive import DepthController
-from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
+from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder
+from app.engine.suffix_tree import SuffixDrafter
 from app.events import PassStats, Token
 
 N_SAMPLES = 20_000
@@ -215,7 +216,7 @@ def model_decoder(m: Models, cls: type[SpeculativeDecoder] = SpeculativeDecoder)
 
 
 def ngram_decoder(m: Models, cls: type[SpeculativeDecoder] = SpeculativeDecoder) -> SpeculativeDecoder:
-    return cls(m.target, m.ctx, ngram=NGramDrafter(2), controller=DepthController(k_max=8, fixed=3))
+    return cls(m.target, m.ctx, ngram=SuffixDrafter(2), controller=DepthController(k_max=8, fixed=3))
 
 
 def test_target_alone_fits_its_exact_distribution(models: Models) -> None:

@@ -350,3 +350,24 @@ def test_the_unused_theme_setting_is_gone(tmp_path: Path) -> None:
     path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "theme": "dark", "n_ctx": 2048}))
     loaded, warning = load_settings(path)  # an older file's theme is ignored quietly
     assert (loaded.n_ctx, warning) == (2048, None)
+
+
+def test_drafting_from_the_chat_history_is_a_setting_that_reaches_the_engine(tmp_path: Path) -> None:
+    """On by default (the suffix drafter reads the user's earlier answers at load); off, nothing is read. A file
+    from before the setting existed loads with it on; a wrong value falls back with a sentence."""
+    from app.engine.params import HISTORY_TOKENS
+
+    assert AppSettings().draft_settings().history_tokens == HISTORY_TOKENS
+    assert AppSettings(draft_from_history=False).draft_settings().history_tokens == 0
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "ngram": 2}))
+    loaded, warning = load_settings(path)
+    assert warning is None
+    assert (loaded.ngram, loaded.draft_from_history) == (2, True)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "draft_from_history": "no"}))
+    loaded, warning = load_settings(path)
+    assert loaded.draft_from_history is True
+    assert warning is not None
+    assert "Draft from earlier answers must be true or false" in warning
+    save_settings(replace(loaded, draft_from_history=False), path)
+    assert load_settings(path)[0].draft_from_history is False
