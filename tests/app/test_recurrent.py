@@ -29,10 +29,11 @@ from app.engine.llama import (
 )
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
-from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
+from app.engine.speculative import RunTotals, SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import Finished, PassStats, Token
 from app.library.gguf_reader import read_gguf_info
+from tests.app.test_engine_exactness import run as run_answer
 from tests.gguf_fixtures import RECURRENT_ARCHS, attention_layers, write_tiny_model
 
 SNAPSHOTS = 8
@@ -91,16 +92,10 @@ def loaded(request: pytest.FixtureRequest, recurrent_models: dict[str, tuple[Pat
     lm.close()
 
 
-def run(decoder: SpeculativeDecoder, prompt: list[int],
-        settings: SamplingSettings = GREEDY) -> tuple[list[int], RunTotals]:
-    decoder.reset_cache()
-    totals, stop = RunTotals(), StopReason()
-    out: list[int] = []
-    for event in decoder.generate(prompt, settings, totals=totals, stop=stop):
-        if isinstance(event, Token):
-            out += event.token_ids
-    assert stop.reason in ("max_tokens", "eog")
-    return out, totals
+def run(decoder: SpeculativeDecoder, prompt: list[int]) -> tuple[list[int], RunTotals]:
+    answer = run_answer(decoder, prompt, GREEDY)
+    assert answer.reason in ("max_tokens", "eog")
+    return answer.tokens, answer.totals
 
 
 def fresh_row(ctx: Context, tokens: list[int]) -> np.ndarray:
