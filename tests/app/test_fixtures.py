@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +48,6 @@ class Tiny:
     """Just enough of llama.cpp's low-level API to test fixtures (the engine has its own wrapper)."""
 
     def __init__(self, path: Path, n_ctx: int = 512) -> None:
-        start = time.perf_counter()
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         assert self.model, f"llama.cpp could not load {path}"
         params = L.llama_context_default_params()
@@ -59,7 +57,6 @@ class Tiny:
         params.n_threads = params.n_threads_batch = 1
         self.ctx = L.llama_init_from_model(self.model, params)
         assert self.ctx
-        self.load_seconds = time.perf_counter() - start
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.batch = L.llama_batch_init(n_ctx, 0, 1)
@@ -138,10 +135,7 @@ def tensors(path: Path) -> dict[str, np.ndarray]:
 def test_tiny_target_loads_decodes_and_varies(tiny_target: Path) -> None:
     with loaded(tiny_target) as m:
         assert m.n_vocab == BYTES_VOCAB_SIZE == 269
-        assert m.load_seconds < 1.0
-        start = time.perf_counter()
         outputs = [m.greedy(p, 32)[1] for p in PROMPTS]
-        assert time.perf_counter() - start < 1.0
     for out in outputs:
         assert len(set(out)) >= 5, out  # greedy output is not one token over and over
         assert not set(out) & set(range(len(BYTES_SPECIALS))), "control tokens should be very unlikely"
@@ -305,9 +299,7 @@ def test_smollm2_vocab_matches_demo_model(
         assert all(real.text(i) == tiny.text(i) for i in range(tiny.n_vocab))
         text = "<|im_start|>user\nHello, world! Speculative decoding is fun.<|im_end|>\n"
         assert real.tokenize(text) == tiny.tokenize(text)
-        start = time.perf_counter()
         _, out = tiny.greedy("Hello", 16)
-        assert time.perf_counter() - start < 1.0
         assert len(set(out)) > 3
 
 

@@ -194,7 +194,7 @@ def test_a_200_by_200_table_streams_without_freezing_the_window(qtbot: QtBot) ->
     rule = "|" + "|".join("---" for _ in range(200)) + "|\n"
     rows = "".join("|" + "|".join("x" for _ in range(200)) + "|\n" for _ in range(200))
     text = header + rule + rows
-    assert len(text) > MARKDOWN_LIMIT_CHARS or max(len(line) for line in text.split("\n")) > 0
+    assert len(text) > MARKDOWN_LIMIT_CHARS  # the table streams on the plain-text path
     lag = _stream_and_measure_lag(qtbot, view, text, 2_000)
     print(f"\n200×200 table: max event-loop lag {lag * 1000:.1f} ms")
     assert lag < MAX_LAG_S
