@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.params import SamplingSettings
@@ -505,15 +506,13 @@ class RemoteEngine:
                     raise RemoteError(f"The server refused the request ({response.status_code}): "
                                       f"{_error_message(response)}")
                 done = False
-                for line in response.iter_lines():
+                for event in _server_sent_events(response):
                     if cancelled is not None and cancelled():
                         done, finish = True, "cancelled"
                         break
-                    if not line or line.startswith(":"):
+                    payload = event.data.strip()
+                    if not payload:
                         continue
-                    if not line.startswith("data:"):
-                        raise RemoteError(f"The server's stream is not server-sent events: {line[:80]!r}")
-                    payload = line[5:].strip()
                     if payload == "[DONE]":
                         done = True
                         break
@@ -555,6 +554,14 @@ class RemoteEngine:
                               f"({_reason(exc)}); what arrived is kept.") from None
         yield Finished(request_id, {"stop": "eog", "length": "max_tokens"}.get(finish, finish),
                        _stats(usage, timings, ttft), "".join(pieces))
+
+
+def _server_sent_events(response: httpx.Response) -> Iterator[ServerSentEvent]:
+    """The response's events, parsed by httpx-sse; a stream of another kind is one sentence."""
+    try:
+        yield from EventSource(response).iter_sse()
+    except SSEError as exc:
+        raise RemoteError(f"The server's stream is not server-sent events ({exc}).") from None
 
 
 def sampling_options(sampling: SamplingSettings) -> dict[str, Any]:

@@ -219,6 +219,13 @@ def test_a_server_answering_garbage_gives_a_message(http_server: Callable[[dict[
             list(remote.chat([{"role": "user", "content": "hi"}]))
 
 
+def test_a_stream_that_is_not_server_sent_events_is_a_message(
+        http_server: Callable[[dict[str, Handler]], str]) -> None:
+    url = http_server({"/v1/chat/completions": send(json.dumps({"choices": []}))})  # JSON, not a stream
+    with RemoteEngine(url) as remote, pytest.raises(RemoteError, match="not server-sent events"):
+        list(remote.chat([{"role": "user", "content": "hi"}]))
+
+
 def test_a_server_that_dies_mid_stream(http_server: Callable[[dict[str, Handler]], str]) -> None:
     def dies(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
