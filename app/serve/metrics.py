@@ -51,16 +51,16 @@ class ServeMetrics:
                               registry=r)
         self.kv_bytes = Gauge(p + "kv_cache_used_bytes", "Bytes of KV cache in use", registry=r)
         self.n_ctx = Gauge(p + "n_ctx", "Context size of the loaded model, in tokens", registry=r)
-        self.ceiling = Gauge(p + "ceiling_tokens_per_second",
-                             "One-token passes per second measured on the loaded model at load: the plain-decoding "
-                             "ceiling this machine delivers", registry=r)
+        self.plain_rate = Gauge(p + "plain_tokens_per_second",
+                                "Plain decoding's rate measured on the loaded model at load (one-token passes per "
+                                "second); the ceiling is the roofline's, not this", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def on_loaded(self, loaded: Loaded) -> None:
         self.n_ctx.set(loaded.n_ctx)
-        self.ceiling.set(loaded.plain_tps)
+        self.plain_rate.set(loaded.plain_tps)
 
     def on_prompt(self, event: PromptProcessed) -> None:
         self.prompt_tokens.inc(event.prompt_tokens)

@@ -93,7 +93,7 @@ GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
         "accept_rate": ("sglang:spec_accept_rate",),
         "accept_length": ("sglang:spec_accept_length",),
     },
-    "specdeck": {"kv_usage": ("specdeck:kv_cache_usage_perc",), "ceiling": ("specdeck:ceiling_tokens_per_second",)},
+    "specdeck": {"kv_usage": ("specdeck:kv_cache_usage_perc",), "plain_rate": ("specdeck:plain_tokens_per_second",)},
 }
 
 
@@ -201,7 +201,7 @@ class RemoteRates:
     per_position_acceptance: tuple[float, ...] | None
     kv_usage: float | None  # 0..1
     read_bytes_per_second: float | None  # vLLM's estimated bytes read per GPU
-    ceiling_tokens_per_second: float | None
+    plain_tokens_per_second: float | None  # measured at load, not a ceiling
     sources: Mapping[str, str]
 
 
@@ -216,7 +216,7 @@ def reported(scrape: Scrape) -> dict[str, bool]:
         "per_position_acceptance": scrape.prefix in PER_POSITION,
         "kv_usage": "kv_usage" in g,
         "read_bytes_per_second": "read_bytes" in c,
-        "ceiling_tokens_per_second": "ceiling" in g,
+        "plain_tokens_per_second": "plain_rate" in g,
     }
 
 
@@ -274,10 +274,10 @@ def rates(before: Scrape, after: Scrape) -> RemoteRates:
     kv = after.gauges.get("kv_usage")
     if kv is not None:
         sources["kv_usage"] = after.sources["kv_usage"]
-    ceiling = after.gauges.get("ceiling")
-    if ceiling is not None:
-        sources["ceiling_tokens_per_second"] = after.sources["ceiling"]
-    return RemoteRates(seconds, tps, acceptance, length, per_pos, kv, read_rate, ceiling, sources)
+    plain = after.gauges.get("plain_rate")
+    if plain is not None:
+        sources["plain_tokens_per_second"] = after.sources["plain_rate"]
+    return RemoteRates(seconds, tps, acceptance, length, per_pos, kv, read_rate, plain, sources)
 
 
 # --- discovery and chat ---------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_vllm_rates_come_from_counter_deltas() -> None:
     assert r.per_position_acceptance == pytest.approx((0.8, 0.6, 0.4))
     assert r.read_bytes_per_second == pytest.approx(2e11)
     assert r.kv_usage == pytest.approx(0.25)
-    assert r.ceiling_tokens_per_second is None
+    assert r.plain_tokens_per_second is None
     assert "vllm:generation_tokens_total" in r.sources["tokens_per_second"]
     assert "vllm:spec_decode_num_accepted_tokens_total" in r.sources["acceptance"]
     assert r.sources["kv_usage"] == "vllm:kv_cache_usage_perc"
@@ -69,7 +69,7 @@ def test_old_vllm_name_and_what_it_does_not_report() -> None:
     assert exposed["tokens_per_second"]
     assert exposed["acceptance"]
     assert not exposed["read_bytes_per_second"]
-    assert not exposed["ceiling_tokens_per_second"]
+    assert not exposed["plain_tokens_per_second"]
 
 
 def test_sglang_prefers_its_counter_and_reads_speculation_from_gauges() -> None:
@@ -114,10 +114,10 @@ def test_llama_server_rates_from_a_real_scrape() -> None:
     assert sum(figures.per_position_acceptance) * 4 == 108
     exposed = reported(after)
     assert not exposed["read_bytes_per_second"]
-    assert not exposed["ceiling_tokens_per_second"]
+    assert not exposed["plain_tokens_per_second"]
     assert exposed["kv_usage"]  # from /slots
     assert figures.read_bytes_per_second is None
-    assert figures.ceiling_tokens_per_second is None
+    assert figures.plain_tokens_per_second is None
 
 
 def test_remote_model_labels() -> None:

@@ -145,4 +145,4 @@ def test_rates_from_llama_server_counters(llama_server: str) -> None:
         assert figures.acceptance is None
     assert figures.kv_usage is not None  # estimated from /slots: llama-server has no KV metric
     assert "/slots" in after.sources["kv_usage"]
-    assert not exposed["ceiling_tokens_per_second"]
+    assert not exposed["plain_tokens_per_second"]

@@ -208,7 +208,7 @@ def test_metrics_parse_and_carry_the_spec_decode_counters(served: tuple[Server, 
     for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
                  "spec_decode_num_accepted_tokens_total", "tokens_predicted_total",
                  "tokens_predicted_seconds_total", "prompt_tokens_total", "kv_cache_usage_perc",
-                 "ceiling_tokens_per_second"):
+                 "plain_tokens_per_second"):
         assert "specdeck:" + name in names
 
 

@@ -81,7 +81,7 @@ def test_dashboard_plots_a_vllm_server_from_its_counters(qtbot: QtBot,
     # Between the two recorded scrapes: +600 draft tokens, +360 accepted.
     assert panel.values["acceptance"].text() == "60%"
     assert panel.values["kv_usage"].text() == "25%"
-    assert panel.values["ceiling_tokens_per_second"].text() == NOT_REPORTED
+    assert panel.values["plain_tokens_per_second"].text() == NOT_REPORTED
     assert panel.values["tokens_per_second"].text() != NOT_REPORTED
     assert "vllm:generation_tokens_total" in panel.sources.text()
     tips = " ".join(label.toolTip() for label in panel.values.values())

@@ -54,7 +54,7 @@ def test_window_chats_through_llama_server_and_the_dock_plots_it(qtbot: QtBot, m
     if answer.stats.drafted:  # the stream's own counts are the server's counter deltas
         assert figures.acceptance == answer.stats.accepted / answer.stats.drafted
         assert dock.values["acceptance"].text() == f"{figures.acceptance:.0%}"
-    for key in ("read_bytes_per_second", "ceiling_tokens_per_second"):  # llama-server has neither
+    for key in ("read_bytes_per_second", "plain_tokens_per_second"):  # llama-server has neither
         assert dock.values[key].text() == NOT_REPORTED
     assert "/slots" in dock.sources.text()  # KV use estimated from /slots: there is no KV metric
 
@@ -69,4 +69,4 @@ def test_dock_on_a_llama_server_without_speculation(qtbot: QtBot, make_window: o
     assert "off (its /slots say so)" in dock.header.text()
     for key in ("acceptance", "mean_accepted_length"):
         assert dock.values[key].text() == "speculation is off on this server"
-    assert dock.values["ceiling_tokens_per_second"].text() == NOT_REPORTED
+    assert dock.values["plain_tokens_per_second"].text() == NOT_REPORTED
