@@ -401,6 +401,36 @@ def _add_recurrent_keys(writer: Any, arch: str, *, n_embd: int, n_layer: int, n_
         writer.add_ssm_group_count(1)
 
 
+def _mtp_block_weights(il: int, *, seed: int, n_embd: int, n_head: int, n_head_kv: int,
+                       n_ff: int) -> dict[str, np.ndarray]:
+    """A Qwen3.5 MTP block (src/models/qwen35.cpp, load_block_mtp): a gated-attention decoder block whose input
+    is ``eh_proj`` of the normed token embedding beside the normed hidden state of the trunk."""
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    p = f"blk.{il}."
+    return {
+        p + "attn_norm.weight": ones(n_embd),
+        p + "post_attention_norm.weight": ones(n_embd),
+        p + "attn_q.weight": linear(2 * n_embd, n_embd),  # the query and the output gate
+        p + "attn_k.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_v.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_output.weight": linear(n_embd, n_embd),
+        p + "attn_q_norm.weight": ones(head_dim),
+        p + "attn_k_norm.weight": ones(head_dim),
+        p + "ffn_gate.weight": linear(n_ff, n_embd),
+        p + "ffn_up.weight": linear(n_ff, n_embd),
+        p + "ffn_down.weight": linear(n_embd, n_ff),
+        p + "nextn.eh_proj.weight": linear(n_embd, 2 * n_embd),
+        p + "nextn.enorm.weight": ones(n_embd),
+        p + "nextn.hnorm.weight": ones(n_embd),
+    }
+
+
 def _perturb(weights: dict[str, np.ndarray], scale: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for name, tensor in weights.items():
@@ -427,6 +457,7 @@ def write_tiny_model(
     aborting: bool = False,
     ends_at_once: bool = False,
     arch: str = "llama",
+    mtp_layers: int = 0,
 ) -> Path:
     """Write a tiny random model to `path` (a .gguf file) and return `path`.
 
@@ -434,6 +465,9 @@ def write_tiny_model(
 
     ``ends_at_once``: every next token is an end-of-generation token, by construction: the final norm keeps
     one hidden dimension, the eos row reads it and the eot row its negative, every other logit is 0.
+
+    ``mtp_layers``: multi-token-prediction (NextN) blocks after the trunk, as Qwen3.5 ships them (qwen35 only):
+    block_count counts them too, ``{arch}.nextn_predict_layers`` says how many there are.
     """
     from gguf import GGUFWriter, LlamaFileType
 
@@ -443,12 +477,17 @@ def write_tiny_model(
         raise ValueError("perturb must be >= 0")
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+    if mtp_layers and arch != "qwen35":
+        raise ValueError("MTP blocks are written for the qwen35 architecture only")
     voc = _vocab(vocab)
     shape = {"n_embd": n_embd, "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv, "n_ff": n_ff}
     if arch == "llama":
         weights = _weights(voc, seed=seed, **shape)
     else:
         weights = _recurrent_weights(arch, voc, seed=seed, **shape)
+    for i in range(mtp_layers):
+        weights.update(_mtp_block_weights(n_layer + i, seed=seed + 1000 + i, n_embd=n_embd, n_head=n_head,
+                                          n_head_kv=n_head_kv, n_ff=n_ff))
     if perturb > 0:
         _perturb(weights, perturb, perturb_seed)
     if ends_at_once:
@@ -467,7 +506,9 @@ def write_tiny_model(
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    writer.add_block_count(n_layer + mtp_layers)
+    if mtp_layers:
+        writer.add_nextn_predict_layers(mtp_layers)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(voc.tokens))
     if arch == "llama":
