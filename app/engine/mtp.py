@@ -22,26 +22,31 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
-from app.ceiling.roofline import ModelShape, kv_cache_bytes
+from app.ceiling.mtp_heads import mtp_refusal
 from app.engine import sampling
 from app.engine.drafters import Draft, _top_prob
-from app.engine.llama import FLASH_ATTN, KV_GGML_TYPES, SWA_FULL, Context, ContextParams, Model, physical_cores
+from app.engine.llama import (
+    FLASH_ATTN,
+    KV_GGML_TYPES,
+    ROLLBACK_KV,
+    SWA_FULL,
+    Context,
+    ContextParams,
+    Model,
+    physical_cores,
+)
 from app.engine.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.events import FROM_MODEL
 from app.library.gguf_reader import GGUFInfo
 
 LLAMA_CONTEXT_TYPE_MTP = 1
-# Architectures whose MTP graph the vendored llama.cpp runs with one block (src/models/*.cpp, graph_mtp). The
-# Qwen3.5 graph asserts a single block: more would abort the process, so they are refused before.
-MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next"))
-MAX_MTP_BLOCKS = 1
 H_ROWS_KEPT = 256  # target hidden rows kept by position: a rollback within this reach still finds its row
 
 _F32P = ctypes.POINTER(ctypes.c_float)
@@ -99,31 +104,6 @@ def nextn_api() -> _NextnApi:
     return _api
 
 
-# --- what the GGUF says, before llama.cpp sees the file ------------------------------------------
-
-
-def mtp_refusal(info: GGUFInfo) -> str | None:
-    """Why this target's MTP heads cannot draft here (one sentence), or None when they can."""
-    name = info.name or info.path
-    if info.mtp_layers <= 0:
-        return f"{name} has no MTP heads ({info.architecture}.nextn_predict_layers is absent or 0)."
-    if info.architecture not in MTP_ARCHS:
-        return (f"{name} has {info.mtp_layers} MTP heads, but SpecDeck drafts with MTP heads only for "
-                f"{', '.join(sorted(MTP_ARCHS))}, not {info.architecture}.")
-    if info.mtp_layers > MAX_MTP_BLOCKS:
-        return (f"{name} has {info.mtp_layers} MTP heads, but llama.cpp runs the {info.architecture} MTP graph "
-                f"with exactly {MAX_MTP_BLOCKS}.")
-    return None
-
-
-def mtp_kv_bytes(info: GGUFInfo, n_ctx: int, kv_type: str = "f16") -> int:
-    """KV bytes of the MTP context: its cache holds the MTP blocks only, for the whole context."""
-    shape = ModelShape.from_gguf(info)
-    trunk = info.n_layer - info.mtp_layers
-    heads = replace(shape, kv_layers=(False,) * trunk + (True,) * info.mtp_layers, sliding_window=0, swa_layers=())
-    return kv_cache_bytes(heads, n_ctx, kv_type, swa_full=SWA_FULL)
-
-
 # --- the MTP context ----------------------------------------------------------------------------
 
 
@@ -166,6 +146,7 @@ class MTPContext:
         self.n_vocab = model.n_vocab
         self.n_embd = int(lc.llama_model_n_embd_out(model._ptr))
         self.tokens: list[int] = []
+        self.rollback = ROLLBACK_KV  # the MTP blocks are attention layers, even in a hybrid target
         self._mem = lc.llama_get_memory(self._ptr)
         self._batch = lc.llama_batch_ext_init(self._ptr)
         self._pos = (lc.llama_pos * 4)()

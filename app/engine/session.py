@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
+from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes, mtp_refusal
 from app.ceiling.roofline import (
     ModelShape,
     kv_bytes_per_token,
@@ -25,6 +26,7 @@ from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.drafters import ModelDrafter, NGramDrafter
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
+from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
@@ -181,8 +183,12 @@ class EngineSession:
                                    kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu)
         if too_big:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
+        if draft.mtp:
+            refusal = mtp_refusal(self.target_info)
+            if refusal:
+                raise IncompatibleDrafterError(refusal)  # before llama.cpp, whose MTP graph asserts its shapes
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
-                            main_gpu=settings.main_gpu, progress=stage("target"))
+                            main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp)
         flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
                                           settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
@@ -196,7 +202,10 @@ class EngineSession:
                                                 settings.recurrent_rollback)
         self.ctx = Context(self.target, replace(cparams, rs_snapshots=self.rollback_plan.snapshots))
         self.drafter_model: Model | None = None
-        model_drafter: ModelDrafter | None = None
+        model_drafter: ModelDrafter | MTPDrafter | None = None
+        if draft.mtp:
+            check_mtp_target(self.target, self.target_info)
+            model_drafter = MTPDrafter(self.ctx, MTPContext(self.target, self.ctx, cparams), p_min=draft.p_min)
         if draft.drafter_path and drafter_info is not None:
             if Path(draft.drafter_path).resolve() == Path(settings.target_path).resolve():
                 self.drafter_model = self.target  # never load the same file twice
@@ -221,18 +230,21 @@ class EngineSession:
                                           controller=controller)
         # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.
         shapes = [target_shape]
-        if model_drafter is not None:
+        if isinstance(model_drafter, ModelDrafter):  # the MTP context is counted on its own
             shapes.append(ModelShape.from_gguf(drafter_info) if drafter_info is not None else shapes[0])
         self.kv_per_token = kv_bytes_per_token(shapes[0], settings.kv_type)
         self.decoder.kv_bytes_per_token = self.kv_per_token
         self.drafter_kv_per_token = kv_bytes_per_token(shapes[1], settings.kv_type) if len(shapes) > 1 else 0
+        self.mtp_kv_bytes = mtp_kv_bytes(self.target_info, self.ctx.n_ctx, settings.kv_type) if draft.mtp else 0
+        if draft.mtp:
+            self.drafter_kv_per_token = kv_bytes_per_token(mtp_heads_shape(self.target_info), settings.kv_type)
         # A recurrent state as llama.cpp holds it (with the snapshots it really keeps), and the checkpoint copy.
         self.state_bytes = recurrent_state_allocated(shapes[0], self.ctx.rs_snapshots,
                                                      checkpoint=self.ctx.rs_snapshots < k_max)
-        if model_drafter is not None and model_drafter.ctx.rollback != ROLLBACK_KV:
+        if isinstance(model_drafter, ModelDrafter) and model_drafter.ctx.rollback != ROLLBACK_KV:
             self.state_bytes += recurrent_state_allocated(shapes[1], checkpoint=True)
         self.decoder.state_bytes = self.state_bytes
-        self.kv_bytes_total = self.state_bytes + sum(
+        self.kv_bytes_total = self.state_bytes + self.mtp_kv_bytes + sum(
             kv_cache_bytes(shape, self.ctx.n_ctx, settings.kv_type, swa_full=SWA_FULL, n_ubatch=self.ctx.n_batch,
                            n_batch=self.ctx.n_batch)
             for shape in shapes
@@ -329,10 +341,10 @@ class EngineSession:
         yield Finished(request_id, stop.reason or "cancelled", totals.summary(decoder.plain_rate()), "".join(pieces))
 
     def close(self) -> None:
-        self.ctx.close()
         drafter = self.decoder.drafter
-        if drafter is not None:
+        if drafter is not None:  # first: an MTP context reads the target's
             drafter.ctx.close()
+        self.ctx.close()
         if self.drafter_model is not None and self.drafter_model is not self.target:
             self.drafter_model.close()
         self.target.close()

@@ -19,6 +19,7 @@ from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter, NGramDrafter
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
+from app.engine.mtp import MTPDrafter
 from app.engine.params import SamplingSettings
 from app.errors import PromptTooLongError
 from app.events import (
@@ -117,7 +118,7 @@ class SpeculativeDecoder:
         ctx: Context,
         *,
         ngram: NGramDrafter | None = None,
-        drafter: ModelDrafter | None = None,
+        drafter: ModelDrafter | MTPDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
         self.target = target
