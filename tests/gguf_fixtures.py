@@ -431,6 +431,20 @@ def _mtp_block_weights(il: int, *, seed: int, n_embd: int, n_head: int, n_head_k
     }
 
 
+def _make_bigram(weights: dict[str, np.ndarray], *, n_layer: int, mtp_layers: int, n_embd: int, noise: float,
+                 seed: int) -> None:
+    """Zero every block's writes to the residual stream; MTP blocks take the normed token embedding as is."""
+    for name, tensor in weights.items():
+        if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+            weights[name] = np.zeros_like(tensor)
+    rng = np.random.default_rng(seed + 7)
+    for il in range(n_layer, n_layer + mtp_layers):
+        eh = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
+        eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # ggml concatenates (normed embedding, normed hidden)
+        eh += (rng.standard_normal(eh.shape) * noise / np.sqrt(n_embd)).astype(np.float32)
+        weights[f"blk.{il}.nextn.eh_proj.weight"] = eh
+
+
 def _perturb(weights: dict[str, np.ndarray], scale: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for name, tensor in weights.items():
@@ -458,6 +472,8 @@ def write_tiny_model(
     ends_at_once: bool = False,
     arch: str = "llama",
     mtp_layers: int = 0,
+    bigram: bool = False,
+    mtp_noise: float = 0.0,
 ) -> Path:
     """Write a tiny random model to `path` (a .gguf file) and return `path`.
 
@@ -468,6 +484,12 @@ def write_tiny_model(
 
     ``mtp_layers``: multi-token-prediction (NextN) blocks after the trunk, as Qwen3.5 ships them (qwen35 only):
     block_count counts them too, ``{arch}.nextn_predict_layers`` says how many there are.
+
+    ``bigram``: the trunk's layers add nothing to the residual stream (their output projections are zero), so
+    the next token depends on the last token alone; its MTP blocks then read the token embedding alone and add
+    nothing either, so they predict what the target predicts after that token, by construction: the target's
+    next token after a draft token is the MTP head's. ``mtp_noise`` adds that much relative noise to their
+    input projection (drafts that agree often, not always).
     """
     from gguf import GGUFWriter, LlamaFileType
 
@@ -488,6 +510,8 @@ def write_tiny_model(
     for i in range(mtp_layers):
         weights.update(_mtp_block_weights(n_layer + i, seed=seed + 1000 + i, n_embd=n_embd, n_head=n_head,
                                           n_head_kv=n_head_kv, n_ff=n_ff))
+    if bigram:
+        _make_bigram(weights, n_layer=n_layer, mtp_layers=mtp_layers, n_embd=n_embd, noise=mtp_noise, seed=seed)
     if perturb > 0:
         _perturb(weights, perturb, perturb_seed)
     if ends_at_once:
