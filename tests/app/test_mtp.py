@@ -137,7 +137,8 @@ def test_greedy_speculation_equals_plain_decoding(loaded: Loaded, stacked: bool,
         assert got == want
         drafted += totals.drafted
         accepted += totals.accepted
-    assert drafted > 0 and loaded.drafter.stats.gaps == 0
+    assert drafted > 0
+    assert loaded.drafter.stats.gaps == 0
     if loaded.kind == "exact" and not stacked:  # type: ignore[attr-defined]
         assert accepted == drafted  # the MTP head predicts what the target does, by construction
 
@@ -213,7 +214,8 @@ def test_sampled_mtp_drafts_keep_the_target_distribution(mtp_models: dict[str, P
         cls = AcceptEverything if broken else SpeculativeDecoder
         decoder = cls(lm.model, lm.ctx, drafter=lm.drafter, controller=DepthController(k_max=8, fixed=3))
         counts, drafted, deep = sample_answers(decoder, prompt, N_SAMPLED)
-        assert drafted > N_SAMPLED and deep > N_SAMPLED // 4
+        assert drafted > N_SAMPLED
+        assert deep > N_SAMPLED // 4
         stat, df, p = goodness_of_fit(counts, bins, N_SAMPLED)
         if broken:
             assert p < ALPHA, f"the broken rule went unnoticed: chi2 {stat:.1f}, df {df}, p {p:.3g}"
@@ -236,15 +238,18 @@ def test_a_session_drafts_with_the_mtp_heads_and_counts_their_memory(mtp_models:
         events = list(session.generate(1, [{"role": "user", "content": "Say hello."}],
                                        SamplingSettings(temperature=0.0, max_tokens=24)))
         finished = [e for e in events if isinstance(e, Finished)]
-        assert finished and finished[0].stats.accepted > 0
+        assert finished
+        assert finished[0].stats.accepted > 0
         info = read_gguf_info(mtp_models["exact"])
         predicted = mtp_kv_bytes(info, session.ctx.n_ctx)
-        assert session.mtp_kv_bytes == predicted and predicted > 0
+        assert session.mtp_kv_bytes == predicted
+        assert predicted > 0
         assert session.kv_bytes_total >= predicted
         # llama.cpp's own figure for the MTP context's cache: the one KV cache with a single layer.
         logged = [float(m.group(1)) for m in re.finditer(
             r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*\d+ cells,\s*1 layers", "".join(lines))]
-        assert logged and abs(logged[-1] - predicted / 2**20) < 0.01
+        assert logged
+        assert abs(logged[-1] - predicted / 2**20) < 0.01
     finally:
         session.close()
 
@@ -266,7 +271,9 @@ def test_wrong_pairings_are_refused_in_one_sentence(mtp_models: dict[str, Path],
         with pytest.raises(error, match=words) as caught:
             load(path, **draft)
         message = str(caught.value)
-        assert message.count(". ") == 0 and message.endswith(".") and "\n" not in message
+        assert message.count(". ") == 0
+        assert message.endswith(".")
+        assert "\n" not in message
 
 
 def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_path: Path) -> None:
@@ -278,10 +285,12 @@ def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_p
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "the target's MTP heads" in proc.stdout and "identical True" in proc.stdout
+    assert "the target's MTP heads" in proc.stdout
+    assert "identical True" in proc.stdout
     report = json.loads(out.read_text())
     assert report["mtp"] is True
-    assert report["c"] > 0 and report["drafter_step_ms"] > 0
+    assert report["c"] > 0
+    assert report["drafter_step_ms"] > 0
     assert report["total"]["acceptance"] == 1.0  # the bigram fixture's head agrees by construction
 
 
@@ -290,7 +299,8 @@ def test_doctor_and_models_name_the_mtp_heads(mtp_models: dict[str, Path], tmp_p
     doctor = subprocess.run([sys.executable, "-m", "app", "doctor", "--model", str(mtp_models["random"])],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert doctor.returncode == 0, doctor.stderr[-2000:]
-    assert "MTP heads: 1 (" in doctor.stdout and "--mtp" in doctor.stdout
+    assert "MTP heads: 1 (" in doctor.stdout
+    assert "--mtp" in doctor.stdout
     models = subprocess.run([sys.executable, "-m", "app", "models", "--folder", str(mtp_models["random"].parent)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
