@@ -256,6 +256,21 @@ class MTPDrafter:
         if self.target.on_decode == self.mirror:
             self.target.on_decode = None
 
+    def follow(self, on: bool) -> None:
+        """Mirror the target's batches (speculative answers) or not (plain ones, which then cost what plain
+        decoding costs). Following again after a pause, a target cache the MTP cache does not match is
+        emptied, so the next answer reads its prompt through both."""
+        if not on:
+            self.detach()
+            return
+        if self.target.on_decode == self.mirror:
+            return
+        self.target.on_decode = self.mirror
+        held = self.target.tokens
+        if self.ctx.tokens[: len(held)] != held:
+            self.target.clear()
+            self.reset()
+
     def reset(self) -> None:
         self.ctx.clear()
         self._h.clear()

@@ -310,6 +310,8 @@ class EngineSession:
         chat template (completion); a partial answer at the end is then simply part of the prompt."""
         sampling.validate()
         decoder = decoder or self.decoder
+        if isinstance(self.decoder.drafter, MTPDrafter):
+            self.decoder.drafter.follow(decoder is not self.plain_decoder)
         warning: str | None = None
         if prompt is not None:
             tokens = list(prompt)

@@ -235,11 +235,25 @@ def test_a_session_drafts_with_the_mtp_heads_and_counts_their_memory(mtp_models:
                             draft=DraftSettings(mtp=True, ngram=3)).validate()
     session = EngineSession(settings, log=lines.append)
     try:
-        events = list(session.generate(1, [{"role": "user", "content": "Say hello."}],
-                                       SamplingSettings(temperature=0.0, max_tokens=24)))
-        finished = [e for e in events if isinstance(e, Finished)]
-        assert finished
-        assert finished[0].stats.accepted > 0
+        messages = [{"role": "user", "content": "Say hello."}]
+        greedy = SamplingSettings(temperature=0.0, max_tokens=24)
+
+        def answer(**kw: object) -> Finished:
+            return next(e for e in session.generate(1, messages, greedy, **kw)  # type: ignore[arg-type]
+                        if isinstance(e, Finished))
+
+        drafter = session.decoder.drafter
+        assert isinstance(drafter, MTPDrafter)
+        first = answer()
+        assert first.stats.accepted > 0
+        # A plain answer (bench's baseline) does not run the MTP heads: it costs what plain decoding costs.
+        mirrored = drafter.stats.batches
+        plain = answer(decoder=session.plain_decoder)
+        assert drafter.stats.batches == mirrored
+        assert plain.text == first.text
+        again = answer()  # the heads follow again: the prompt is read through both caches
+        assert again.text == first.text
+        assert again.stats.accepted > 0
         info = read_gguf_info(mtp_models["exact"])
         predicted = mtp_kv_bytes(info, session.ctx.n_ctx)
         assert session.mtp_kv_bytes == predicted
