@@ -320,3 +320,18 @@ def test_doctor_and_models_name_the_mtp_heads(mtp_models: dict[str, Path], tmp_p
     assert models.returncode == 0, models.stderr[-2000:]
     line = next(ln for ln in models.stdout.splitlines() if "tiny-qwen35-mtp " in ln or "tiny-qwen35-mtp.gguf" in ln)
     assert "MTP heads: 1" in line
+
+
+def test_a_build_without_the_mtp_functions_is_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MTP functions are looked up by their C++ names; a libllama that lacks them (another compiler's
+    mangling, another llama.cpp) gets a sentence, not an AttributeError."""
+    from app.engine import mtp
+
+    symbols = dict(mtp._SYMBOLS)
+    symbols["get_embeddings_nextn"] = ("_Z26llama_no_such_symbol_for_mtpP13llama_context", [], None)
+    monkeypatch.setattr(mtp, "_SYMBOLS", symbols)
+    monkeypatch.setattr(mtp, "_api", None)
+    with pytest.raises(EngineLoadError, match="cannot draft here") as caught:
+        mtp.nextn_api()
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).count(". ") == 0
