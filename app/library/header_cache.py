@@ -38,6 +38,7 @@ def _info_from_json(data: Mapping[str, Any]) -> GGUFInfo:
         raise ValueError("cache entry from another version")
     values = dict(data)
     values["swa_layers"] = tuple(bool(v) for v in values["swa_layers"])
+    values["kv_layers"] = tuple(bool(v) for v in values["kv_layers"])
     values["missing_shards"] = tuple(str(v) for v in values["missing_shards"])
     return GGUFInfo(**values)
 
