@@ -544,6 +544,18 @@ def write_tiny_model(
     else:
         _add_recurrent_keys(writer, arch, **shape)
 
+    _add_vocab(writer, voc, chat_template)
+
+    for tensor_name, tensor in weights.items():
+        assert tensor.dtype == np.float32, tensor_name
+        if aborting and tensor_name == "token_embd.weight":
+            tensor = tensor.astype(np.float64)
+        writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
+def _add_vocab(writer: Any, voc: _Vocab, chat_template: str | None) -> None:
     writer.add_tokenizer_model(voc.model)
     writer.add_tokenizer_pre(voc.pre)
     writer.add_token_list(voc.tokens)
@@ -563,10 +575,66 @@ def write_tiny_model(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 
+
+EAGLE3_SHAPE = {"n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128}
+
+
+def write_eagle3_drafter(
+    path: Path,
+    *,
+    target_layers: tuple[int, int, int] = (1, 2, 3),
+    target_hidden: int = 64,
+    vocab: str = "bytes",
+    seed: int = 5,
+    name: str = "tiny-eagle3",
+) -> Path:
+    """A random EAGLE-3 drafter (src/models/eagle3.cpp): one decoder layer reading the token embedding beside
+    ``fc`` of three target layers' inputs (``target_layers``, each ``target_hidden`` wide). It has no token
+    embeddings or output matrix of its own: llama.cpp lends it the target's, so its width is the target's."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    voc = _vocab(vocab)
+    n_embd, n_head, n_head_kv, n_ff = (EAGLE3_SHAPE[k] for k in ("n_embd", "n_head", "n_head_kv", "n_ff"))
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    weights = {
+        "fc.weight": linear(n_embd, 3 * target_hidden),
+        "output_norm.weight": ones(n_embd),
+        "blk.0.attn_norm.weight": ones(n_embd),
+        "blk.0.attn_norm_2.weight": ones(n_embd),
+        "blk.0.attn_q.weight": linear(n_head * head_dim, 2 * n_embd),
+        "blk.0.attn_k.weight": linear(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_v.weight": linear(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_output.weight": linear(n_embd, n_head * head_dim),
+        "blk.0.ffn_norm.weight": ones(n_embd),
+        "blk.0.ffn_gate.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_up.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_down.weight": linear(n_embd, n_ff),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "eagle3")
+    writer.add_name(name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(voc.tokens))
+    writer.add_array("eagle3.target_layers", list(target_layers))
+    writer.add_uint32("eagle3.target_hidden_size", target_hidden)
+    _add_vocab(writer, voc, None)
     for tensor_name, tensor in weights.items():
-        assert tensor.dtype == np.float32, tensor_name
-        if aborting and tensor_name == "token_embd.weight":
-            tensor = tensor.astype(np.float64)
         writer.add_tensor(tensor_name, tensor)
     save(writer)
     return path

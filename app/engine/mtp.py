@@ -113,8 +113,11 @@ class MTPContext:
     ``tokens`` records what its KV cache holds, position by position, as ``Context.tokens`` does.
     """
 
+    CTX_TYPE = LLAMA_CONTEXT_TYPE_MTP
+    WHAT = "the MTP heads"
+
     def __init__(self, model: Model, target: Context, params: ContextParams) -> None:
-        if not model.load_mtp:
+        if self.CTX_TYPE == LLAMA_CONTEXT_TYPE_MTP and not model.load_mtp:
             raise EngineLoadError("The target was loaded without its MTP heads (load_mtp); load it with them.")
         self.api = nextn_api()
         self.model = model
@@ -132,13 +135,13 @@ class MTPContext:
         cp.no_perf = True
         cp.swa_full = SWA_FULL
         cp.n_rs_seq = 0
-        cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP
-        cp.ctx_other = target._ptr
+        cp.ctx_type = self.CTX_TYPE
+        cp.ctx_other = target._ptr  # an EAGLE-3 drafter borrows the target's token embeddings and output
         self._ptr = lc.llama_init_from_model(model._ptr, cp)
         if not self._ptr:
             raise EngineLoadError(
-                f"llama.cpp could not create the MTP context of {target.n_ctx} tokens: most likely not enough "
-                "memory for its KV cache; try a smaller context."
+                f"llama.cpp could not create the context of {target.n_ctx} tokens for {self.WHAT}: most likely "
+                "not enough memory for its KV cache; try a smaller context."
             )
         self.api.set_embeddings_nextn(self._ptr, True, True)  # its own row for each output: the next step's input
         self.n_ctx = int(lc.llama_n_ctx(self._ptr))
@@ -176,7 +179,7 @@ class MTPContext:
                 lc.llama_batch_ext_set_output_logits(batch, idx, True)
         rc = lc.llama_process(self._ptr, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
         if rc != 0:
-            raise EngineLoadError(f"llama.cpp failed to run the MTP heads on a batch of {n} tokens (code {rc}).")
+            raise EngineLoadError(f"llama.cpp failed to run {self.WHAT} on a batch of {n} tokens (code {rc}).")
         self.tokens.extend(int(t) for t in tokens)
 
     def step(self, token: int, row: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -238,7 +241,13 @@ class MirrorStats:
 class MTPDrafter:
     """Drafts with the target's MTP heads; fills the model drafter's slot of the loop (``prefill``,
     ``propose``, ``reset``, ``ctx``). Greedy targets get top-1 drafts; sampling targets get drafts sampled
-    from q under the target's sampler settings, with q kept for the acceptance test."""
+    from q under the target's sampler settings, with q kept for the acceptance test.
+
+    Each token of the sequence is read with the row of the position before it, at its own position in the
+    draft context's cache less ``SHIFT`` (an EAGLE-3 drafter keeps (token p+1, row p) at position p).
+    """
+
+    SHIFT = 0
 
     def __init__(self, target: Context, mtp: MTPContext, p_min: float = 0.1) -> None:
         self.model = mtp.model
@@ -249,8 +258,11 @@ class MTPDrafter:
         self.api = mtp.api
         self.stats = MirrorStats()
         self._h: dict[int, npt.NDArray[np.float32]] = {}  # the target's hidden row by position (the latest ones)
-        self.api.set_embeddings_nextn(target._ptr, True, False)  # a row for every token of every target batch
+        self._enable_target_rows()
         target.on_decode = self.mirror
+
+    def _enable_target_rows(self) -> None:
+        self.api.set_embeddings_nextn(self.target._ptr, True, False)  # a row for every token of every batch
 
     def detach(self) -> None:
         if self.target.on_decode == self.mirror:
@@ -275,23 +287,42 @@ class MTPDrafter:
         self.ctx.clear()
         self._h.clear()
 
+    def _target_rows(self, n: int) -> npt.NDArray[np.float32]:
+        """One row per token of the target's last batch: its hidden state after the final norm (h_nextn)."""
+        return np.array(self.api.rows(self.target._ptr, n, self.n_embd), copy=True)
+
+    def _row_before(self, pos: int) -> npt.NDArray[np.float32] | None:
+        """The row the token at ``pos`` is read with: the target's row of ``pos - 1`` (zeros before the first
+        token, as llama.cpp starts), None where it is no longer kept."""
+        if pos == 0:
+            return self.ctx._zero if self.SHIFT == 0 else None
+        return self._h.get(pos - 1)
+
     def mirror(self, tokens: Sequence[int], first: int) -> None:
-        """The target just decoded ``tokens`` from position ``first``: the MTP context reads them too, token i
+        """The target just decoded ``tokens`` from position ``first``: the draft context reads them too, token i
         paired with the target's row of the position before (the first with the row kept from earlier)."""
         t0 = time.perf_counter()
         n = len(tokens)
-        rows = np.array(self.api.rows(self.target._ptr, n, self.n_embd), copy=True)
+        rows = self._target_rows(n)
         for i in range(n):
             self._h[first + i] = rows[i]
         if len(self._h) > H_ROWS_KEPT:
             for pos in sorted(self._h)[: len(self._h) - H_ROWS_KEPT]:
                 del self._h[pos]
         mtp = self.ctx
-        mtp.truncate(first)
-        before = self._h.get(first - 1) if first > 0 else mtp._zero
-        if mtp.n_past != first or before is None:
-            # The positions before this batch are not in the MTP cache (or their row is gone): it cannot follow,
-            # and drafts stop until the target starts over from what the MTP cache holds.
+        if first == 0 and self.SHIFT:
+            tokens, rows, first = tokens[1:], rows[1:], 1  # the first token has no row before it
+            n -= 1
+            mtp.truncate(0)
+            if n == 0:
+                self.stats.seconds += time.perf_counter() - t0
+                return
+        start = first - self.SHIFT
+        mtp.truncate(start)
+        before = self._row_before(first)
+        if mtp.n_past != start or before is None:
+            # The positions before this batch are not in the draft cache (or their row is gone): it cannot
+            # follow, and drafts stop until the target starts over from what the draft cache holds.
             self.stats.gaps += 1
             self.stats.seconds += time.perf_counter() - t0
             return
@@ -322,10 +353,11 @@ class MTPDrafter:
         if k <= 0 or known >= len(tokens):
             return draft
         t0 = time.perf_counter()
-        mtp.truncate(known)  # the last draft's steps
-        row = self._h.get(known - 1) if known > 0 else mtp._zero
-        if mtp.n_past != known or row is None or mtp.tokens != list(tokens[:known]):
-            return draft  # the MTP cache does not hold what the target holds: no draft rather than a blind one
+        start = max(known - self.SHIFT, 0)
+        mtp.truncate(start)  # the last draft's steps
+        row = self._row_before(known)
+        if mtp.n_past != start or row is None or mtp.tokens != list(tokens[self.SHIFT : known]):
+            return draft  # the draft cache does not hold what the target holds: no draft rather than a blind one
         logits = None
         for tok in tokens[known:]:
             logits = mtp.step(tok, row)

@@ -25,6 +25,7 @@ from app.ceiling.roofline import (
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.drafters import ModelDrafter, NGramDrafter
+from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
 from app.engine.params import LoadSettings, SamplingSettings
@@ -218,8 +219,13 @@ class EngineSession:
                         f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
                         f"{verdict.reason}"
                     )
-            dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back its drafts by checkpoint
-            model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
+            if drafter_info.architecture == EAGLE3_ARCH:
+                ids = check_eagle3_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
+                model_drafter = Eagle3Drafter(self.ctx, Eagle3Context(self.drafter_model, self.ctx, cparams), ids,
+                                              p_min=draft.p_min)
+            else:
+                dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back drafts by checkpoint
+                model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
         ngram = NGramDrafter(draft.ngram) if draft.ngram > 0 else None
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
         if model_drafter is not None and draft.model_start is not None:
@@ -230,7 +236,7 @@ class EngineSession:
                                           controller=controller)
         # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.
         shapes = [target_shape]
-        if isinstance(model_drafter, ModelDrafter):  # the MTP context is counted on its own
+        if model_drafter is not None and not draft.mtp:  # the MTP context is counted on its own
             shapes.append(ModelShape.from_gguf(drafter_info) if drafter_info is not None else shapes[0])
         self.kv_per_token = kv_bytes_per_token(shapes[0], settings.kv_type)
         self.decoder.kv_bytes_per_token = self.kv_per_token
