@@ -12,7 +12,7 @@ from typing import Any
 from app.errors import ModelFileError
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
-from app.library.model_file import check_model_file
+from app.library.model_file import DRAFTER_HEADS, check_model_file
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.safe_text import terminal_safe
@@ -78,6 +78,8 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
         note = "" if i.kind == "model" else i.kind
         if i.mtp_layers:
             note = f"MTP heads: {i.mtp_layers}"
+        if i.architecture in DRAFTER_HEADS:
+            note = f"{DRAFTER_HEADS[i.architecture]} (not a chat model; --drafter of its target)"
         if e.error:
             note = "incomplete: shards missing"
         rows.append([e.source, e.label, i.architecture or "-", format_bytes(e.size), format_count(i.n_params),
