@@ -216,10 +216,16 @@ def test_wrong_pairings_are_refused_in_one_sentence(eagle_models: dict[str, Path
     assert message.endswith(".")
 
 
-def test_it_is_not_a_chat_model(eagle_models: dict[str, Path]) -> None:
+def test_it_is_not_a_chat_model(eagle_models: dict[str, Path], tmp_path: Path) -> None:
     settings = LoadSettings(target_path=str(eagle_models["eagle3"]), n_ctx=256, n_batch=64, n_threads=1)
     with pytest.raises(AppError, match="EAGLE-3 drafter, not a chat model"):
         EngineSession(settings.validate()).close()
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    models = subprocess.run([sys.executable, "-m", "app", "models", "--folder", str(eagle_models["eagle3"].parent)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert models.returncode == 0, models.stderr[-2000:]
+    line = next(ln for ln in models.stdout.splitlines() if "tiny-eagle3.gguf" in ln)
+    assert "EAGLE-3 drafter (not a chat model" in line
 
 
 def test_bench_json_reports_the_eagle3_step_cost(eagle_models: dict[str, Path], tmp_path: Path) -> None:
