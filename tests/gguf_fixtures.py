@@ -401,6 +401,50 @@ def _add_recurrent_keys(writer: Any, arch: str, *, n_embd: int, n_layer: int, n_
         writer.add_ssm_group_count(1)
 
 
+def _mtp_block_weights(il: int, *, seed: int, n_embd: int, n_head: int, n_head_kv: int,
+                       n_ff: int) -> dict[str, np.ndarray]:
+    """A Qwen3.5 MTP block (src/models/qwen35.cpp, load_block_mtp): a gated-attention decoder block whose input
+    is ``eh_proj`` of the normed token embedding beside the normed hidden state of the trunk."""
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    p = f"blk.{il}."
+    return {
+        p + "attn_norm.weight": ones(n_embd),
+        p + "post_attention_norm.weight": ones(n_embd),
+        p + "attn_q.weight": linear(2 * n_embd, n_embd),  # the query and the output gate
+        p + "attn_k.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_v.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_output.weight": linear(n_embd, n_embd),
+        p + "attn_q_norm.weight": ones(head_dim),
+        p + "attn_k_norm.weight": ones(head_dim),
+        p + "ffn_gate.weight": linear(n_ff, n_embd),
+        p + "ffn_up.weight": linear(n_ff, n_embd),
+        p + "ffn_down.weight": linear(n_embd, n_ff),
+        p + "nextn.eh_proj.weight": linear(n_embd, 2 * n_embd),
+        p + "nextn.enorm.weight": ones(n_embd),
+        p + "nextn.hnorm.weight": ones(n_embd),
+    }
+
+
+def _make_bigram(weights: dict[str, np.ndarray], *, n_layer: int, mtp_layers: int, n_embd: int, noise: float,
+                 seed: int) -> None:
+    """Zero every block's writes to the residual stream; MTP blocks take the normed token embedding as is."""
+    for name, tensor in weights.items():
+        if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+            weights[name] = np.zeros_like(tensor)
+    rng = np.random.default_rng(seed + 7)
+    for il in range(n_layer, n_layer + mtp_layers):
+        eh = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
+        eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # ggml concatenates (normed embedding, normed hidden)
+        eh += (rng.standard_normal(eh.shape) * noise / np.sqrt(n_embd)).astype(np.float32)
+        weights[f"blk.{il}.nextn.eh_proj.weight"] = eh
+
+
 def _perturb(weights: dict[str, np.ndarray], scale: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for name, tensor in weights.items():
@@ -427,6 +471,9 @@ def write_tiny_model(
     aborting: bool = False,
     ends_at_once: bool = False,
     arch: str = "llama",
+    mtp_layers: int = 0,
+    bigram: bool = False,
+    mtp_noise: float = 0.0,
 ) -> Path:
     """Write a tiny random model to `path` (a .gguf file) and return `path`.
 
@@ -434,6 +481,15 @@ def write_tiny_model(
 
     ``ends_at_once``: every next token is an end-of-generation token, by construction: the final norm keeps
     one hidden dimension, the eos row reads it and the eot row its negative, every other logit is 0.
+
+    ``mtp_layers``: multi-token-prediction (NextN) blocks after the trunk, as Qwen3.5 ships them (qwen35 only):
+    block_count counts them too, ``{arch}.nextn_predict_layers`` says how many there are.
+
+    ``bigram``: the trunk's layers add nothing to the residual stream (their output projections are zero), so
+    the next token depends on the last token alone; its MTP blocks then read the token embedding alone and add
+    nothing either, so they predict what the target predicts after that token, by construction: the target's
+    next token after a draft token is the MTP head's. ``mtp_noise`` adds that much relative noise to their
+    input projection (drafts that agree often, not always).
     """
     from gguf import GGUFWriter, LlamaFileType
 
@@ -443,12 +499,19 @@ def write_tiny_model(
         raise ValueError("perturb must be >= 0")
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+    if mtp_layers and arch != "qwen35":
+        raise ValueError("MTP blocks are written for the qwen35 architecture only")
     voc = _vocab(vocab)
     shape = {"n_embd": n_embd, "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv, "n_ff": n_ff}
     if arch == "llama":
         weights = _weights(voc, seed=seed, **shape)
     else:
         weights = _recurrent_weights(arch, voc, seed=seed, **shape)
+    for i in range(mtp_layers):
+        weights.update(_mtp_block_weights(n_layer + i, seed=seed + 1000 + i, n_embd=n_embd, n_head=n_head,
+                                          n_head_kv=n_head_kv, n_ff=n_ff))
+    if bigram:
+        _make_bigram(weights, n_layer=n_layer, mtp_layers=mtp_layers, n_embd=n_embd, noise=mtp_noise, seed=seed)
     if perturb > 0:
         _perturb(weights, perturb, perturb_seed)
     if ends_at_once:
@@ -467,7 +530,9 @@ def write_tiny_model(
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    writer.add_block_count(n_layer + mtp_layers)
+    if mtp_layers:
+        writer.add_nextn_predict_layers(mtp_layers)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(voc.tokens))
     if arch == "llama":
@@ -479,6 +544,18 @@ def write_tiny_model(
     else:
         _add_recurrent_keys(writer, arch, **shape)
 
+    _add_vocab(writer, voc, chat_template)
+
+    for tensor_name, tensor in weights.items():
+        assert tensor.dtype == np.float32, tensor_name
+        if aborting and tensor_name == "token_embd.weight":
+            tensor = tensor.astype(np.float64)
+        writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
+def _add_vocab(writer: Any, voc: _Vocab, chat_template: str | None) -> None:
     writer.add_tokenizer_model(voc.model)
     writer.add_tokenizer_pre(voc.pre)
     writer.add_token_list(voc.tokens)
@@ -498,10 +575,66 @@ def write_tiny_model(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 
+
+EAGLE3_SHAPE = {"n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128}
+
+
+def write_eagle3_drafter(
+    path: Path,
+    *,
+    target_layers: tuple[int, int, int] = (1, 2, 3),
+    target_hidden: int = 64,
+    vocab: str = "bytes",
+    seed: int = 5,
+    name: str = "tiny-eagle3",
+) -> Path:
+    """A random EAGLE-3 drafter (src/models/eagle3.cpp): one decoder layer reading the token embedding beside
+    ``fc`` of three target layers' inputs (``target_layers``, each ``target_hidden`` wide). It has no token
+    embeddings or output matrix of its own: llama.cpp lends it the target's, so its width is the target's."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    voc = _vocab(vocab)
+    n_embd, n_head, n_head_kv, n_ff = (EAGLE3_SHAPE[k] for k in ("n_embd", "n_head", "n_head_kv", "n_ff"))
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    weights = {
+        "fc.weight": linear(n_embd, 3 * target_hidden),
+        "output_norm.weight": ones(n_embd),
+        "blk.0.attn_norm.weight": ones(n_embd),
+        "blk.0.attn_norm_2.weight": ones(n_embd),
+        "blk.0.attn_q.weight": linear(n_head * head_dim, 2 * n_embd),
+        "blk.0.attn_k.weight": linear(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_v.weight": linear(n_head_kv * head_dim, 2 * n_embd),
+        "blk.0.attn_output.weight": linear(n_embd, n_head * head_dim),
+        "blk.0.ffn_norm.weight": ones(n_embd),
+        "blk.0.ffn_gate.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_up.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_down.weight": linear(n_embd, n_ff),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "eagle3")
+    writer.add_name(name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(voc.tokens))
+    writer.add_array("eagle3.target_layers", list(target_layers))
+    writer.add_uint32("eagle3.target_hidden_size", target_hidden)
+    _add_vocab(writer, voc, None)
     for tensor_name, tensor in weights.items():
-        assert tensor.dtype == np.float32, tensor_name
-        if aborting and tensor_name == "token_embd.weight":
-            tensor = tensor.astype(np.float64)
         writer.add_tensor(tensor_name, tensor)
     save(writer)
     return path

@@ -15,6 +15,7 @@ from app.ceiling.builder import ceiling_model, probe_machine
 from app.ceiling.decode_check import calibrate, decode_check, one_line
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
+from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
 from app.ceiling.roofline import (
     CeilingModel,
     Device,
@@ -78,6 +79,12 @@ def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str, k_max
         "recurrent_rollback": rollback.mechanism if shape.state_bytes else None,
         "recurrent_snapshots": rollback.snapshots,
         "recurrent_state_allocated": rollback.allocated_bytes if shape.state_bytes else 0,
+        # The model's own MTP heads: their weights (in weight_bytes; loaded only to draft with them) and the KV
+        # cache of the second context that runs them.
+        "mtp_heads": info.mtp_layers,
+        "mtp_weight_bytes": mtp_weight_bytes(info),
+        "mtp_kv_cache_bytes": mtp_kv_bytes(info, ctx, kv_type),
+        "mtp_refusal": mtp_refusal(info) if info.mtp_layers else None,
     }
 
 
@@ -184,7 +191,8 @@ def build_report(args: DoctorOptions,
         copies = recurrent_rollback(model.target, target.architecture, args.k_max).allocated_bytes // max(
             model.target.state_bytes, 1)
         fit = fit_estimate(model.target, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
-                           drafter=model.drafter, state_copies=max(copies, 1))
+                           drafter=model.drafter, state_copies=max(copies, 1),
+                           mtp_kv_bytes=0 if mtp_refusal(target) else mtp_kv_bytes(target, ctx, args.kv_type))
         report["fit"] = {
             "fits": fit.fits, "message": fit.message,
             "devices": [{"device": d.device, "name": d.name, "weights": d.weights, "kv": d.kv,

@@ -563,11 +563,13 @@ def fit_estimate(
     n_ubatch: int = 512,
     flash_attn: bool = True,
     state_copies: int = 1,
+    mtp_kv_bytes: int = 0,
 ) -> FitEstimate:
     """Weights + both KV caches + compute buffers per device, against each device's free memory.
 
     A recurrent state counts ``state_copies`` times for the target (the state, its snapshots, a checkpoint)
-    and once for the drafter, spread over the devices as its layers are."""
+    and once for the drafter, spread over the devices as its layers are. ``mtp_kv_bytes``: the KV cache of the
+    context that runs the target's own MTP heads, on the device of its last layers (the MTP blocks)."""
     need: dict[str, list[int]] = {d.key: [0, 0, 0] for d in devices}
     by_key = {d.key: d for d in devices}
     host = next((d.key for d in devices if d.kind == "cpu"), None)
@@ -592,6 +594,9 @@ def fit_estimate(
         need[main][2] += compute_buffer_bytes(shape, ctx, n_ubatch=n_ubatch, flash_attn=flash_attn)
 
     add(target, n_ctx, n_gpu_layers, state_copies)
+    if mtp_kv_bytes:
+        last = place(target, devices, n_gpu_layers)[-1].device.key
+        need[last][1] += mtp_kv_bytes
     if drafter is not None:
         add(drafter, drafter_n_ctx or n_ctx, drafter_gpu_layers)
     fits = tuple(

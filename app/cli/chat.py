@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
     parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="suffix drafter's shortest match (0 = off)")
+    parser.add_argument("--mtp", action="store_true",
+                        help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=512)
@@ -135,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = LoadSettings(
             target_path=target,
-            draft=DraftSettings(drafter_path=drafter, ngram=args.ngram, model_start=measured_start(target, drafter)),
+            draft=DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp,
+                                model_start=measured_start(target, drafter)),
             n_ctx=args.ctx,
         ).validate()
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens).validate()

@@ -144,6 +144,10 @@ def render_text(r: dict[str, Any]) -> str:
                 "allocated" + (f" ({m['kv_layer_count']} attention layers)" if m["recurrent_layer_count"] else ""))
         else:
             add("KV cache     none (no attention layers): the memory does not grow with the context")
+        if m.get("mtp_heads"):
+            add(f"MTP heads: {m['mtp_heads']} ({format_bytes(m['mtp_weight_bytes'])} of weights, "
+                f"{format_bytes(m['mtp_kv_cache_bytes'])} of KV in their own context at {s['ctx']} tokens, both in "
+                "the memory fit); " + (m["mtp_refusal"] or "draft with them with --mtp"))
     ceil = r.get("ceiling")
     if ceil:
         add(f"per pass     {format_bytes(ceil['bytes_per_pass'])} read, {format_si(ceil['flops_per_pass'], 'FLOP')}")

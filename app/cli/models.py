@@ -12,7 +12,7 @@ from typing import Any
 from app.errors import ModelFileError
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
-from app.library.model_file import check_model_file
+from app.library.model_file import DRAFTER_HEADS, check_model_file
 from app.library.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.safe_text import terminal_safe
@@ -36,6 +36,7 @@ def _info_json(info: GGUFInfo) -> dict[str, Any]:
         "context_length": info.context_length, "n_layer": info.n_layer, "vocab_type": info.vocab_type,
         "n_vocab": info.n_vocab, "has_chat_template": info.has_chat_template,
         "split_count": info.split_count, "missing_shards": list(info.missing_shards),
+        "mtp_heads": info.mtp_layers,
     }
 
 
@@ -75,6 +76,10 @@ def _library_text(entries: Sequence[LibraryEntry]) -> str:
             broken.append(f"  {_cell(e.source)}: {_cell(e.label)}: {_cell(e.error)}")
             continue
         note = "" if i.kind == "model" else i.kind
+        if i.mtp_layers:
+            note = f"MTP heads: {i.mtp_layers}"
+        if i.architecture in DRAFTER_HEADS:
+            note = f"{DRAFTER_HEADS[i.architecture]} (not a chat model; --drafter of its target)"
         if e.error:
             note = "incomplete: shards missing"
         rows.append([e.source, e.label, i.architecture or "-", format_bytes(e.size), format_count(i.n_params),

@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
     parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="suffix drafter's shortest match (0 = off)")
+    parser.add_argument("--mtp", action="store_true",
+                        help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
     parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--host", default="127.0.0.1",
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     target, drafter = str(args.target), str(args.drafter) if args.drafter else None
     try:
-        draft = DraftSettings(drafter_path=drafter, ngram=args.ngram, adaptive=args.k is None,
+        draft = DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp, adaptive=args.k is None,
                               k=args.k if args.k is not None else 4, model_start=measured_start(target, drafter))
         settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx).validate()
         options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,

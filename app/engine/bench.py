@@ -50,6 +50,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
     parser.add_argument("--ngram", type=int, default=0, metavar="N", help="suffix drafter's shortest match (0 = off)")
+    parser.add_argument("--mtp", action="store_true",
+                        help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
     depth = parser.add_mutually_exclusive_group()
     depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
     depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
@@ -274,6 +276,7 @@ def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None =
     draft = DraftSettings(
         drafter_path=str(args.drafter) if args.drafter else None,
         ngram=args.ngram,
+        mtp=getattr(args, "mtp", False),
         adaptive=args.k is None,
         k=args.k if args.k is not None else 4,
         k_max=args.k_max if args.k is None else max(args.k, 1),
@@ -322,7 +325,8 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         return RunResult.of(result)
 
     target_name = terminal_safe(loaded.target.name, one_line=True)  # GGUF metadata is untrusted
-    drafter_name = terminal_safe(loaded.drafter.name, one_line=True) if loaded.drafter else "none"
+    drafter_name = ("the target's MTP heads" if draft.mtp
+                    else terminal_safe(loaded.drafter.name, one_line=True) if loaded.drafter else "none")
     print(f"target {target_name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
           f"drafter {drafter_name}, n-gram {draft.ngram or 'off'}, "
           f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}"
@@ -387,6 +391,7 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         "target": str(args.target),
         "drafter": str(args.drafter) if args.drafter else None,
         "ngram": draft.ngram,
+        "mtp": draft.mtp,
         "adaptive": draft.adaptive,
         "k": None if draft.adaptive else draft.k,
         "k_max": draft.k_max,

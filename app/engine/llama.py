@@ -74,7 +74,7 @@ def physical_cores() -> int:
 
 
 def model_params(*, n_gpu_layers: int = -1, main_gpu: int | None = None,
-                 vocab_only: bool = False) -> lc.llama_model_params:
+                 vocab_only: bool = False, load_mtp: bool = False) -> lc.llama_model_params:
     """llama.cpp's load parameters. ``main_gpu`` None: llama.cpp's default, layers spread over every GPU it
     uses; an index into those GPUs: that GPU alone (split mode NONE, the only mode that reads main_gpu)."""
     load_backend_modules()  # a module build has no GPU backend, so no offload, until its modules are loaded
@@ -84,6 +84,7 @@ def model_params(*, n_gpu_layers: int = -1, main_gpu: int | None = None,
         params.split_mode = lc.LLAMA_SPLIT_MODE_NONE
         params.main_gpu = main_gpu
     params.vocab_only = vocab_only
+    params.load_mtp = load_mtp  # the multi-token-prediction blocks (blk.{n_layer}+.nextn.*) are skipped otherwise
     return params
 
 
@@ -98,12 +99,15 @@ class Model:
         main_gpu: int | None = None,
         vocab_only: bool = False,
         progress: Callable[[float], bool] | None = None,
+        load_mtp: bool = False,
     ) -> None:
         self.path = str(path)
         p = Path(path)
         if not p.is_file():
             raise ModelFileError(f"{p} is not a file; choose a .gguf model file.")
-        params = model_params(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, vocab_only=vocab_only)
+        params = model_params(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, vocab_only=vocab_only,
+                              load_mtp=load_mtp)
+        self.load_mtp = load_mtp
         if main_gpu is not None and params.n_gpu_layers != 0:
             _check_main_gpu(main_gpu)
         if progress is not None:
@@ -152,6 +156,11 @@ class Model:
     @property
     def n_layer(self) -> int:
         return int(lc.llama_model_n_layer(self._ptr))
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """Multi-token-prediction (NextN) blocks after the trunk, as llama.cpp read them."""
+        return int(lc.llama_model_n_layer_nextn(self._ptr))
 
     @property
     def n_ctx_train(self) -> int:
@@ -324,6 +333,9 @@ class Context:
         self._checkpoint: _Checkpoint | None = None
         self.replayed = 0  # tokens the last decode decoded again after a checkpoint restore
         self.rollback_seconds = 0.0  # time spent saving and restoring checkpoints since last asked
+        # Called after every llama_decode with (its tokens, the position of the first): an MTP drafter mirrors
+        # each batch into its own context while the target's hidden rows of that batch are still there.
+        self.on_decode: Callable[[Sequence[int], int], None] | None = None
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._tok = self._batch.token
         self._pos = self._batch.pos
@@ -377,6 +389,8 @@ class Context:
         self._decoded += n
         self._last_width = n
         self._snapshot_pending = False
+        if self.on_decode is not None:
+            self.on_decode(tokens, base)
 
     def prefill(self, tokens: Sequence[int]) -> Logits:
         """Decode a long token list in n_batch chunks; returns the last position's logits row."""

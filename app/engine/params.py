@@ -98,6 +98,7 @@ class DraftSettings:
     # policy's own prior. The window, chat and serve pass the measured figure; bench only when asked, so that
     # its runs do not depend on what earlier runs recorded.
     model_start: float | None = None
+    mtp: bool = False  # the target's own MTP heads draft (in the model drafter's place)
 
     def validate(self) -> DraftSettings:
         _number("Shortest suffix match", self.ngram, 0, 16, integer=True)
@@ -107,11 +108,13 @@ class DraftSettings:
         _number("Drafter confidence cut", self.p_min, 0.0, 1.0)
         if self.model_start is not None:
             _number("Model drafter's starting acceptance", self.model_start, 0.0, 1.0)
+        if self.mtp and self.drafter_path:
+            raise SettingsError("Choose a drafter model or the target's own MTP heads, not both.")
         return self
 
     @property
     def speculative(self) -> bool:
-        return bool(self.drafter_path) or self.ngram > 0
+        return bool(self.drafter_path) or self.ngram > 0 or self.mtp
 
 
 RECURRENT_ROLLBACKS = ("auto", "checkpoints")

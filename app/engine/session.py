@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
+from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes, mtp_refusal
 from app.ceiling.roofline import (
     ModelShape,
     kv_bytes_per_token,
@@ -24,7 +25,9 @@ from app.ceiling.roofline import (
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.drafters import ModelDrafter
+from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
+from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
@@ -182,8 +185,12 @@ class EngineSession:
                                    kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu)
         if too_big:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
+        if draft.mtp:
+            refusal = mtp_refusal(self.target_info)
+            if refusal:
+                raise IncompatibleDrafterError(refusal)  # before llama.cpp, whose MTP graph asserts its shapes
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
-                            main_gpu=settings.main_gpu, progress=stage("target"))
+                            main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp)
         flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
                                           settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
@@ -197,7 +204,10 @@ class EngineSession:
                                                 settings.recurrent_rollback)
         self.ctx = Context(self.target, replace(cparams, rs_snapshots=self.rollback_plan.snapshots))
         self.drafter_model: Model | None = None
-        model_drafter: ModelDrafter | None = None
+        model_drafter: ModelDrafter | MTPDrafter | None = None
+        if draft.mtp:
+            check_mtp_target(self.target, self.target_info)
+            model_drafter = MTPDrafter(self.ctx, MTPContext(self.target, self.ctx, cparams), p_min=draft.p_min)
         if draft.drafter_path and drafter_info is not None:
             if Path(draft.drafter_path).resolve() == Path(settings.target_path).resolve():
                 self.drafter_model = self.target  # never load the same file twice
@@ -210,8 +220,13 @@ class EngineSession:
                         f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
                         f"{verdict.reason}"
                     )
-            dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back its drafts by checkpoint
-            model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
+            if drafter_info.architecture == EAGLE3_ARCH:
+                ids = check_eagle3_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
+                model_drafter = Eagle3Drafter(self.ctx, Eagle3Context(self.drafter_model, self.ctx, cparams), ids,
+                                              p_min=draft.p_min)
+            else:
+                dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back drafts by checkpoint
+                model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
         ngram = suffix_drafter(draft.ngram, draft.history_tokens, self.target.tokenize, log) \
             if draft.ngram > 0 else None
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
@@ -223,18 +238,21 @@ class EngineSession:
                                           controller=controller)
         # KV bytes as the roofline counts them (sliding-window layers included), for what llama.cpp allocates.
         shapes = [target_shape]
-        if model_drafter is not None:
+        if model_drafter is not None and not draft.mtp:  # the MTP context is counted on its own
             shapes.append(ModelShape.from_gguf(drafter_info) if drafter_info is not None else shapes[0])
         self.kv_per_token = kv_bytes_per_token(shapes[0], settings.kv_type)
         self.decoder.kv_bytes_per_token = self.kv_per_token
         self.drafter_kv_per_token = kv_bytes_per_token(shapes[1], settings.kv_type) if len(shapes) > 1 else 0
+        self.mtp_kv_bytes = mtp_kv_bytes(self.target_info, self.ctx.n_ctx, settings.kv_type) if draft.mtp else 0
+        if draft.mtp:
+            self.drafter_kv_per_token = kv_bytes_per_token(mtp_heads_shape(self.target_info), settings.kv_type)
         # A recurrent state as llama.cpp holds it (with the snapshots it really keeps), and the checkpoint copy.
         self.state_bytes = recurrent_state_allocated(shapes[0], self.ctx.rs_snapshots,
                                                      checkpoint=self.ctx.rs_snapshots < k_max)
-        if model_drafter is not None and model_drafter.ctx.rollback != ROLLBACK_KV:
+        if isinstance(model_drafter, ModelDrafter) and model_drafter.ctx.rollback != ROLLBACK_KV:
             self.state_bytes += recurrent_state_allocated(shapes[1], checkpoint=True)
         self.decoder.state_bytes = self.state_bytes
-        self.kv_bytes_total = self.state_bytes + sum(
+        self.kv_bytes_total = self.state_bytes + self.mtp_kv_bytes + sum(
             kv_cache_bytes(shape, self.ctx.n_ctx, settings.kv_type, swa_full=SWA_FULL, n_ubatch=self.ctx.n_batch,
                            n_batch=self.ctx.n_batch)
             for shape in shapes
@@ -300,6 +318,8 @@ class EngineSession:
         chat template (completion); a partial answer at the end is then simply part of the prompt."""
         sampling.validate()
         decoder = decoder or self.decoder
+        if isinstance(self.decoder.drafter, MTPDrafter):
+            self.decoder.drafter.follow(decoder is not self.plain_decoder)
         warning: str | None = None
         if prompt is not None:
             tokens = list(prompt)
@@ -336,10 +356,10 @@ class EngineSession:
         yield Finished(request_id, stop.reason or "cancelled", stats, "".join(pieces))
 
     def close(self) -> None:
-        self.ctx.close()
         drafter = self.decoder.drafter
-        if drafter is not None:
+        if drafter is not None:  # first: an MTP context reads the target's
             drafter.ctx.close()
+        self.ctx.close()
         if self.drafter_model is not None and self.drafter_model is not self.target:
             self.drafter_model.close()
         self.target.close()

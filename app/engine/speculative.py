@@ -20,6 +20,7 @@ from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
+from app.engine.mtp import MTPDrafter
 from app.engine.params import SamplingSettings
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import PromptTooLongError
@@ -119,7 +120,7 @@ class SpeculativeDecoder:
         ctx: Context,
         *,
         ngram: SuffixDrafter | None = None,
-        drafter: ModelDrafter | None = None,
+        drafter: ModelDrafter | MTPDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
         self.target = target

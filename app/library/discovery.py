@@ -24,7 +24,7 @@ from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_
 from app.library.gguf_format import GGUFError, MissingShardError
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.library.header_cache import HeaderCache, stat_sig
-from app.library.model_file import ensure_complete
+from app.library.model_file import DRAFTER_HEADS, ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
 from app.paths import models_dir
 from app.storage.atomic import read_regular_bytes
@@ -64,7 +64,9 @@ class LibraryEntry:
 
     @property
     def is_model(self) -> bool:
-        return self.usable and self.info is not None and self.info.kind == "model"
+        """A model to chat with (drafter heads such as EAGLE-3 only draft for one)."""
+        return (self.usable and self.info is not None and self.info.kind == "model"
+                and self.info.architecture not in DRAFTER_HEADS)
 
 
 @dataclass(frozen=True)

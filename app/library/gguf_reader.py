@@ -110,6 +110,9 @@ class GGUFInfo:
     kv_layers: tuple[bool, ...] = ()
     recurrent_layers: int = 0
     recurrent_state_floats: int = 0
+    # Multi-token-prediction (NextN) blocks after the trunk ({arch}.nextn_predict_layers): ``n_layer`` counts
+    # them too, as block_count does; the target's own context keeps no KV for them (an MTP context does).
+    mtp_layers: int = 0
 
     @property
     def recurrent_state_bytes(self) -> int:
@@ -325,10 +328,15 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         return default if v is None or v < 0 else v
 
     n_layer = hp("block_count")
+    mtp_layers = hp("nextn_predict_layers")
+    if mtp_layers > n_layer:
+        raise MalformedError(f"{name} is corrupt: it claims {mtp_layers} MTP layers of {n_layer} in all.")
     n_embd = hp("embedding_length")
     n_head = hp("attention.head_count")
     n_head_kv = hp("attention.head_count_kv", n_head)
-    kv_layers, recurrent = _layer_kinds(h, arch, n_layer, name)
+    kv_layers, recurrent = _layer_kinds(h, arch, n_layer - mtp_layers, name)
+    kv_layers += (False,) * mtp_layers  # the MTP blocks' KV lives in the MTP context only
+    recurrent += (False,) * mtp_layers
     n_recurrent = sum(recurrent)
     state_floats = _recurrent_state_floats(h, arch, n_embd, name) if n_recurrent else 0
     per_head = n_embd // n_head if n_head else 0
@@ -405,7 +413,7 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         tokenizer_pre=_str_value(h, "tokenizer.ggml.pre") or "", n_tensors=len(h.tensors),
         data_offset=h.data_offset, alignment=h.alignment,
         kv_layers=kv_layers if not all(kv_layers) else (), recurrent_layers=n_recurrent,
-        recurrent_state_floats=state_floats,
+        recurrent_state_floats=state_floats, mtp_layers=mtp_layers,
     )
 
 

@@ -42,6 +42,10 @@ def ensure_complete(info: GGUFInfo) -> None:
         )
 
 
+# Architectures that only draft for another model (they read its hidden states and borrow its embeddings).
+DRAFTER_HEADS = {"eagle3": "EAGLE-3 drafter", "dflash": "DFlash drafter"}
+
+
 def ensure_model(info: GGUFInfo) -> None:
     """Refuse a header that is whole but not a language model llama.cpp can run."""
     name = Path(info.path).name
@@ -74,4 +78,7 @@ def check_model_file(path: str | Path, role: str = "target") -> GGUFInfo:
         ensure_model(info)
     except MissingShardError as exc:  # one kind for every refusal a user sees, as for the reader's errors
         raise ModelFileError(str(exc)) from exc
+    head = DRAFTER_HEADS.get(info.architecture)
+    if head and role == "target":
+        raise ModelFileError(f"{p.name} is an {head}, not a chat model; choose it as the drafter of its target.")
     return info

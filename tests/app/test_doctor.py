@@ -33,7 +33,7 @@ MODEL_FIELDS = {"path", "name", "architecture", "quantization", "file_size", "we
                 "n_layer", "n_ctx_train", "n_vocab", "sliding_window", "swa_layer_count",
                 "kv_bytes_per_token", "kv_bytes_at_context", "kv_cache_bytes", "kv_layer_count",
                 "recurrent_layer_count", "recurrent_state_bytes", "recurrent_rollback", "recurrent_snapshots",
-                "recurrent_state_allocated"}
+                "recurrent_state_allocated", "mtp_heads", "mtp_weight_bytes", "mtp_kv_cache_bytes", "mtp_refusal"}
 PASS_FIELDS = {"tokens", "draft_steps", "context", "bytes_per_pass", "weight_bytes", "kv_bytes",
                "drafter_bytes", "flops_per_pass", "seconds_per_pass", "memory_seconds", "compute_seconds",
                "passes_per_second", "tokens_per_second", "binding", "binding_device", "parts"}
