@@ -216,7 +216,8 @@ class BufferedHistory:
             if w.method == "new_chat" and w.provisional is not None and w.provisional not in self._real:
                 count = sum(1 for m in self._pending if m.method in ("add_message", "begin_answer")
                             and m.args[0] == w.provisional)
-                out.append(ChatSummary(w.provisional, str(w.args[0]), str(w.args[1]), w.created, w.created, count))
+                out.append(ChatSummary(w.provisional, str(w.args[0]), str(w.args[1]), w.created, w.created, count,
+                                       version_of=w.kwargs.get("version_of")))
         return out
 
     def _waiting_messages(self, chat_id: int) -> list[StoredMessage]:
@@ -230,11 +231,16 @@ class BufferedHistory:
                     id=w.provisional, chat_id=chat_id, role=role, text=text, status=status,
                     target_model=w.kwargs.get("model"), drafter=w.kwargs.get("drafter"),
                     sampling=w.kwargs.get("sampling"), stats=w.kwargs.get("stats"),
-                    created=w.created, updated=w.created)
+                    created=w.created, updated=w.created, stop_reason=w.kwargs.get("stop_reason"),
+                    drafted=tuple(tuple(s) for s in w.kwargs.get("drafted") or ()))
             elif w.method in ("update_answer", "finish_answer") and w.args[0] in out:
                 old = out[w.args[0]]
                 status = "streaming" if w.method == "update_answer" else str(w.args[2])
                 out[w.args[0]] = dataclasses.replace(old, text=str(w.args[1]), status=status, updated=w.created)
+                if w.method == "finish_answer":
+                    out[w.args[0]] = dataclasses.replace(
+                        out[w.args[0]], stop_reason=w.kwargs.get("stop_reason"),
+                        drafted=tuple(tuple(s) for s in w.kwargs.get("drafted") or ()))
             elif w.method == "delete_message":
                 out.pop(w.args[0], None)
         return list(out.values())

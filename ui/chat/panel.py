@@ -45,7 +45,9 @@ from app.events import (
     Token,
     continued_stats,
     drafted_by,
+    drafted_spans,
     message_stats,
+    pieces_from_spans,
     speedup_over_plain,
 )
 from app.storage.buffered_history import BufferedHistory
@@ -409,7 +411,8 @@ class ChatPanel(QWidget):
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
             ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
-                        model=m.target_model, drafter=m.drafter)
+                        model=m.target_model, drafter=m.drafter,
+                        pieces=pieces_from_spans(m.text, m.drafted) if m.role == "assistant" else [])
             for m in stored if m.role != "system"
         ]
         self.view.show_messages(self.messages)
@@ -727,7 +730,8 @@ class ChatPanel(QWidget):
         self._awaiting_start = False
         if answer.store_id is not None and self.store is not None:
             self._store_call(self.store.finish_answer, answer.store_id, answer.text, answer.status,
-                             answer.stats, stop_reason=answer.stop_reason)
+                             answer.stats, stop_reason=answer.stop_reason,
+                             drafted=drafted_spans(answer.pieces, len(answer.text)))
         self.messages.append(answer)
         self.view.finish_answer(answer)
         self._set_generating(False)
