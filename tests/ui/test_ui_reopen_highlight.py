@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytestqt.qtbot import QtBot
 from PySide6.QtGui import QTextCursor
+from pytestqt.qtbot import QtBot
 
-from app.events import FROM_NGRAM, FROM_TARGET, drafted_spans
+from app.events import FROM_NGRAM, FROM_TARGET, drafted_spans, pieces_from_spans
 from tests.ui.conftest import load_pair, set_sampling
 from ui.chat.view import ChatView, source_colours
 
@@ -44,7 +44,8 @@ def test_a_reopened_chat_shows_the_drafted_tokens_it_showed_live(
     # A drafter with the target's own weights at temperature 0: its drafts are the target's tokens.
     assert spans, f"nothing drafted: {answer.stats}"
     live = tinted(chat.view)
-    assert live and set(live.values()) <= {s for _, _, s in spans}
+    assert live
+    assert set(live.values()) <= {s for _, _, s in spans}
     stored = window.store.messages(chat.chat_id)[-1]
     assert [list(s) for s in stored.drafted] == [list(s) for s in spans]
 
@@ -56,7 +57,7 @@ def test_a_reopened_chat_shows_the_drafted_tokens_it_showed_live(
 
 
 def test_spans_are_compact_and_give_the_pieces_back() -> None:
-    from app.events import pieces_from_spans
+
 
     pieces = [("Use ", FROM_TARGET), ("the ", FROM_NGRAM), ("same", FROM_NGRAM), (" words", FROM_TARGET)]
     text = "".join(p for p, _ in pieces)
