@@ -83,6 +83,8 @@ SHORTCUTS = (
     ("Ctrl+N", "new chat"),
     (KEY_RENAME, "rename the open chat"),
     ("Del", "delete the chat selected in the list (Undo delete brings it back)"),
+    ("Ctrl+Z", "undo the last deletion of a chat or a message, or an edit not yet sent (outside a text box)"),
+    ("Right-click a message", "copy, edit, regenerate or delete that message"),
     ("Ctrl+Q", "quit"),
 )
 SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(

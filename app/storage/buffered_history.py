@@ -124,7 +124,8 @@ class BufferedHistory:
         if store is None:
             raise HistoryBusyError("The chat history is in use by another program.")
         try:
-            result = getattr(store, write.method)(*self._resolve(write.args), **write.kwargs)
+            named = dict(zip(write.kwargs, self._resolve(list(write.kwargs.values())), strict=True))
+            result = getattr(store, write.method)(*self._resolve(write.args), **named)
         except HistoryBusyError:
             self._backoff()
             raise

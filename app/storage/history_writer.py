@@ -115,7 +115,9 @@ class HistoryThread:
         handle = next(self._handle_counter)
 
         def create(*resolved: Any) -> None:
-            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **kwargs))
+            # A keyword may name another create's handle too (new_chat's version_of).
+            named = dict(zip(kwargs, self._resolve(tuple(kwargs.values())), strict=True))
+            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **named))
             if chat:
                 self._chat_handles[handle] = new_id
 
@@ -197,7 +199,8 @@ class HistoryThread:
 
         def read() -> tuple[list[ChatSummary], set[int] | None]:
             handles = {self._store.real_id(new_id): h for h, new_id in self._chat_handles.items()}
-            chats = [dataclasses.replace(c, id=handles[c.id]) if c.id in handles else c
+            chats = [dataclasses.replace(c, id=handles.get(c.id, c.id),
+                                         version_of=c.version_of and handles.get(c.version_of, c.version_of))
                      for c in self._store.list_chats()]
             matching = {handles.get(i, i) for i in self._store.search_chats(query)} if query else None
             return chats, matching

@@ -114,6 +114,11 @@ class ChatPanel(QWidget):
         # Edit last: where the turn taken back began and its messages, kept (in the view's memory and in the
         # history) until the edited question is sent; Undo edit brings them back.
         self._pending_edit: tuple[int, list[ChatMessage]] | None = None
+        # A message deleted from the transcript: hidden at once, deleted from the history at the next change
+        # to the chat (or when SpecDeck closes), so Ctrl+Z can put it back where it was.
+        self._pending_message_delete: tuple[int, ChatMessage] | None = None
+        self._undo_order: list[str] = []  # "edit", "message", "chat": what Ctrl+Z takes back, newest last
+        self._versions: dict[int, int | None] = {}  # chat id: the chat it is an earlier version of (the list's)
         self._chat_list_requests = 0  # only the newest request's answer is shown
         self.context_menu: QMenu | None = None
         self._delete_timer = QTimer(self)
@@ -162,6 +167,9 @@ class ChatPanel(QWidget):
         self.undo_edit_button.setToolTip("Bring back the message taken back for editing, and its answer")
         self.undo_edit_button.setVisible(False)
         self.undo_edit_button.clicked.connect(self._on_undo_edit_button_clicked)
+        self.version_button = QPushButton("Previous version", self)
+        self.version_button.setVisible(False)
+        self.version_button.clicked.connect(self._on_version_button_clicked)
         self.undo_delete_button = QPushButton("Undo delete", left)
         self.undo_delete_button.setVisible(False)
         self.undo_delete_button.clicked.connect(self._on_undo_delete_button_clicked)
@@ -230,7 +238,8 @@ class ChatPanel(QWidget):
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
         for w in (self.send_button, self.stop_button, self.regenerate_button, self.continue_button,
-                  self.edit_button, self.undo_edit_button, self.highlight_check, self.colour_key):
+                  self.edit_button, self.undo_edit_button, self.version_button, self.highlight_check,
+                  self.colour_key):
             buttons.addWidget(w)
         layout.addWidget(buttons_row)
         splitter.addWidget(left)
@@ -252,6 +261,11 @@ class ChatPanel(QWidget):
         self.stop_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         self.stop_shortcut.setEnabled(False)
         self.stop_shortcut.activated.connect(self._on_stop_shortcut_activated)
+        # Ctrl+Z takes back the last deletion or edit (a text box with focus keeps Ctrl+Z for its own text).
+        self.undo_shortcut = QShortcut(QKeySequence(QKeySequence.StandardKey.Undo), self)
+        self.undo_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+        self.undo_shortcut.activated.connect(self._on_undo_shortcut_activated)
+        self.view.message_action.connect(self._on_view_message_action)
 
     # --- storage (every failure is shown; the chat stays in memory) -----------------------------------
 
@@ -348,9 +362,11 @@ class ChatPanel(QWidget):
         self._fill_history(*result)
 
     def _fill_history(self, chats: list[ChatSummary], matching: set[int] | None = None) -> None:
+        self._versions = {c.id: c.version_of for c in chats}
         if matching is not None:
             chats = [c for c in chats if c.id in matching]
-        chats = [c for c in chats if c.id != self._pending_delete]
+        # A chat's earlier versions are reached from it (the version button), not listed beside it.
+        chats = [c for c in chats if c.id != self._pending_delete and c.version_of is None]
         self.no_match_label.setVisible(matching is not None and not chats)  # an empty list alone says nothing
         listed = self.history_list
         listed.blockSignals(True)
@@ -395,6 +411,7 @@ class ChatPanel(QWidget):
         else:
             listed.setCurrentRow(-1)
         listed.blockSignals(False)
+        self._update_buttons()
         self.history_refreshed.emit()
 
     def open_chat(self, chat_id: int) -> None:
@@ -406,6 +423,7 @@ class ChatPanel(QWidget):
         except (KeyError, StorageError) as exc:
             self.error_raised.emit(str(exc))
             return
+        self._commit_message_delete()
         self.chat_id = chat_id
         self._pending_edit = None  # an edit not sent deleted nothing: the chat's history still holds its turn
         self.system_prompt.setText(chat.system_prompt)
@@ -434,6 +452,7 @@ class ChatPanel(QWidget):
     def new_chat(self) -> None:
         if self.generating:
             return
+        self._commit_message_delete()
         self._pending_edit = None
         self.chat_id = None
         self.messages = []
@@ -464,6 +483,7 @@ class ChatPanel(QWidget):
             self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
             return False
         self._commit_edit()
+        self._commit_message_delete()
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
             self.chat_id = self._create("new_chat", title, self.system_prompt.text())
@@ -517,6 +537,7 @@ class ChatPanel(QWidget):
         """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
         same message (and the same stored answer)."""
         self._commit_edit()  # Regenerate or Continue after Edit last: the chat as shown is the chat
+        self._commit_message_delete()
         loaded = self.bridge.loaded
         if resume is not None:
             answer = resume
@@ -596,17 +617,21 @@ class ChatPanel(QWidget):
         return True
 
     def edit_last(self) -> bool:
-        """Take the last question back into the input box to edit and resend. The question and its answer
-        leave the view but nothing is deleted until the edited question is sent: Undo edit brings them back."""
-        if self.generating:
-            return False
+        """Take the last question back into the input box to edit and resend (see edit_message)."""
         users = [i for i, m in enumerate(self.messages) if m.role == "user"]
-        if not users:
+        return bool(users) and self.edit_message(users[-1])
+
+    def edit_message(self, index: int) -> bool:
+        """Take a question back into the input box to edit and resend. It and what followed leave the view but
+        nothing is deleted until the edited question is sent (Undo edit and Ctrl+Z bring them back); once sent,
+        the old continuation is kept as the chat's previous version."""
+        if self.generating or not 0 <= index < len(self.messages) or self.messages[index].role != "user":
             return False
         self._commit_edit()  # an earlier edit not sent: its turn is replaced by this one's
-        index = users[-1]
+        self._commit_message_delete()
         question = self.messages[index]
         self._pending_edit = (index, self.messages[index:])
+        self._undo_order.append("edit")
         del self.messages[index:]
         self.view.show_messages(self.messages)
         self.input.setPlainText(question.text)
@@ -630,11 +655,15 @@ class ChatPanel(QWidget):
         return True
 
     def _commit_edit(self) -> None:
-        """The edited question is being sent: the turn it replaces is deleted from the history now."""
+        """The edited question is being sent: the turn it replaces (and what followed) moves to the chat's
+        previous version, and leaves this chat's history now."""
         pending, self._pending_edit = self._pending_edit, None
         if pending is None or self.store is None:
             return
-        question = pending[1][0]
+        index, removed = pending
+        if len(removed) > 1:  # an answer, at least, would be lost: keep the old continuation reachable
+            self._keep_previous_version(self.messages[:index] + removed)
+        question = removed[0]
         if question.store_id is not None and self.chat_id is not None:
             self._store_call(self.store.truncate_after, self.chat_id, question.store_id, inclusive=True)
         else:
@@ -645,6 +674,133 @@ class ChatPanel(QWidget):
     @Slot()
     def _on_undo_edit_button_clicked(self) -> None:
         self.undo_edit()
+
+    # --- per-message actions, versions and Ctrl+Z ---------------------------------------------------
+
+    @Slot(str, int)
+    def _on_view_message_action(self, action: str, index: int) -> None:
+        {"copy": self.copy_message, "edit": self.edit_message, "delete": self.delete_message,
+         "regenerate": self.regenerate_message}[action](index)
+
+    def copy_message(self, index: int) -> bool:
+        """Put one message's text, as written, on the clipboard."""
+        if not 0 <= index < len(self.messages):
+            return False
+        QGuiApplication.clipboard().setText(self.messages[index].text)
+        return True
+
+    def delete_message(self, index: int) -> bool:
+        """Take one message out of the chat; Ctrl+Z puts it back until the chat changes again."""
+        if self.generating or not 0 <= index < len(self.messages):
+            return False
+        self._commit_message_delete()
+        message = self.messages.pop(index)
+        self._pending_message_delete = (index, message)
+        if self._pending_edit is not None and index < self._pending_edit[0]:
+            self._pending_edit = (self._pending_edit[0] - 1, self._pending_edit[1])
+        self._undo_order.append("message")
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+        return True
+
+    def _commit_message_delete(self) -> None:
+        pending, self._pending_message_delete = self._pending_message_delete, None
+        if pending is not None and pending[1].store_id is not None and self.store is not None:
+            self._store_call(self.store.delete_message, pending[1].store_id)
+
+    def undo_message_delete(self) -> bool:
+        pending = self._pending_message_delete
+        if self.generating or pending is None or pending[0] > len(self.messages):
+            return False
+        self._pending_message_delete = None
+        index, message = pending
+        self.messages.insert(index, message)
+        if self._pending_edit is not None and index <= self._pending_edit[0]:
+            self._pending_edit = (self._pending_edit[0] + 1, self._pending_edit[1])
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+        return True
+
+    def regenerate_message(self, index: int) -> bool:
+        """Answer the question before this answer again. An earlier answer's continuation is kept as the
+        chat's previous version; the last answer is simply replaced (as Regenerate does)."""
+        if index == len(self.messages) - 1:
+            return self.regenerate()
+        if (self.generating or not 0 < index < len(self.messages) or self.messages[index].role != "assistant"
+                or self.messages[index - 1].role != "user" or self.bridge.loaded is None):
+            return False
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError as exc:
+            self.error_raised.emit(str(exc))
+            return False
+        self._commit_edit()
+        self._commit_message_delete()
+        self._keep_previous_version(list(self.messages))
+        first = self.messages[index]
+        if first.store_id is not None and self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.truncate_after, self.chat_id, first.store_id, inclusive=True)
+        del self.messages[index:]
+        self.view.show_messages(self.messages)
+        self._start_answer(sampling)
+        return True
+
+    def _keep_previous_version(self, messages: list[ChatMessage]) -> None:
+        """A copy of the chat as it was (before an edit or an earlier answer's regenerate) in a chat of its
+        own, linked to this one: the "Previous version" button opens it."""
+        if self.chat_id is None or self.store is None or not messages:
+            return
+        title = self._chat_title() or "Untitled chat"
+        copy = self._create("new_chat", f"{title} (earlier version)", self.system_prompt.text(),
+                            version_of=self.chat_id)
+        if copy is None:
+            return
+        for m in messages:
+            self._create("add_message", copy, m.role, m.text, "interrupted" if m.status == "streaming" else m.status,
+                         model=m.model, drafter=m.drafter, stats=m.stats, stop_reason=m.stop_reason,
+                         drafted=drafted_spans(m.pieces, len(m.text)) or None)
+        self._versions = {copy: self.chat_id, **self._versions}  # newest first, as the list orders them
+        self.refresh_history()
+
+    def _chat_title(self) -> str:
+        if self.chat_id is None:
+            return ""
+        return self._history_labels.get(self.chat_id, ("", 0))[0]
+
+    def previous_version(self) -> int | None:
+        """The newest chat kept as an earlier version of the open chat."""
+        older = [c for c, of in self._versions.items() if of is not None and of == self.chat_id]
+        return older[0] if older else None  # the list's order: most recently updated first
+
+    def newer_version(self) -> int | None:
+        """The chat the open chat is an earlier version of."""
+        return None if self.chat_id is None else self._versions.get(self.chat_id)
+
+    def switch_version(self) -> bool:
+        """Open the open chat's previous version, or from a previous version the chat it came from."""
+        target = self.previous_version() or self.newer_version()
+        if target is None or self.generating:
+            return False
+        self.open_chat(target)
+        self.refresh_history()
+        return self.chat_id == target
+
+    @Slot()
+    def _on_version_button_clicked(self) -> None:
+        self.switch_version()
+
+    def undo(self) -> bool:
+        """Ctrl+Z: take back the newest of a message deletion, an edit not yet sent, or a chat deletion."""
+        while self._undo_order:
+            kind = self._undo_order.pop()
+            done = {"message": self.undo_message_delete, "edit": self.undo_edit, "chat": self.undo_delete}[kind]()
+            if done:
+                return True
+        return False
+
+    @Slot()
+    def _on_undo_shortcut_activated(self) -> None:
+        self.undo()
 
     # --- engine events ------------------------------------------------------------------------------
 
@@ -770,6 +926,11 @@ class ChatPanel(QWidget):
         self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
                                         and last.stop_reason == "max_tokens")
         self.undo_edit_button.setVisible(idle and self._pending_edit is not None)
+        previous, newer = self.previous_version(), self.newer_version()
+        self.version_button.setVisible(idle and (previous is not None or newer is not None))
+        self.version_button.setText("Previous version" if previous is not None else "Newer version")
+        self.version_button.setToolTip("Open the chat as it was before an earlier message was edited or answered "
+                                       "again" if previous is not None else "Open the chat this version led to")
 
     @Slot()
     def _on_send_button_clicked(self) -> None:
@@ -903,6 +1064,7 @@ class ChatPanel(QWidget):
             return
         self.commit_pending_delete()
         self._pending_delete = chat_id
+        self._undo_order.append("chat")
         self._delete_timer.start(UNDO_DELETE_MS)
         was_open = chat_id == self.chat_id
         title = ""
@@ -942,11 +1104,23 @@ class ChatPanel(QWidget):
         return True
 
     def commit_pending_delete(self) -> None:
+        """Deletions waiting for their undo become final (the next delete, the timer, SpecDeck closing)."""
+        self._commit_message_delete()
         chat_id, self._pending_delete = self._pending_delete, None
         self._delete_timer.stop()
         self.undo_delete_button.setVisible(False)
         if chat_id is not None and self.store is not None:
-            self._store_call(self.store.delete_chat, chat_id)
+            for gone in self._with_versions(chat_id):
+                self._store_call(self.store.delete_chat, gone)
+
+    def _with_versions(self, chat_id: int) -> list[int]:
+        """The chat and its earlier versions (and theirs): deleted together."""
+        out, todo = [], [chat_id]
+        while todo:
+            current = todo.pop()
+            out.append(current)
+            todo += [c for c, of in self._versions.items() if of == current and c not in out]
+        return out
 
     @Slot()
     def _on_delete_timer_timeout(self) -> None:

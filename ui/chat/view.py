@@ -14,6 +14,7 @@ paragraphs so a relayout never covers more than one of them.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from PySide6.QtGui import (
     QTextDocumentFragment,
     QTextFormat,
 )
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QTextBrowser, QWidget
 
 from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
 from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
@@ -206,6 +207,7 @@ class ChatView(QTextBrowser):
 
     link_hovered = Signal(str)
     code_copied = Signal(str)
+    message_action = Signal(str, int)  # one of MESSAGE_ACTIONS, the message's index in the chat
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -228,6 +230,8 @@ class ChatView(QTextBrowser):
         self._tail_plain = False  # its last block is (too long for Markdown while it streams)
         self._shown_plain = ""  # the plain text shown from the answer's (or tail's) start
         self._follow = True  # keep the end in view: on after Send, off once the user scrolls up
+        self._message_starts: list[int] = []  # where each message's heading begins, in chat order
+        self._message_roles: list[str] = []
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_scroll_bar_range_changed)
         bar.valueChanged.connect(self._on_scroll_bar_value_changed)
@@ -289,11 +293,14 @@ class ChatView(QTextBrowser):
         self.clear()
         self._snippets.clear()
         self._answer_start = None
+        self._message_starts.clear()
+        self._message_roles.clear()
         for message in messages:
             self.append_message(message)
         self.follow_end()
 
     def append_message(self, message: ChatMessage) -> None:
+        self._mark_message(message.role)
         self._heading(ROLE_TITLES.get(message.role, message.role.capitalize()))
         cursor = self._new_block()
         start = cursor.position()
@@ -304,6 +311,7 @@ class ChatView(QTextBrowser):
         self._footer(message)
 
     def begin_answer(self) -> None:
+        self._mark_message("assistant")
         self._heading(ROLE_TITLES["assistant"])
         cursor = self._new_block()
         self._answer_start = cursor.position()
@@ -377,6 +385,37 @@ class ChatView(QTextBrowser):
     @property
     def streaming(self) -> bool:
         return self._answer_start is not None
+
+    def _mark_message(self, role: str) -> None:
+        self._message_starts.append(self._end())
+        self._message_roles.append(role)
+
+    def message_at(self, position: int) -> int | None:
+        """The index of the message shown at a document position (its heading, text or footer)."""
+        index = bisect.bisect_right(self._message_starts, position) - 1
+        return index if index >= 0 else None
+
+    def message_position(self, index: int) -> int:
+        """Where a message's text begins (its first block after the heading)."""
+        return self.document().findBlock(self._message_starts[index]).next().position()
+
+    def message_menu(self, index: int, parent: QWidget | None = None) -> QMenu:
+        """The actions for one message: copy it, edit it (a question), answer it again (an answer), delete it."""
+        menu = QMenu(parent or self)
+        role = self._message_roles[index]
+        idle = not self.streaming
+        labels = [("copy", "Copy message")]
+        if role == "user":
+            labels.append(("edit", "Edit this message…"))
+        if role == "assistant":
+            labels.append(("regenerate", "Regenerate this answer"))
+        labels.append(("delete", "Delete message"))
+        for action, label in labels:
+            item = menu.addAction(label)
+            item.setData(action)
+            item.setEnabled(idle or action == "copy")
+            item.triggered.connect(lambda _on=False, a=action: self.message_action.emit(a, index))
+        return menu
 
     def _end(self) -> int:
         cursor = QTextCursor(self.document())
@@ -652,7 +691,13 @@ class ChatView(QTextBrowser):
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
         menu = self.createStandardContextMenu(event.pos())
-        code = self.code_block_at(self.cursorForPosition(event.pos()).position())
+        position = self.cursorForPosition(event.pos()).position()
+        index = self.message_at(position)
+        if index is not None:
+            menu.addSeparator()
+            for action in self.message_menu(index, menu).actions():
+                menu.addAction(action)
+        code = self.code_block_at(position)
         if code is not None:
             action = QAction("Copy code block", menu)
             action.triggered.connect(lambda: QGuiApplication.clipboard().setText(code))
