@@ -134,10 +134,11 @@ class Loaded:
 
 def drafted_by(loaded: Loaded) -> str | None:
     """What drafts for a loaded pair, as the chat's footer and the history name it: the drafter model's path,
-    the n-gram drafter, or both ("<path> + n-gram (3)"); None for plain decoding."""
+    the suffix drafter with its shortest match, or both ("<path> + suffix drafter (3)"); None for plain
+    decoding."""
     parts = [loaded.drafter.path] if loaded.drafter is not None else []
     if loaded.ngram:
-        parts.append(f"n-gram ({loaded.ngram})")
+        parts.append(f"suffix drafter ({loaded.ngram})")
     return " + ".join(parts) or None
 
 

@@ -40,6 +40,7 @@ _T = TypeVar("_T")
 
 FILE_NAME = "history.sqlite3"
 ROLES = ("system", "user", "assistant")
+MODES = ("chat", "completion")  # a chat's mode: through the chat template, or the raw text continued
 ORIGINS = ("window", "api")  # where a chat came from: typed in the window, or a request to `specdeck serve`
 STATUSES = ("complete", "streaming", "interrupted", "cancelled", "error")
 FINAL_STATUSES = ("complete", "interrupted", "cancelled", "error")
@@ -90,6 +91,8 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # A chat kept as the earlier version of another (an edit or a regenerate of an earlier message moved
     # the old continuation there): that chat's id; NULL for every other chat.
     ("ALTER TABLE chats ADD COLUMN version_of INTEGER",),
+    # How the chat was written (MODES): chat turns or raw completion; NULL: the model's own default.
+    ("ALTER TABLE chats ADD COLUMN mode TEXT",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -104,6 +107,7 @@ class ChatSummary:
     message_count: int
     origin: str = "window"
     version_of: int | None = None  # the chat this one is an earlier version of
+    mode: str | None = None  # MODES, or None: the model's default
 
 
 @dataclass(frozen=True)
@@ -420,7 +424,7 @@ class HistoryStore:
         """Most recently updated first."""
         rows = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of, c.mode"
             " FROM chats c ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ChatSummary(*row) for row in rows]
@@ -428,7 +432,7 @@ class HistoryStore:
     def chat(self, chat_id: int) -> ChatSummary:
         row = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of, c.mode"
             " FROM chats c WHERE c.id = ?",
             (chat_id,),
         ).fetchone()
@@ -452,6 +456,14 @@ class HistoryStore:
         with self._write() as conn:
             cur = conn.execute("UPDATE chats SET title=? WHERE id=?", (_clean_text(title), chat_id))
             if cur.rowcount == 0:
+                raise KeyError(f"There is no chat {chat_id}.")
+
+    def set_mode(self, chat_id: int, mode: str | None) -> None:
+        """Remember the chat's mode (MODES); not activity, so the chat keeps its place in the list."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES} or None, not {mode!r}")
+        with self._write() as conn:
+            if conn.execute("UPDATE chats SET mode=? WHERE id=?", (mode, chat_id)).rowcount == 0:
                 raise KeyError(f"There is no chat {chat_id}.")
 
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:

@@ -163,6 +163,9 @@ class HistoryThread:
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._post(self._store.rename_chat, chat_id, title)
 
+    def set_mode(self, chat_id: int, mode: str | None) -> None:
+        self._post(self._store.set_mode, chat_id, mode)
+
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
         self._post(self._store.set_system_prompt, chat_id, system_prompt)
 

@@ -225,7 +225,8 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", right)
         self.edit_button = QPushButton("Edit last", right)
         self.highlight_check = QCheckBox("Highlight drafted tokens", right)
-        self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the drafter model.")
+        self.highlight_check.setToolTip("Green: from the suffix drafter (text that repeats). Blue: from the drafter "
+                                        "model.")
         self.colour_key = ColourKey(right)
         self.colour_key.setVisible(False)
         self.continue_button = QPushButton("Continue", right)

@@ -191,7 +191,7 @@ class ColourKey(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         colours = source_colours(self.palette())
         self.labels: dict[str, QLabel] = {}
-        for source, text in ((FROM_NGRAM, "n-gram drafter"), (FROM_MODEL, "drafter model")):
+        for source, text in ((FROM_NGRAM, "suffix drafter"), (FROM_MODEL, "drafter model")):
             label = QLabel(text, self)
             label.setTextFormat(Qt.TextFormat.PlainText)
             label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
@@ -599,7 +599,7 @@ class ChatView(QTextBrowser):
                     runs.append((pos, pos + 1, source))
             block = block.next()
         cursor = QTextCursor(self.document())
-        tips = {FROM_NGRAM: "from the n-gram drafter", FROM_MODEL: "from the drafter model"}
+        tips = {FROM_NGRAM: "from the suffix drafter", FROM_MODEL: "from the drafter model"}
         for a, b, source in runs:
             cursor.setPosition(a)
             cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
