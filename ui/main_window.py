@@ -336,6 +336,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.load_bar)
         self.picker.progress_bars.append(self.load_bar)
         self.chat.model_loading = lambda: self.picker.loading
+        self.chat.overflow_policy = lambda: str(self.picker.overflow_combo.currentData() or "stop")
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
@@ -722,6 +723,8 @@ class MainWindow(QMainWindow):
     def _on_bridge_engine_error(self, event: EngineError) -> None:
         if self.picker.loading:
             self.picker.set_loading(False, event.message)
+        if event.kind == "PromptTooLongError" and event.request_id == self.chat.overflowed_request:
+            return  # the chat handled it (asked again without the oldest turns, or said so itself)
         self.notifier.error(event.message)
 
     @Slot(EngineCrashed)

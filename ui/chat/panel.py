@@ -106,6 +106,10 @@ class ChatPanel(QWidget):
         self._awaiting_start = False
         self._answer: ChatMessage | None = None
         self.model_loading: Callable[[], bool] = lambda: False  # the window's: is a load under way?
+        self.overflow_policy: Callable[[], str] = lambda: "stop"  # the window's: AppSettings.context_overflow
+        self._left_out = 0  # turns (question and answer) left out of the prompt to fit the context
+        self._request: tuple[Any, bool] | None = None  # the answer's sampling and "continue", to ask again
+        self.overflowed_request: int | None = None  # the request whose "too long" this panel reported itself
         self._resumed_text = ""  # Continue: the partial answer the engine goes on from
         self._resumed_stats: MessageStats | None = None  # and its figures, which the footer adds to
         self._dirty = False
@@ -167,6 +171,11 @@ class ChatPanel(QWidget):
         self.undo_edit_button.setToolTip("Bring back the message taken back for editing, and its answer")
         self.undo_edit_button.setVisible(False)
         self.undo_edit_button.clicked.connect(self._on_undo_edit_button_clicked)
+        self.new_chat_with_last_button = QPushButton("Continue in a new chat", self)
+        self.new_chat_with_last_button.setToolTip("The chat no longer fits the context: start a new chat with "
+                                                  "your last message")
+        self.new_chat_with_last_button.setVisible(False)
+        self.new_chat_with_last_button.clicked.connect(self._on_new_chat_with_last_button_clicked)
         self.version_button = QPushButton("Previous version", self)
         self.version_button.setVisible(False)
         self.version_button.clicked.connect(self._on_version_button_clicked)
@@ -239,7 +248,8 @@ class ChatPanel(QWidget):
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
         for w in (self.send_button, self.stop_button, self.regenerate_button, self.continue_button,
-                  self.edit_button, self.undo_edit_button, self.version_button, self.highlight_check,
+                  self.edit_button, self.undo_edit_button, self.new_chat_with_last_button, self.version_button,
+                  self.highlight_check,
                   self.colour_key):
             buttons.addWidget(w)
         layout.addWidget(buttons_row)
@@ -426,6 +436,8 @@ class ChatPanel(QWidget):
             return
         self._commit_message_delete()
         self.chat_id = chat_id
+        if chat.mode is not None:  # the mode it was written in (older chats: the model's default stays)
+            self.set_completion_mode(chat.mode == "completion")
         self._pending_edit = None  # an edit not sent deleted nothing: the chat's history still holds its turn
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
@@ -488,6 +500,8 @@ class ChatPanel(QWidget):
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
             self.chat_id = self._create("new_chat", title, self.system_prompt.text())
+            if self.chat_id is not None:
+                self._store_call(self.store.set_mode, self.chat_id, "completion" if self.completion_mode else "chat")
         elif self.chat_id is not None and self.store is not None:
             self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
         message = ChatMessage("user", text)
@@ -505,8 +519,17 @@ class ChatPanel(QWidget):
         out = []
         if self.system_prompt.text().strip():
             out.append({"role": "system", "content": self.system_prompt.text().strip()})
-        out += [{"role": m.role, "content": m.text} for m in self.messages if m.role in ("user", "assistant")]
+        turns = [m for m in self.messages if m.role in ("user", "assistant")]
+        if self._left_out:
+            # Whole turns from the start; the last question always stays.
+            starts = [i for i, m in enumerate(turns) if m.role == "user"]
+            cut = starts[min(self._left_out, len(starts) - 1)] if starts else 0
+            turns = turns[cut:]
+        out += [{"role": m.role, "content": m.text} for m in turns]
         return out
+
+    def _can_leave_out_more(self) -> bool:
+        return sum(1 for m in self.messages if m.role == "user") - 1 > self._left_out
 
     @property
     def completion_mode(self) -> bool:
@@ -523,6 +546,8 @@ class ChatPanel(QWidget):
 
     @Slot(bool)
     def _on_completion_check_toggled(self, on: bool) -> None:
+        if self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.set_mode, self.chat_id, "completion" if on else "chat")
         self.system_prompt.setEnabled(not on)
         self._show_verbatim(on)
         self.completion_mode_toggled.emit(on)
@@ -556,6 +581,7 @@ class ChatPanel(QWidget):
                 drafter=answer.drafter,
                 sampling=sampling,
             )
+        self._request = (sampling, resume is not None)
         try:
             self.bridge.generate(messages, sampling, continue_answer=resume is not None, raw=self.completion_mode)
         except AppError as exc:
@@ -866,10 +892,65 @@ class ChatPanel(QWidget):
     def _on_bridge_engine_error(self, event: EngineError) -> None:
         if self._answer is not None and (self._mine(event.request_id) or (event.request_id is None
                                          and self._awaiting_start)):
+            if event.kind == "PromptTooLongError" and self._overflowed(event):
+                return
             self._answer.status = "error"
             self._answer.stop_reason = "error"
             self._end_answer(self._answer)
         # The window shows engine errors (one place for every error the engine reports).
+
+    def _overflowed(self, event: EngineError) -> bool:
+        """The chat no longer fits the context and nothing was written: per the overflow policy, ask again
+        without the oldest turn, or stop with no empty answer left behind and offer a new chat. True when
+        handled here (the window then shows no error of its own)."""
+        answer = self._answer
+        if answer is None or answer.text or self._request is None:
+            return False
+        self.overflowed_request = event.request_id
+        if self.overflow_policy() == "drop_oldest" and self._can_leave_out_more():
+            self._left_out += 1
+            sampling, resumed = self._request
+            messages = self._engine_messages()
+            if resumed:
+                messages.append({"role": "assistant", "content": answer.text})
+            self._request_id = None
+            self._awaiting_start = True
+            self.progress_label.setText(f"The chat is longer than the context: asking again without the oldest "
+                                        f"{self._left_out} question{'s' if self._left_out > 1 else ''} and "
+                                        "answers…")
+            try:
+                self.bridge.generate(messages, sampling, continue_answer=resumed, raw=self.completion_mode)
+            except AppError as exc:
+                self.error_raised.emit(str(exc))
+            else:
+                return True
+        # Stop: the empty answer goes; the question stays, and a new chat can take it.
+        self._flush_timer.stop()
+        self.progress_label.setVisible(False)
+        self.prompt_bar.setVisible(False)
+        self._answer = None
+        self._request_id = None
+        self._awaiting_start = False
+        if answer.store_id is not None and self.store is not None:
+            self._store_call(self.store.delete_message, answer.store_id)
+        self.view.show_messages(self.messages)
+        self._set_generating(False)
+        self.new_chat_with_last_button.setVisible(any(m.role == "user" for m in self.messages))
+        self.error_raised.emit(f"{event.message} Or press “Continue in a new chat” to send your last message "
+                               "there.")
+        return True
+
+    def continue_in_new_chat(self) -> bool:
+        """The chat outgrew the context: a new chat gets the last question, sent at once."""
+        question = next((m.text for m in reversed(self.messages) if m.role == "user"), None)
+        if question is None or self.generating:
+            return False
+        self.new_chat()
+        return self.send(question)
+
+    @Slot()
+    def _on_new_chat_with_last_button_clicked(self) -> None:
+        self.continue_in_new_chat()
 
     @Slot(EngineCrashed)
     def _on_bridge_engine_crashed(self, _event: EngineCrashed) -> None:
@@ -879,6 +960,7 @@ class ChatPanel(QWidget):
             self._end_answer(self._answer)
 
     def _end_answer(self, answer: ChatMessage) -> None:
+        self._left_out = 0
         self._flush_timer.stop()
         self.progress_label.setVisible(False)
         self.prompt_bar.setVisible(False)
@@ -927,6 +1009,10 @@ class ChatPanel(QWidget):
         self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
                                         and last.stop_reason == "max_tokens")
         self.undo_edit_button.setVisible(idle and self._pending_edit is not None)
+        if not idle or not self.messages:
+            self.new_chat_with_last_button.setVisible(False)
+        elif last is not None and last.stop_reason == "context_full":
+            self.new_chat_with_last_button.setVisible(True)
         previous, newer = self.previous_version(), self.newer_version()
         self.version_button.setVisible(idle and (previous is not None or newer is not None))
         self.version_button.setText("Previous version" if previous is not None else "Newer version")

@@ -237,6 +237,12 @@ class ModelPicker(QWidget):
         self.threads_spin.setSpecialValueText("auto")
         self.fit_label = QLabel(load)
         self.fit_label.setWordWrap(True)
+        self.overflow_combo = QComboBox(load)
+        self.overflow_combo.addItem("Stop, offer a new chat", "stop")
+        self.overflow_combo.addItem("Leave out the oldest messages", "drop_oldest")
+        self.overflow_combo.setToolTip(
+            "When a chat grows past the context: stop and offer to go on in a new chat with the last message, or "
+            "leave the oldest messages out of what the model reads (they stay in the chat)")
         self.reload_check = QCheckBox("Load these on start", load)
         self.reload_check.setToolTip("Load these models when SpecDeck starts")
         self.gpu_note = QLabel(load)
@@ -248,6 +254,7 @@ class ModelPicker(QWidget):
         lform.addRow("KV cache type", self.kv_combo)
         lform.addRow("Flash attention", self.flash_combo)
         lform.addRow("CPU threads", self.threads_spin)
+        lform.addRow("Chat past the context", self.overflow_combo)
         lform.addRow(self.fit_label)
         lform.addRow(self.reload_check)
         buttons = QHBoxLayout()
@@ -307,7 +314,11 @@ class ModelPicker(QWidget):
             "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
             "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
             "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
+            "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
         }
+
+    def _show_overflow(self, policy: str) -> None:
+        self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(policy)))
 
     def _show_ngram(self, ngram: int) -> None:
         self.ngram_check.setChecked(ngram > 0)
