@@ -72,6 +72,9 @@ STOP_NOTES = {
     "crashed": "engine crashed",
 }
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+# A last line of only Markdown markers ("-", "=", "#", "1.", "> ", "```"): its meaning depends on what follows
+# ("Intro\n-" is a heading for one frame, "Intro\n- item" a list), so a streaming answer shows it once it has text.
+_MARKERS_ONLY = re.compile(r"[ \t\-=#*+>|`~_:\d.)]+")
 _TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # a table's |---|:--:| line
 
 
@@ -139,6 +142,15 @@ def stable_prefix_length(text: str) -> int:
             return cut + 2
         cut = text.rfind("\n\n", 0, cut)
     return 0
+
+
+def settled_tail(text: str) -> str:
+    """The streaming tail without a last line of Markdown markers only (see _MARKERS_ONLY), which would change
+    the lines above it for a frame (a paragraph turned heading and back: the spacing jumped)."""
+    cut = text.rfind("\n")
+    if cut >= 0 and _MARKERS_ONLY.fullmatch(text, cut + 1):
+        return text[:cut]
+    return text
 
 
 def keep_lines(text: str) -> str:
@@ -350,7 +362,7 @@ class ChatView(QTextBrowser):
             self._show_plain(self._tail_start, tail)
         else:
             self._tail_plain = False
-            self._insert_markdown(self._cut_from(self._tail_start), tail)
+            self._insert_markdown(self._cut_from(self._tail_start), settled_tail(tail))
 
     def _restart_plain(self, start: int) -> None:
         self._cut_from(start)
@@ -480,7 +492,20 @@ class ChatView(QTextBrowser):
         scratch.setMarkdown(keep_lines(text), MARKDOWN)
         self._make_safe(scratch)
         self._dress_code_blocks(scratch)
+        first = scratch.begin().blockFormat()
+        start = cursor.position()
         cursor.insertFragment(QTextDocumentFragment(scratch))
+        landed = self.document().findBlock(start)
+        if not landed.text() and scratch.begin().text() and landed.next().isValid():
+            # A fragment that starts with a list is put after the empty block it was inserted into: that block
+            # would add a blank line while streaming that the chat, reopened, does not have.
+            QTextCursor(landed.next()).deletePreviousChar()
+        # The fragment's first block merges into the block it lands in and takes that block's plain format, so
+        # each streamed block lost its paragraph spacing (and a reopened chat, rendered in one piece, had it).
+        spacing = QTextBlockFormat()
+        spacing.setTopMargin(first.topMargin())
+        spacing.setBottomMargin(first.bottomMargin())
+        QTextCursor(self.document().findBlock(start)).mergeBlockFormat(spacing)
 
     def _make_safe(self, doc: QTextDocument) -> None:
         """Images become their name in brackets before anything lays them out; links we did not make lose
