@@ -15,8 +15,8 @@ screenshot of the window as a fresh start shows it (the target chosen, nothing l
 model (Model → Serve), watch it in the Remote engine dock and send the prompts through it. ``after``: before the
 screenshot, "reopen" opens another chat and the first one again (a reopened chat, as a later start shows it);
 "message_menu" opens the newest answer's message menu (the screenshot is then the screen's, menu included).
-The report then also holds what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI thread's stacks behind each
-late tick (``ui/stall_watch.py``), for the soak's checks.
+The report then also holds what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI
+thread's stacks behind each late tick (``ui/stall_watch.py``), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
