@@ -356,6 +356,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         edit_menu = bar.addMenu("&Edit")
+        # The key is the chat's window-wide shortcut (a text box with focus keeps Ctrl+Z): shown, not bound twice.
+        self.undo_action = self._action(edit_menu, "&Undo delete or edit\tCtrl+Z", lambda: self.chat.undo())
         self._action(edit_menu, "&Copy", self._on_copy_action_triggered)  # Ctrl+C stays with the focused widget
         view_menu = bar.addMenu("&View")
         self._action(view_menu, "&Log", self._on_log_action_triggered)

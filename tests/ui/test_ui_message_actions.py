@@ -115,3 +115,16 @@ def test_message_actions_undo_and_the_previous_version(
     chat.delete_chat(chat_id)
     chat.commit_pending_delete()
     assert [c for c in store.list_chats() if c.version_of == store.real_id(chat_id)] == []
+
+
+def test_edit_menu_undo_takes_back_a_chat_deletion(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
+    window = make_window(start_engine=False)
+    chat = window.chat
+    chat_id = window.store.new_chat("Kept")
+    chat.refresh_history()
+    qtbot.waitUntil(lambda: chat.history_list.count() == 1, timeout=5000)
+    chat.delete_chat(chat_id)
+    qtbot.waitUntil(lambda: chat.history_list.count() == 0, timeout=5000)
+    window.undo_action.trigger()
+    qtbot.waitUntil(lambda: chat.history_list.count() == 1, timeout=5000)
+    assert chat.chat_id == chat_id
