@@ -9,7 +9,7 @@ stats line, ``specdeck bench`` and the dashboard all derive from (``RunCounts``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -134,10 +134,11 @@ class Loaded:
 
 def drafted_by(loaded: Loaded) -> str | None:
     """What drafts for a loaded pair, as the chat's footer and the history name it: the drafter model's path,
-    the n-gram drafter, or both ("<path> + n-gram (3)"); None for plain decoding."""
+    the suffix drafter with its shortest match, or both ("<path> + suffix drafter (3)"); None for plain
+    decoding."""
     parts = [loaded.drafter.path] if loaded.drafter is not None else []
     if loaded.ngram:
-        parts.append(f"n-gram ({loaded.ngram})")
+        parts.append(f"suffix drafter ({loaded.ngram})")
     return " + ".join(parts) or None
 
 
@@ -224,6 +225,42 @@ class RunCounts:
     @property
     def decode_tps(self) -> float:
         return decode_rate(self.decode_tokens, self.decode_seconds)
+
+
+def drafted_spans(pieces: Sequence[tuple[str, str]], length: int | None = None) -> list[tuple[int, int, str]]:
+    """The character spans of an answer that a drafter proposed, ``(start, end, source)``, from its (text,
+    source) pieces: what the history keeps so a reopened chat can be highlighted (a few spans, not a source
+    per token). ``length``: the answer's length; spans are cut to it."""
+    spans: list[tuple[int, int, str]] = []
+    at = 0
+    for text, source in pieces:
+        end = at + len(text)
+        if length is not None:
+            end = min(end, length)
+        if source != FROM_TARGET and end > at:
+            if spans and spans[-1][2] == source and spans[-1][1] == at:
+                spans[-1] = (spans[-1][0], end, source)
+            else:
+                spans.append((at, end, source))
+        at = end
+    return spans
+
+
+def pieces_from_spans(text: str, spans: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
+    """An answer's (text, source) pieces again from its stored spans; text outside them is the target's."""
+    pieces: list[tuple[str, str]] = []
+    at = 0
+    for start, end, source in sorted((int(a), int(b), str(c)) for a, b, c in spans):
+        start, end = max(start, at), min(end, len(text))
+        if end <= start:
+            continue
+        if start > at:
+            pieces.append((text[at:start], FROM_TARGET))
+        pieces.append((text[start:end], source))
+        at = end
+    if at < len(text):
+        pieces.append((text[at:], FROM_TARGET))
+    return pieces
 
 
 def acceptance(accepted: int | float, drafted: int | float) -> float:

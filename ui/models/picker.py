@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.chat_template import fallback_name
-from app.engine.params import KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.engine.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
@@ -160,16 +160,22 @@ class ModelPicker(QWidget):
         self.remote_note.setVisible(False)
         form.addRow(self.remote_note)  # a whole row: an empty-label row of wrapped text is given too little height
         ngram_row = QHBoxLayout()
-        self.ngram_check = QCheckBox("N-gram drafter, key", models)
+        self.ngram_check = QCheckBox("Suffix drafter, shortest match", models)
         self.ngram_check.setToolTip(
-            "Prompt lookup, with this key length. Free to run; stacks with a drafter model (n-gram first, "
-            "model fills the rest).")
+            "Drafts text that repeats: the longest earlier passage (the prompt, the answer so far and, when "
+            "checked below, earlier answers) that ends like the text so far, matching at least this many tokens. "
+            "Free to run; stacks with a drafter model (the suffix drafter first, the model fills the rest).")
         self.ngram_spin = QSpinBox(models)
         self.ngram_spin.setRange(1, 16)
         self.ngram_spin.setValue(NGRAM_KEY_LENGTH)
         ngram_row.addWidget(self.ngram_check)
         ngram_row.addWidget(self.ngram_spin)
         form.addRow(ngram_row)
+        self.history_check = QCheckBox("Draft from earlier answers", models)
+        self.history_check.setToolTip(
+            "The suffix drafter also reads your earlier answers from the chat history when the model loads, so "
+            "text you had the model write before is drafted again. Applies at the next Load.")
+        form.addRow(self.history_check)
         folder_buttons = QWidget(models)
         folder_row = FlowLayout(folder_buttons, h_spacing=6, v_spacing=4)
         self.add_folder_button = QPushButton("Add folder…", models)
@@ -231,6 +237,12 @@ class ModelPicker(QWidget):
         self.threads_spin.setSpecialValueText("auto")
         self.fit_label = QLabel(load)
         self.fit_label.setWordWrap(True)
+        self.overflow_combo = QComboBox(load)
+        self.overflow_combo.addItem("Stop, offer a new chat", "stop")
+        self.overflow_combo.addItem("Leave out the oldest messages", "drop_oldest")
+        self.overflow_combo.setToolTip(
+            "When a chat grows past the context: stop and offer to go on in a new chat with the last message, or "
+            "leave the oldest messages out of what the model reads (they stay in the chat)")
         self.reload_check = QCheckBox("Load these on start", load)
         self.reload_check.setToolTip("Load these models when SpecDeck starts")
         self.gpu_note = QLabel(load)
@@ -242,6 +254,7 @@ class ModelPicker(QWidget):
         lform.addRow("KV cache type", self.kv_combo)
         lform.addRow("Flash attention", self.flash_combo)
         lform.addRow("CPU threads", self.threads_spin)
+        lform.addRow("Chat past the context", self.overflow_combo)
         lform.addRow(self.fit_label)
         lform.addRow(self.reload_check)
         buttons = QHBoxLayout()
@@ -292,6 +305,7 @@ class ModelPicker(QWidget):
         map between widgets and settings (saving, restoring and Load all go through it)."""
         return {
             "ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0, self._show_ngram),
+            "draft_from_history": (self.history_check.isChecked, self.history_check.setChecked),
             "adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
             "k": (self.k_spin.value, self.k_spin.setValue),
             "k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
@@ -300,7 +314,11 @@ class ModelPicker(QWidget):
             "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
             "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
             "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
+            "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
         }
+
+    def _show_overflow(self, policy: str) -> None:
+        self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(policy)))
 
     def _show_ngram(self, ngram: int) -> None:
         self.ngram_check.setChecked(ngram > 0)
@@ -402,7 +420,8 @@ class ModelPicker(QWidget):
                     f"This drafter cannot speculate for this target: {result.reason}.")
         v = self.shown_values()
         draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
-                              k_max=v["k_max"], model_start=measured_start(target, drafter))
+                              k_max=v["k_max"], model_start=measured_start(target, drafter),
+                              history_tokens=HISTORY_TOKENS if v["draft_from_history"] else 0)
         return LoadSettings(
             target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
             flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
@@ -556,7 +575,8 @@ class ModelPicker(QWidget):
 
     def _show_remote(self, remote: RemoteModel | None) -> None:
         """A remote model: drafting is the server's, so the drafter controls are off and say why."""
-        for widget in (self.drafter_combo, self.ngram_check, self.ngram_spin, self.adaptive_check, self.k_max_spin):
+        for widget in (self.drafter_combo, self.ngram_check, self.ngram_spin, self.history_check, self.adaptive_check,
+                       self.k_max_spin):
             widget.setEnabled(remote is None)
             widget.setToolTip(REMOTE_NOTE if remote else "")
         self.k_spin.setEnabled(remote is None and not self.adaptive_check.isChecked())
@@ -601,7 +621,7 @@ class ModelPicker(QWidget):
         self.tuned_label.setText(tuned.summary() + without)
 
     def use_draft_settings(self, draft: DraftSettings) -> None:
-        """Show ``draft``'s n-gram key and depth settings (Load sends them); later changes are the user's."""
+        """Show ``draft``'s suffix-drafter match and depth settings (Load sends them); later changes are the user's."""
         bindings = self._bindings()
         for name in ("ngram", "adaptive", "k", "k_max"):
             bindings[name][1](getattr(draft, name))
