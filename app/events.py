@@ -19,7 +19,9 @@ from app.engine.params import LoadSettings, SamplingSettings
 FROM_TARGET = "target"
 FROM_NGRAM = "ngram"
 FROM_MODEL = "model"  # the trained drafter: a drafter model, the target's own MTP heads or an EAGLE-3 head
-SOURCE_NAMES = {FROM_NGRAM: "n-gram drafter", FROM_MODEL: "trained drafter (model, MTP heads, EAGLE-3)"}
+# How the chat and the dashboard name each draft source; the trained drafter is whichever was loaded.
+SOURCE_NAMES = {FROM_NGRAM: "n-gram drafter", FROM_MODEL: "trained drafter"}
+TRAINED_DRAFTERS = "a drafter model, the target's own MTP heads or an EAGLE-3 head"
 
 
 # --- requests -----------------------------------------------------------------------------------
