@@ -215,7 +215,8 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", right)
         self.edit_button = QPushButton("Edit last", right)
         self.highlight_check = QCheckBox("Highlight drafted tokens", right)
-        self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the trained drafter (a drafter model, MTP heads, EAGLE-3).")
+        self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the trained drafter "
+                                        "(a drafter model, MTP heads, EAGLE-3).")
         self.colour_key = ColourKey(right)
         self.colour_key.setVisible(False)
         self.continue_button = QPushButton("Continue", right)
