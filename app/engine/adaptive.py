@@ -290,6 +290,7 @@ class DepthController:
     _idle: int = 0
     history: list[int] = field(default_factory=list)
     _shadows: list[_Shadow] = field(default_factory=list)
+    block_drafter: bool = False  # the trained drafter drafts a whole block in one step (DFlash, DSpark)
 
     def __post_init__(self) -> None:
         # N-gram acceptance is tracked per match length: a long exact match is a copy in progress.
@@ -391,7 +392,7 @@ class DepthController:
         for k in range(max(k_low, 1), k_high + 1):
             for n in range(min(k, ngram_limit), max(0, k - model_limit) - 1, -1):  # suffix first: it is free
                 rates = ngram_rates[:n] + model_rates[: k - n]
-                seconds = self.cost.verify(k + 1) + (k - n) * self.cost.draft_step + self.cost.rollback
+                seconds = self.cost.verify(k + 1) + self.trained_seconds(k - n) + self.cost.rollback
                 rate = expected_tokens(rates, k) / seconds
                 if rate > best_rate * 1.0001:
                     best, best_rate = DraftPlan(k, n), rate
@@ -410,15 +411,21 @@ class DepthController:
 
     def model_can_pay(self) -> bool:
         """Whether some depth of model drafts beats plain decoding if every draft were accepted."""
-        step, one = self.cost.draft_step, self.cost.verify(1)
+        one = self.cost.verify(1)
         extra = self.cost.rollback
-        return any((k + 1) / (self.cost.verify(k + 1) + k * step + extra) > 1.0001 / one
+        return any((k + 1) / (self.cost.verify(k + 1) + self.trained_seconds(k) + extra) > 1.0001 / one
                    for k in range(1, self.k_max + 1))
+
+    def trained_seconds(self, tokens: int) -> float:
+        """What drafting ``tokens`` with the trained drafter costs: a step each, or one block for any number."""
+        if tokens <= 0:
+            return 0.0
+        return self.cost.draft_step * (1 if self.block_drafter else tokens)
 
     def _probe_interval(self, ngram_available: int) -> int:
         """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
         extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1) + self.cost.rollback
-        extra += max(0, PROBE_K - ngram_available) * self.cost.draft_step
+        extra += self.trained_seconds(PROBE_K - ngram_available)
         return min(PROBE_MAX_INTERVAL, max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1))
 
     def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from app.engine import sampling
 from app.engine.adaptive import DepthController
+from app.engine.dflash import DFlashDrafter
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
@@ -120,7 +121,7 @@ class SpeculativeDecoder:
         ctx: Context,
         *,
         ngram: SuffixDrafter | None = None,
-        drafter: ModelDrafter | MTPDrafter | None = None,
+        drafter: ModelDrafter | MTPDrafter | DFlashDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
         self.target = target
