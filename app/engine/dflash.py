@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from app.engine import sampling
 from app.engine.drafters import Draft, _top_prob
-from app.engine.eagle3 import LAYER_INPUT_ARCHS, _api, target_layer_ids
+from app.engine.eagle3 import _api, target_layer_ids
 from app.engine.llama import Context, ContextParams, Model
 from app.engine.mtp import _F32P, MTPContext
 from app.engine.params import SamplingSettings
@@ -37,6 +37,7 @@ from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.events import FROM_MODEL
 from app.library.gguf_format import read_header
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import head_refusal
 
 DFLASH_ARCH = "dflash"
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the file names none
@@ -57,19 +58,12 @@ def block_size(info: GGUFInfo) -> int:
 
 def check_dflash_pairing(target: Model, target_info: GGUFInfo, drafter: Model, drafter_info: GGUFInfo) -> list[int]:
     """The target layer ids to read, or a one-sentence refusal where this block drafter cannot draft for this
-    target (llama.cpp would abort on most of these)."""
+    target (llama.cpp would abort on most of these): the header's facts as the picker checks them
+    (``head_refusal``), then what llama.cpp loaded (the layer ids, the mask token)."""
+    refusal = head_refusal(target_info, drafter_info)
+    if refusal:
+        raise IncompatibleDrafterError(refusal)
     d_name, t_name = Path(drafter_info.path).name, Path(target_info.path).name
-    kind = "a DSpark" if is_dspark(drafter_info) else "a DFlash"
-    if target_info.architecture not in LAYER_INPUT_ARCHS:
-        raise IncompatibleDrafterError(
-            f"{d_name} is {kind} drafter, and llama.cpp reads the layer inputs it needs only from "
-            f"{', '.join(sorted(LAYER_INPUT_ARCHS))} targets, not {target_info.architecture}."
-        )
-    if drafter_info.n_embd != target_info.n_embd:
-        raise IncompatibleDrafterError(
-            f"{d_name} is {drafter_info.n_embd} wide and reads the hidden states of a target as wide, but "
-            f"{t_name} is {target_info.n_embd} wide."
-        )
     ids = target_layer_ids(drafter)
     if not ids or any(not 0 <= lid < target.n_layer for lid in ids):
         raise IncompatibleDrafterError(

@@ -222,7 +222,7 @@ def test_a_session_drafts_with_it_beside_the_ngram_drafter(dflash_models: dict[s
 
 
 @pytest.mark.parametrize(("target", "drafter", "words"), [
-    ("target", "narrow", "is 32 wide and reads the hidden states of a target as wide"),
+    ("target", "narrow", "trained on a target 32 wide"),
     ("target", "deep", "reads target layers"),
     ("target", "other-vocab", "cannot draft for"),
     ("mamba", "dflash", "layer inputs it needs"),
