@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -205,7 +206,8 @@ def test_sampled_block_drafts_keep_the_target_distribution(loaded: Loaded, broke
 def test_a_session_drafts_with_it_beside_the_ngram_drafter(dflash_models: dict[str, Path]) -> None:
     settings = LoadSettings(target_path=str(dflash_models["target"]), n_ctx=1024, n_batch=64, n_threads=1,
                             draft=DraftSettings(drafter_path=str(dflash_models["dspark"]), ngram=2)).validate()
-    session = EngineSession(settings)
+    lines: list[str] = []
+    session = EngineSession(settings, log=lines.append)
     try:
         assert isinstance(session.decoder.drafter, DFlashDrafter)
         assert session.decoder.drafter.dspark
@@ -217,6 +219,11 @@ def test_a_session_drafts_with_it_beside_the_ngram_drafter(dflash_models: dict[s
         assert finished[0].stats.drafted > 0
         sources = {s for e in events if isinstance(e, Token) for s in e.sources}
         assert sources <= {FROM_MODEL, FROM_NGRAM, "target"}
+        # The drafter's one-layer cache as the memory figures count it, against llama.cpp's log.
+        logged = [float(m.group(1)) for m in re.finditer(
+            r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*\d+ cells,\s*1 layers", "".join(lines))]
+        assert logged
+        assert abs(session.drafter_kv_per_token * session.ctx.n_ctx / 2**20 - logged[-1]) < 0.01
     finally:
         session.close()
 
