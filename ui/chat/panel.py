@@ -234,8 +234,8 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", right)
         self.edit_button = QPushButton("Edit last", right)
         self.highlight_check = QCheckBox("Highlight drafted tokens", right)
-        self.highlight_check.setToolTip("Green: from the suffix drafter (text that repeats). Blue: from the drafter "
-                                        "model.")
+        self.highlight_check.setToolTip("Green: from the suffix drafter (text that repeats). Blue: from the "
+                                        "trained drafter (a drafter model, MTP heads, EAGLE-3, DFlash).")
         self.colour_key = ColourKey(right)
         self.colour_key.setVisible(False)
         self.continue_button = QPushButton("Continue", right)

@@ -41,7 +41,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QTextBrowser, QWidget
 
-from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
+from app.events import FROM_MODEL, FROM_NGRAM, SOURCE_NAMES, TRAINED_DRAFTERS, MessageStats
 from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
@@ -203,7 +203,7 @@ class ColourKey(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         colours = source_colours(self.palette())
         self.labels: dict[str, QLabel] = {}
-        for source, text in ((FROM_NGRAM, "suffix drafter"), (FROM_MODEL, "drafter model")):
+        for source, text in SOURCE_NAMES.items():
             label = QLabel(text, self)
             label.setTextFormat(Qt.TextFormat.PlainText)
             label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
@@ -624,7 +624,7 @@ class ChatView(QTextBrowser):
                     runs.append((pos, pos + 1, source))
             block = block.next()
         cursor = QTextCursor(self.document())
-        tips = {FROM_NGRAM: "from the suffix drafter", FROM_MODEL: "from the drafter model"}
+        tips = {FROM_NGRAM: "from the suffix drafter", FROM_MODEL: f"from the trained drafter ({TRAINED_DRAFTERS})"}
         for a, b, source in runs:
             cursor.setPosition(a)
             cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)

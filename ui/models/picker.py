@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -34,6 +35,7 @@ from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import OWN_MTP_HEADS
 from app.library.pair_stats import load_measured, measured_start
 from app.library.recommend import Recommendation
 from app.library.tuned import TunedSettings, load_tuned
@@ -385,7 +387,10 @@ class ModelPicker(QWidget):
 
     def drafter_path(self) -> str | None:
         data = self.drafter_combo.currentData()
-        return str(data) if data else None
+        return str(data) if data and data != OWN_MTP_HEADS else None
+
+    def own_mtp_heads_chosen(self) -> bool:
+        return bool(self.drafter_combo.currentData() == OWN_MTP_HEADS)
 
     def _entry(self, path: str | None) -> LibraryEntry | None:
         return next((e for e in self.entries if e.path == path), None) if path else None
@@ -399,6 +404,9 @@ class ModelPicker(QWidget):
                 return result
         if any(r.drafter_path == drafter for r in self._report.recommendations):
             return CompatResult(True, "", "same vocabulary")
+        for offer in self._report.heads:
+            if offer.path == drafter:
+                return CompatResult(offer.fits, "" if offer.fits else "head", offer.refusal or "it fits this target")
         return None
 
     def load_settings(self) -> LoadSettings:
@@ -417,11 +425,12 @@ class ModelPicker(QWidget):
                     "The drafter is still being checked against the target; try again in a moment.")
             if not result.ok:
                 raise IncompatibleDrafterError(
-                    f"This drafter cannot speculate for this target: {result.reason}.")
+                    f"This drafter cannot speculate for this target: {result.reason.rstrip('.')}.")
         v = self.shown_values()
         draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
                               k_max=v["k_max"], model_start=measured_start(target, drafter),
-                              history_tokens=HISTORY_TOKENS if v["draft_from_history"] else 0)
+                              history_tokens=HISTORY_TOKENS if v["draft_from_history"] else 0,
+                              mtp=self.own_mtp_heads_chosen())
         return LoadSettings(
             target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
             flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
@@ -550,6 +559,18 @@ class ModelPicker(QWidget):
         for entry, result in report.refused:
             self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
             self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(result.reason), TOOLTIP_ROLE)
+        for offer in report.heads:  # trained heads: the target's own MTP heads, EAGLE-3 and DFlash files
+            self.drafter_combo.addItem(offer.label if offer.fits else f"✗ {offer.label} (does not fit)",
+                                       offer.path or OWN_MTP_HEADS)
+            self.drafter_combo.setItemData(self.drafter_combo.count() - 1,
+                                           plain_tooltip(offer.refusal or f"Drafts for this target: {offer.label}."),
+                                           TOOLTIP_ROLE)
+            if offer.path is None and not offer.fits:  # nothing to load: the reason is its tooltip
+                model = self.drafter_combo.model()
+                if isinstance(model, QStandardItemModel):
+                    item = model.item(self.drafter_combo.count() - 1)
+                    if item is not None:
+                        item.setEnabled(False)
         ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
         if ngram is not None:
             self.ngram_check.setToolTip(plain_tooltip(f"{ngram.note} Stacks with a drafter model."))
