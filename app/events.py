@@ -9,7 +9,7 @@ stats line, ``specdeck bench`` and the dashboard all derive from (``RunCounts``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -18,7 +18,10 @@ from app.engine.params import LoadSettings, SamplingSettings
 # Where an emitted token came from.
 FROM_TARGET = "target"
 FROM_NGRAM = "ngram"
-FROM_MODEL = "model"
+FROM_MODEL = "model"  # the trained drafter: a drafter model, the target's own MTP heads or an EAGLE-3 head
+# How the chat and the dashboard name each draft source; the trained drafter is whichever was loaded.
+SOURCE_NAMES = {FROM_NGRAM: "suffix drafter", FROM_MODEL: "trained drafter"}
+TRAINED_DRAFTERS = "a drafter model, the target's own MTP heads, an EAGLE-3 or a DFlash head"
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -134,10 +137,11 @@ class Loaded:
 
 def drafted_by(loaded: Loaded) -> str | None:
     """What drafts for a loaded pair, as the chat's footer and the history name it: the drafter model's path,
-    the n-gram drafter, or both ("<path> + n-gram (3)"); None for plain decoding."""
+    the suffix drafter with its shortest match, or both ("<path> + suffix drafter (3)"); None for plain
+    decoding."""
     parts = [loaded.drafter.path] if loaded.drafter is not None else []
     if loaded.ngram:
-        parts.append(f"n-gram ({loaded.ngram})")
+        parts.append(f"suffix drafter ({loaded.ngram})")
     return " + ".join(parts) or None
 
 
@@ -187,6 +191,71 @@ class PassStats:
     overhead_seconds: float = 0.0  # Python work in the pass outside llama_decode (sampling, acceptance, bookkeeping)
     accept_seconds: float = 0.0  # the part of the overhead spent building distributions and accepting
     ended: bool = False  # the pass also yielded the end-of-turn token (not in ``emitted``: it has no text)
+    drafted_ngram: int = 0  # the draft's first tokens that came from the n-gram drafter; the trained drafter's follow
+
+
+@dataclass(frozen=True)
+class SourceCounts:
+    """One draft source's drafted and accepted tokens, in all and per position within its part of the draft
+    (the trained drafter's position 0 is its first token, after any n-gram tokens). Per position, only the
+    drafts the target reached count: the same conditional acceptance the depth controller keeps per source."""
+
+    source: str
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: tuple[int, ...] = ()
+    position_accepted: tuple[int, ...] = ()
+
+    @property
+    def acceptance(self) -> float:
+        return acceptance(self.accepted, self.drafted)
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        return tuple(acceptance(a, d) for a, d in zip(self.position_accepted, self.position_drafted, strict=True))
+
+    def __add__(self, other: SourceCounts) -> SourceCounts:
+        n = max(len(self.position_drafted), len(other.position_drafted))
+
+        def padded(values: tuple[int, ...]) -> list[int]:
+            return [*values, *[0] * (n - len(values))]
+
+        return SourceCounts(
+            self.source, self.drafted + other.drafted, self.accepted + other.accepted,
+            tuple(a + b for a, b in zip(padded(self.position_drafted), padded(other.position_drafted), strict=True)),
+            tuple(a + b for a, b in zip(padded(self.position_accepted), padded(other.position_accepted), strict=True)),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {"drafted": self.drafted, "accepted": self.accepted, "acceptance": round(self.acceptance, 4),
+                "per_position_acceptance": [round(a, 4) for a in self.per_position_acceptance],
+                "per_position_drafted": list(self.position_drafted)}
+
+    def add(self, drafted: int, accepted: Sequence[bool], *, reached: bool = True) -> SourceCounts:
+        """These counts with one pass's part of the draft: ``drafted`` tokens, ``accepted`` a flag for each up
+        to the first rejection. Positions count as drafted there only where the target ``reached`` this part
+        (every earlier token of the draft accepted), so a source is not blamed for another's miss."""
+        n = max(len(self.position_drafted), drafted if reached else 0)
+        pos_d = [*self.position_drafted, *[0] * (n - len(self.position_drafted))]
+        pos_a = [*self.position_accepted, *[0] * (n - len(self.position_accepted))]
+        hits = 0
+        for i in range(drafted if reached else 0):
+            pos_d[i] += 1
+            if i < len(accepted) and accepted[i] and hits == i:
+                pos_a[i] += 1
+                hits += 1
+        return SourceCounts(self.source, self.drafted + drafted, self.accepted + hits, tuple(pos_d), tuple(pos_a))
+
+
+def source_counts(passes: Iterable[PassStats]) -> tuple[SourceCounts, SourceCounts]:
+    """(n-gram drafter, trained drafter) counts over ``passes``; the one place a pass is split by source."""
+    ngram, trained = SourceCounts(FROM_NGRAM), SourceCounts(FROM_MODEL)
+    for p in passes:
+        n = min(p.drafted_ngram, p.drafted)
+        ngram = ngram.add(n, p.accepted[:n])
+        reached = len(p.accepted) >= n and all(p.accepted[:n])
+        trained = trained.add(p.drafted - n, p.accepted[n:], reached=reached)
+    return ngram, trained
 
 
 @dataclass(frozen=True)
@@ -224,6 +293,42 @@ class RunCounts:
     @property
     def decode_tps(self) -> float:
         return decode_rate(self.decode_tokens, self.decode_seconds)
+
+
+def drafted_spans(pieces: Sequence[tuple[str, str]], length: int | None = None) -> list[tuple[int, int, str]]:
+    """The character spans of an answer that a drafter proposed, ``(start, end, source)``, from its (text,
+    source) pieces: what the history keeps so a reopened chat can be highlighted (a few spans, not a source
+    per token). ``length``: the answer's length; spans are cut to it."""
+    spans: list[tuple[int, int, str]] = []
+    at = 0
+    for text, source in pieces:
+        end = at + len(text)
+        if length is not None:
+            end = min(end, length)
+        if source != FROM_TARGET and end > at:
+            if spans and spans[-1][2] == source and spans[-1][1] == at:
+                spans[-1] = (spans[-1][0], end, source)
+            else:
+                spans.append((at, end, source))
+        at = end
+    return spans
+
+
+def pieces_from_spans(text: str, spans: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
+    """An answer's (text, source) pieces again from its stored spans; text outside them is the target's."""
+    pieces: list[tuple[str, str]] = []
+    at = 0
+    for start, end, source in sorted((int(a), int(b), str(c)) for a, b, c in spans):
+        start, end = max(start, at), min(end, len(text))
+        if end <= start:
+            continue
+        if start > at:
+            pieces.append((text[at:start], FROM_TARGET))
+        pieces.append((text[start:end], source))
+        at = end
+    if at < len(text):
+        pieces.append((text[at:], FROM_TARGET))
+    return pieces
 
 
 def acceptance(accepted: int | float, drafted: int | float) -> float:
@@ -337,6 +442,7 @@ class BenchResult:
     verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
     draft_step_seconds: float = 0.0  # the cost model's median model-drafter step (0: no model drafted)
+    sources: tuple[SourceCounts, ...] = ()  # (n-gram drafter, trained drafter), from the run's passes
 
 
 @dataclass(frozen=True)

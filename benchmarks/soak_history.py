@@ -2,7 +2,7 @@
 is locked, and afterwards every turn that was sent is in the history.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/soak_history.py --minutes 10 --windows 3 \\
-        --kill-every 30 --lock-seconds 8 [--start-gap S] [--model PATH] [--json report.json]
+        --kill-every 30 --lock-seconds 8 [--start-gap S] [--model PATH] [--worker-nice N] [--json report.json]
 
 Each window is ``specdeck`` driven by the autopilot (``SPECDECK_AUTOPILOT``), with its own numbered prompts.
 A killer SIGKILLs one window's engine worker in turn every ``--kill-every`` seconds (the window restarts it
@@ -12,6 +12,9 @@ sent is a user message, followed by an answer. The windows report the event loop
 stall over 100 ms with the GUI thread's stack during it, its kind (the GUI thread computing, blocked, or
 ready but waiting for a core on a busy machine) and what else happened then (the window's start, a kill of
 its worker, a lock, an idle probe thread here waking late too); ``top_stall_stacks`` sums the stacks.
+``--worker-nice N`` puts every thread of each window's engine worker at nice N (checked twice a second, so a
+restarted worker and llama.cpp's threads are caught too): the A/B of the window's responsiveness against the
+worker's priority (the window runs it at the user's own, nice 0 for a normal start).
 Exit status 0 when no turn was lost.
 """
 
@@ -80,6 +83,20 @@ class Chaos:
                 except psutil.NoSuchProcess:
                     pass
 
+    def renice(self) -> None:
+        """Every thread of every window's engine worker at --worker-nice (Linux sets priority per thread)."""
+        while not self.stop.wait(0.5):
+            for window in self.windows:
+                worker = _engine_worker(window)
+                if worker is None:
+                    continue
+                try:
+                    for thread in worker.threads():
+                        if os.getpriority(os.PRIO_PROCESS, thread.id) != self.args.worker_nice:
+                            os.setpriority(os.PRIO_PROCESS, thread.id, self.args.worker_nice)
+                except (psutil.Error, OSError):
+                    pass  # it exited (killed, restarting): caught again next time
+
     def probe(self) -> None:
         """How late a thread that does nothing else wakes: the machine's share of a window's lag."""
         while not self.stop.is_set():
@@ -143,6 +160,8 @@ def main() -> int:
                         "competes with the others' start on a small machine)")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--worker-nice", type=int, default=None,
+                        help="run each window's engine worker at this nice value (default: as the window starts it)")
     args = parser.parse_args()
     model = (args.model or _default_model()).resolve()
     home = Path(tempfile.mkdtemp(prefix="specdeck-soak-"))
@@ -166,6 +185,8 @@ def main() -> int:
     chaos = Chaos(windows, db, args)
     threads = [threading.Thread(target=chaos.killer, daemon=True), threading.Thread(target=chaos.locker, daemon=True),
                threading.Thread(target=chaos.probe, daemon=True)]
+    if args.worker_nice is not None:
+        threads.append(threading.Thread(target=chaos.renice, daemon=True))
     started = time.time()
     for t in threads:
         t.start()
@@ -189,7 +210,8 @@ def main() -> int:
                     after = messages[i + 1] if i + 1 < len(messages) else None
                     saved[m.text] = [after.status if after is not None and after.role == "assistant" else "none"]
     result: dict[str, Any] = {"model": str(model), "minutes": args.minutes, "windows": [], "kills": len(chaos.kills),
-                              "locks": [round(d, 1) for _, d in chaos.locks], "exit_codes": codes}
+                              "locks": [round(d, 1) for _, d in chaos.locks], "exit_codes": codes,
+                              "worker_nice": args.worker_nice}
     lost_total = 0
     stacks: dict[str, dict[str, Any]] = {}
     for index, report in enumerate(reports):

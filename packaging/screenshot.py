@@ -43,6 +43,9 @@ def main() -> int:
     parser.add_argument("--size", default="1800x1000", help="screen and window size, WIDTHxHEIGHT")
     parser.add_argument("--fresh", action="store_true", help="the window as a fresh start shows it (no load)")
     parser.add_argument("--highlight", action="store_true", help="tint the drafted tokens")
+    parser.add_argument("--after", choices=("reopen", "message_menu"), default=None,
+                        help="before the screenshot: reopen the chat (as a later start shows it), or open the "
+                             "newest answer's message menu")
     parser.add_argument("--serve", action="store_true",
                         help="serve the model (Model → Serve) and answer through it, with the Remote engine dock")
     args = parser.parse_args()
@@ -71,7 +74,7 @@ def main() -> int:
             env["SPECDECK_AUTOPILOT"] = json.dumps({
                 "target": str(target), "ngram": 3, "prompts": [args.prompt], "max_tokens": args.max_tokens,
                 "n_ctx": args.n_ctx, "load": not args.fresh, "highlight": args.highlight, "serve": args.serve,
-                "screenshot": str(shot), "window_size": [width, height],
+                "after": args.after, "screenshot": str(shot), "window_size": [width, height],
             })
             done = subprocess.run([sys.executable, "-c", "import sys; from ui.launch import main; sys.exit(main([]))"],
                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)

@@ -640,6 +640,81 @@ def write_eagle3_drafter(
     return path
 
 
+def write_dflash_drafter(
+    path: Path,
+    *,
+    target_layers: tuple[int, ...] = (1, 3),
+    n_embd: int = 64,
+    block_size: int = 5,
+    dspark: bool = False,
+    vocab: str = "bytes",
+    seed: int = 7,
+    name: str = "tiny-dflash",
+) -> Path:
+    """A random DFlash block drafter (src/models/dflash.cpp): one non-causal decoder layer over a block
+    [last token, <mask> × (block_size − 1)] whose keys and values start with the injected, ``fc``-fused inputs
+    of ``target_layers``. No token embeddings or output matrix of its own: it borrows the target's, so its width
+    is the target's. ``dspark`` adds the Markov head (``markov_w1/w2``) that makes it a DSpark drafter."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    voc = _vocab(vocab)
+    n_head, n_head_kv, n_ff = 4, 2, 128
+    head_dim = n_embd // n_head
+    n_vocab = len(voc.tokens)
+    rng = np.random.default_rng(seed)
+
+    def linear(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    weights = {
+        "fc.weight": linear(n_embd, len(target_layers) * n_embd),
+        "enc.output_norm.weight": ones(n_embd),
+        "output_norm.weight": ones(n_embd),
+        "blk.0.attn_norm.weight": ones(n_embd),
+        "blk.0.attn_q.weight": linear(n_head * head_dim, n_embd),
+        "blk.0.attn_k.weight": linear(n_head_kv * head_dim, n_embd),
+        "blk.0.attn_v.weight": linear(n_head_kv * head_dim, n_embd),
+        "blk.0.attn_output.weight": linear(n_embd, n_head * head_dim),
+        "blk.0.attn_q_norm.weight": ones(head_dim),
+        "blk.0.attn_k_norm.weight": ones(head_dim),
+        "blk.0.ffn_norm.weight": ones(n_embd),
+        "blk.0.ffn_gate.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_up.weight": linear(n_ff, n_embd),
+        "blk.0.ffn_down.weight": linear(n_embd, n_ff),
+    }
+    if dspark:
+        rank = 8
+        weights["markov_w1.weight"] = linear(n_vocab, rank)
+        weights["markov_w2.weight"] = linear(n_vocab, rank)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "dflash")
+    writer.add_name(name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_array("dflash.target_layers", list(target_layers))
+    writer.add_uint32("dflash.target_hidden_size", n_embd)
+    writer.add_uint32("dflash.block_size", block_size)
+    if dspark:
+        writer.add_string("dflash.has_confidence_head", "false")
+    _add_vocab(writer, voc, None)
+    writer.add_mask_token_id(n_vocab - 1)
+    for tensor_name, tensor in weights.items():
+        writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
 def save(writer: Any) -> None:
     """Write a prepared GGUFWriter's header, metadata and tensors to its file, and close it."""
     try:

@@ -5,15 +5,18 @@ Set ``SPECDECK_AUTOPILOT`` to a JSON object before starting ``specdeck``::
     {"target": PATH, "drafter": PATH | null, "ngram": 3, "threads": 0, "n_ctx": 4096,
      "prompts": ["..."], "max_tokens": 256, "screenshot": PATH | null,
      "report": PATH | null, "quit": true, "hide_dashboard": false, "window_size": [W, H] | null,
-     "duration_s": null, "new_chat_every": null, "load": true, "highlight": false, "serve": false}
+     "duration_s": null, "new_chat_every": null, "load": true, "highlight": false, "serve": false,
+     "after": null}
 
 ``duration_s``: stop sending prompts once this many seconds have passed (the soak script); ``new_chat_every``:
 start a new chat every N prompts, so a long run never outgrows the context. ``load``: false takes the
 screenshot of the window as a fresh start shows it (the target chosen, nothing loaded; ``ngram`` and
 ``drafter`` are then left at the window's defaults). ``highlight``: tint drafted tokens. ``serve``: serve the loaded
-model (Model → Serve), watch it in the Remote engine dock and send the prompts through it. The report then also holds
-what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI thread's stacks behind each
-late tick (``ui/stall_watch.py``), for the soak's checks.
+model (Model → Serve), watch it in the Remote engine dock and send the prompts through it. ``after``: before the
+screenshot, "reopen" opens another chat and the first one again (a reopened chat, as a later start shows it);
+"message_menu" opens the newest answer's message menu (the screenshot is then the screen's, menu included).
+The report then also holds what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI
+thread's stacks behind each late tick (``ui/stall_watch.py``), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Slot
+from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtWidgets import QMenu
 
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
@@ -54,6 +59,8 @@ class Autopilot(QObject):
         self._cpu0, self._wall0 = 0.0, 0.0
         self.sent: list[str] = []
         self._dock_waited = False
+        self._after_done = False
+        self._menu: QMenu | None = None
         self.started = time.monotonic()
         self.first_loaded_at: float | None = None  # wall clock: stalls before it are the window's start
         self._ticks_before_load = 0
@@ -218,9 +225,20 @@ class Autopilot(QObject):
             self._dock_waited = True  # the dock reads the server once a second: its figures of the answer
             QTimer.singleShot(2500, self._finish)
             return
+        after = self.spec.get("after")
+        if after and not self._after_done:
+            self._after_done = True
+            self._before_screenshot(str(after))
+            QTimer.singleShot(800, self._finish)
+            return
         shot = self.spec.get("screenshot")
         if shot:
-            self.window.grab().save(str(shot))
+            if self._menu is not None:  # a popup is a window of its own: the screen holds both
+                screen = QGuiApplication.primaryScreen()
+                screen.grabWindow(0).save(str(shot))
+                self._menu.close()
+            else:
+                self.window.grab().save(str(shot))
             say(f"screenshot {shot}")
         report = self.spec.get("report")
         if report:
@@ -242,6 +260,28 @@ class Autopilot(QObject):
         if self.spec.get("quit", True):
             say("quitting")
             self.window.close()
+
+
+    def _before_screenshot(self, after: str) -> None:
+        chat = self.window.chat
+        if after == "reopen" and chat.chat_id is not None:
+            first = chat.chat_id
+            chat.new_chat()
+            chat.open_chat(first)
+            say("reopened the chat")
+        elif after == "message_menu":
+            answers = [i for i, m in enumerate(chat.messages) if m.role == "assistant"]
+            if not answers:
+                return
+            view = chat.view
+            cursor = QTextCursor(view.document())
+            cursor.setPosition(view.message_position(answers[-1]))
+            view.setTextCursor(cursor)
+            view.ensureCursorVisible()
+            rect = view.cursorRect(cursor)
+            self._menu = view.message_menu(answers[-1])
+            self._menu.popup(view.viewport().mapToGlobal(rect.center()))
+            say("message menu open")
 
 
 def start_if_requested(window: MainWindow) -> Autopilot | None:

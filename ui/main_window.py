@@ -83,6 +83,8 @@ SHORTCUTS = (
     ("Ctrl+N", "new chat"),
     (KEY_RENAME, "rename the open chat"),
     ("Del", "delete the chat selected in the list (Undo delete brings it back)"),
+    ("Ctrl+Z", "undo the last deletion of a chat or a message, or an edit not yet sent (outside a text box)"),
+    ("Right-click a message", "copy, edit, regenerate or delete that message"),
     ("Ctrl+Q", "quit"),
 )
 SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(
@@ -334,6 +336,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.load_bar)
         self.picker.progress_bars.append(self.load_bar)
         self.chat.model_loading = lambda: self.picker.loading
+        self.chat.overflow_policy = lambda: str(self.picker.overflow_combo.currentData() or "stop")
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
@@ -353,6 +356,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         edit_menu = bar.addMenu("&Edit")
+        # The key is the chat's window-wide shortcut (a text box with focus keeps Ctrl+Z): shown, not bound twice.
+        self.undo_action = self._action(edit_menu, "&Undo delete or edit\tCtrl+Z", lambda: self.chat.undo())
         self._action(edit_menu, "&Copy", self._on_copy_action_triggered)  # Ctrl+C stays with the focused widget
         view_menu = bar.addMenu("&View")
         self._action(view_menu, "&Log", self._on_log_action_triggered)
@@ -720,6 +725,8 @@ class MainWindow(QMainWindow):
     def _on_bridge_engine_error(self, event: EngineError) -> None:
         if self.picker.loading:
             self.picker.set_loading(False, event.message)
+        if event.kind == "PromptTooLongError" and event.request_id == self.chat.overflowed_request:
+            return  # the chat handled it (asked again without the oldest turns, or said so itself)
         self.notifier.error(event.message)
 
     @Slot(EngineCrashed)

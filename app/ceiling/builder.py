@@ -41,7 +41,7 @@ def saved_gpu_bandwidth() -> float | None:
 
 
 def probe_machine(*, backend: BackendInfo | None = None, gpu_bandwidth_override: float | None = None,
-                  refresh: bool = False, nvml: Any = None, measure: bool = True,
+                  refresh: bool = False, nvml: Any = None, measure: bool = True, retake_busy: bool = True,
                   ) -> tuple[HardwareReport, list[Device]]:
     """The hardware report and the devices the roofline sees. Without an explicit override (bytes/s) the
     saved setting applies. ``backend`` None: llama.cpp was not asked, so every GPU with a known bandwidth
@@ -49,7 +49,7 @@ def probe_machine(*, backend: BackendInfo | None = None, gpu_bandwidth_override:
     False: nothing is measured, the CPU's rates are the cached probe's (or 0)."""
     override = gpu_bandwidth_override if gpu_bandwidth_override is not None else saved_gpu_bandwidth()
     report = probe_hardware(backend=backend, nvml=nvml, gpu_bandwidth_override=override, refresh=refresh,
-                            measure=measure)
+                            measure=measure, retake_busy=retake_busy)
     return report, roofline_devices(report)
 
 
@@ -136,7 +136,10 @@ def _find_devices(loaded: Loaded) -> Sequence[Device] | None:
     (asked in a child: the GUI never loads llama.cpp) decides which GPUs count, so a Vulkan or Metal GPU
     that NVML cannot see is one of them."""
     try:
-        return probe_machine(backend=probe_backend_isolated() if loaded.gpu_offload else None)[1]
+        # The cached probe as it is: a roof that moved from one start to the next (a busy probe taken again)
+        # read as a change in the model; doctor takes a busy probe again.
+        return probe_machine(backend=probe_backend_isolated() if loaded.gpu_offload else None,
+                             retake_busy=False)[1]
     except Exception:  # a probe failure means no ceiling, never a broken dashboard
         log.exception("the hardware probe failed; the dashboard shows no ceiling")
         return None

@@ -79,11 +79,13 @@ def probe_hardware(
     refresh: bool = False,
     cache_path: Path | None = None,
     measure: bool = True,
+    retake_busy: bool = True,
 ) -> HardwareReport:
     """Everything doctor and the dashboard need. Overrides are bytes/s from the user's settings. `measure`
-    False: the CPU's cached rates only (see ``probe_cpu``)."""
+    False: the CPU's cached rates only; `retake_busy` False: a cached probe is never taken again (see
+    ``probe_cpu``)."""
     cpu = probe_cpu(refresh=refresh, cache_path=cache_path, bandwidth_override=cpu_bandwidth_override,
-                    measure=measure)
+                    measure=measure, retake_busy=retake_busy)
     nv = probe_nvidia(nvml, bandwidth_override=gpu_bandwidth_override)
     gpus, notes = _merge_backend_gpus(nv.gpus, backend, gpu_bandwidth_override)
     return HardwareReport(cpu, tuple(gpus), nv.status, nv.driver_version, backend, tuple(notes))

@@ -25,6 +25,9 @@ import numpy.typing as npt
 from app.ceiling import roofline
 from app.ceiling.builder import CeilingInfo
 from app.events import (
+    FROM_MODEL,
+    FROM_NGRAM,
+    SOURCE_NAMES,
     Finished,
     Loaded,
     MessageStats,
@@ -120,6 +123,16 @@ class Current:
     kv_bytes_total: int
     backend: str
     device: str
+    from_ngram: int = 0  # this answer's tokens drafted by the n-gram drafter and accepted
+    from_trained: int = 0  # ... by the trained drafter (a drafter model, the MTP heads, an EAGLE-3 head)
+
+    @property
+    def sources_text(self) -> str:
+        """Where this answer's accepted draft tokens came from, named as the chat's highlight names them."""
+        if not self.from_ngram and not self.from_trained:
+            return "accepted from –"
+        return (f"accepted from {SOURCE_NAMES[FROM_NGRAM]} {self.from_ngram:,} · "
+                f"{SOURCE_NAMES[FROM_MODEL]} {self.from_trained:,}")
 
     @property
     def context_fill(self) -> float:
@@ -253,6 +266,7 @@ class LiveMetrics:
         self._accepted_total = 0
         self._tested_total = 0
         self.message = RunCounts()  # this answer's counts so far
+        self._from_ngram = self._from_trained = 0
         self._context = 0
         self._kv_used = 0
         self._k_last: int | None = None
@@ -268,6 +282,8 @@ class LiveMetrics:
         n_acc = sum(1 for ok in p.accepted if ok)
         tested = len(p.accepted)
         tau = p.emitted + p.ended
+        self._from_ngram += p.from_ngram
+        self._from_trained += p.from_model
         self.message = self.message + RunCounts(tokens=p.emitted, passes=1, drafted=p.drafted, accepted=n_acc,
                                                 end_tokens=int(p.ended))
         busy = p.draft_seconds + p.verify_seconds + p.overhead_seconds
@@ -373,6 +389,8 @@ class LiveMetrics:
             kv_bytes_total=ld.kv_bytes_total if ld else 0,
             backend=ld.backend if ld else "",
             device=self.ceiling.device if self.ceiling else "",
+            from_ngram=self._from_ngram,
+            from_trained=self._from_trained,
         )
 
     def snapshot(self) -> MetricsSnapshot:

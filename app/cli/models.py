@@ -111,6 +111,10 @@ def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[Li
     if len(report.recommendations) == 1:
         out.append("No model in the library has a vocabulary this target accepts; the n-gram drafter "
                    "needs none.")
+    if report.heads:
+        out.append("\nTrained heads for it (they read its hidden states; --mtp for its own, --drafter for a file):")
+        out += [f"  {_cell(h.label)}: " + ("fits" if h.fits else f"does not fit: {_cell(h.refusal)}")
+                for h in report.heads]
     if report.refused:
         out.append(f"\nCannot draft for it ({len(report.refused)}):")
         out += [f"  {_cell(e.label)}: {_cell(res.reason)}" for e, res in report.refused[:MAX_LISTED_ERRORS]]
@@ -139,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         if target is not None and report is not None:
             doc["target"] = {"path": target.path, **_info_json(target)}
             doc["drafters"] = [_rec_json(r) for r in report.recommendations]
+            doc["heads"] = [{"label": h.label, "path": h.path, "fits": h.fits, "reason": h.refusal}
+                            for h in report.heads]
             doc["incompatible"] = [
                 {"path": e.path, "label": e.label, "check": res.check, "reason": res.reason}
                 for e, res in report.refused

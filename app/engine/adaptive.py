@@ -265,6 +265,19 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class DraftPlan:
+    """One pass's draft: ``k`` tokens in all, the first ``ngram`` of them from the suffix drafter, the rest
+    from the trained drafter."""
+
+    k: int
+    ngram: int
+
+    @property
+    def trained(self) -> int:
+        return self.k - self.ngram
+
+
 @dataclass
 class DepthController:
     """Adaptive k in [0, k_max]; with ``fixed`` set, always that k (capped by what is proposed)."""
@@ -277,6 +290,7 @@ class DepthController:
     _idle: int = 0
     history: list[int] = field(default_factory=list)
     _shadows: list[_Shadow] = field(default_factory=list)
+    block_drafter: bool = False  # the trained drafter drafts a whole block in one step (DFlash, DSpark)
 
     def __post_init__(self) -> None:
         # N-gram acceptance is tracked per match length: a long exact match is a copy in progress.
@@ -325,51 +339,64 @@ class DepthController:
 
     def choose(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True,
                probs: Sequence[float] = ()) -> int:
-        """Best depth given how many suffix tokens are on offer (free, with the tree's cumulative ``probs``)
-        and whether a model drafter exists.
+        """The depth of ``plan`` (how many draft tokens in all)."""
+        return self.plan(ngram_available, has_model, match_len, probe=probe, probs=probs).k
 
-        ``probe`` allows an occasional shallow draft at k = 0, within PROBE_BUDGET of the time: it notices
-        when drafts start to hit again, and keeps the cost of a wide pass measured.
+    def plan(self, ngram_available: int, has_model: bool, match_len: int = 0, *, probe: bool = True,
+             probs: Sequence[float] = ()) -> DraftPlan:
+        """Best draft for this pass: how many of the suffix tokens on offer (free, with the tree's cumulative
+        ``probs``) go first, and how many trained-drafter steps (model, MTP heads, EAGLE-3) follow them.
+
+        Every split is weighed with each source's measured acceptance per position and the measured costs
+        (a pass of that width, each trained step, a rollback), so a short, uncertain suffix match does not
+        pre-empt a better trained draft (0 suffix tokens), a long certain one replaces it (0 trained steps),
+        and one that runs out is extended by the trained drafter. ``probe`` allows an occasional shallow draft
+        at k = 0, within PROBE_BUDGET of the time: it notices when drafts start to hit again, and keeps the
+        cost of a wide pass measured.
         """
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         if self.fixed is not None:
             k = min(self.fixed, self.k_max) if has_model else min(self.fixed, ngram_available)
             self.history.append(k)
-            return k
-        limit = self.k_max if has_model else min(self.k_max, ngram_available)
+            return self._best_split(k, k, ngram_available, has_model, probs) if k else DraftPlan(0, 0)
         # Never deeper than the evidence: positions no outcome has reached are drafted a few at a time.
-        known = self.ngram.measured_depth()
-        if ngram_available > known:
-            limit = min(limit, known + EXPLORE_DEPTH)
-        elif has_model:
-            limit = min(limit, ngram_available + self.model.measured_depth() + EXPLORE_DEPTH)
-        if limit == 0:
-            self.history.append(0)
-            return 0
-        predicted = _padded(conditional(probs), ngram_available)
-        rates = [
-            self.ngram.rate(i, predicted[i]) if i < ngram_available else self.model.rate(i - ngram_available)
-            for i in range(limit)
-        ]
-        best_k, best = 0, 1.0 / self.cost.verify(1)
-        for k in range(1, limit + 1):
-            model_steps = max(0, k - ngram_available)
-            seconds = self.cost.verify(k + 1) + model_steps * self.cost.draft_step + self.cost.rollback
-            rate = expected_tokens(rates, k) / seconds
-            if rate > best * 1.0001:
-                best_k, best = k, rate
-        if best_k == 0:
+        ngram_limit = min(ngram_available, self.k_max, self.ngram.measured_depth() + EXPLORE_DEPTH)
+        model_limit = min(self.k_max, self.model.measured_depth() + EXPLORE_DEPTH) if has_model else 0
+        limit = min(self.k_max, ngram_limit + model_limit)
+        best = self._best_split(0, limit, ngram_available, has_model, probs, ngram_limit, model_limit)
+        if best.k == 0:
             self._idle += 1
-            if probe and self._idle >= self._probe_interval(ngram_available):
+            if probe and limit and self._idle >= self._probe_interval(ngram_available):
                 self._idle = 0
                 # A model drafter that could not pay even if it were always right is not probed: its probe
                 # also catches its cache up on every token since the last one, at prefill cost per token.
-                free = ngram_available if has_model and not self.model_probe_pays() else limit
-                best_k = min(PROBE_K, limit, free)
+                free = ngram_limit if has_model and not self.model_probe_pays() else limit
+                k = min(PROBE_K, limit, free)
+                best = DraftPlan(k, min(k, ngram_limit))
         else:
             self._idle = 0
-        self.history.append(best_k)
-        return best_k
+        self.history.append(best.k)
+        return best
+
+    def _best_split(self, k_low: int, k_high: int, ngram_available: int, has_model: bool,
+                    probs: Sequence[float], ngram_limit: int | None = None,
+                    model_limit: int | None = None) -> DraftPlan:
+        """The (depth, suffix tokens) in k_low..k_high with the most expected tokens per second; k = 0 (plain)
+        competes only when k_low is 0 or less."""
+        ngram_limit = min(ngram_available, k_high) if ngram_limit is None else ngram_limit
+        model_limit = (k_high if has_model else 0) if model_limit is None else model_limit
+        predicted = _padded(conditional(probs), ngram_available)
+        ngram_rates = [self.ngram.rate(i, predicted[i]) for i in range(ngram_limit)]
+        model_rates = [self.model.rate(i) for i in range(model_limit)]
+        best, best_rate = DraftPlan(0, 0), (1.0 / self.cost.verify(1) if k_low <= 0 else 0.0)
+        for k in range(max(k_low, 1), k_high + 1):
+            for n in range(min(k, ngram_limit), max(0, k - model_limit) - 1, -1):  # suffix first: it is free
+                rates = ngram_rates[:n] + model_rates[: k - n]
+                seconds = self.cost.verify(k + 1) + self.trained_seconds(k - n) + self.cost.rollback
+                rate = expected_tokens(rates, k) / seconds
+                if rate > best_rate * 1.0001:
+                    best, best_rate = DraftPlan(k, n), rate
+        return best
 
     def model_probe_pays(self) -> bool:
         """Whether probing with the model drafter at k = 0 fits PROBE_BUDGET and could lead anywhere.
@@ -384,15 +411,21 @@ class DepthController:
 
     def model_can_pay(self) -> bool:
         """Whether some depth of model drafts beats plain decoding if every draft were accepted."""
-        step, one = self.cost.draft_step, self.cost.verify(1)
+        one = self.cost.verify(1)
         extra = self.cost.rollback
-        return any((k + 1) / (self.cost.verify(k + 1) + k * step + extra) > 1.0001 / one
+        return any((k + 1) / (self.cost.verify(k + 1) + self.trained_seconds(k) + extra) > 1.0001 / one
                    for k in range(1, self.k_max + 1))
+
+    def trained_seconds(self, tokens: int) -> float:
+        """What drafting ``tokens`` with the trained drafter costs: a step each, or one block for any number."""
+        if tokens <= 0:
+            return 0.0
+        return self.cost.draft_step * (1 if self.block_drafter else tokens)
 
     def _probe_interval(self, ngram_available: int) -> int:
         """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
         extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1) + self.cost.rollback
-        extra += max(0, PROBE_K - ngram_available) * self.cost.draft_step
+        extra += self.trained_seconds(PROBE_K - ngram_available)
         return min(PROBE_MAX_INTERVAL, max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1))
 
     def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,

@@ -37,7 +37,9 @@ from app.events import (
     RawDecode,
     RawDecoded,
     RunCounts,
+    SourceCounts,
     Token,
+    source_counts,
 )
 from app.safe_text import terminal_safe
 
@@ -94,6 +96,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
     token_ids: list[int] = []
     text: list[str] = []
     overheads: list[float] = []
+    passes: list[PassStats] = []
     stats: MessageStats | None = None
     reason = ""
     t0 = time.perf_counter()
@@ -106,6 +109,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
             text.append(event.text)
         elif isinstance(event, PassStats):
             overheads.append(event.overhead_seconds)
+            passes.append(event)
         elif isinstance(event, Finished):
             stats, reason = event.stats, event.reason
     seconds = time.perf_counter() - t0
@@ -115,7 +119,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
         request_id=request.request_id, prompt_tokens=len(prompt), token_ids=tuple(token_ids), text="".join(text),
         reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
         overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())), warning=warning,
-        draft_step_seconds=session.decoder.controller.cost.draft_step,
+        draft_step_seconds=session.decoder.controller.cost.draft_step, sources=source_counts(passes),
     )
 
 
@@ -153,11 +157,13 @@ class RunResult:
     reason: str = ""
     stats: MessageStats | None = None
     prompt_tokens: int = 0
+    sources: tuple[SourceCounts, ...] = ()
 
     @classmethod
     def of(cls, result: BenchResult) -> RunResult:
         return cls(list(result.token_ids), result.text, result.seconds, result.ttft_seconds,
-                   list(result.overhead_seconds), result.reason, result.stats, result.prompt_tokens)
+                   list(result.overhead_seconds), result.reason, result.stats, result.prompt_tokens,
+                   result.sources)
 
     @property
     def counts(self) -> RunCounts:
@@ -184,6 +190,7 @@ class RunResult:
             "per_position_acceptance": [round(a, 4) for a in s.per_position_acceptance] if s else [],
             "k_history": list(s.k_history) if s else [],
             "overhead_ms_median": _median_ms(self.overheads),
+            "sources": _sources_json([self]),
             "stop_reason": self.reason,
         }
 
@@ -203,7 +210,17 @@ def _totals(runs: Sequence[RunResult]) -> dict[str, Any]:
         "acceptance": round(counts.acceptance, 4),
         "tokens_per_pass": round(counts.tokens_per_pass, 3),
         "overhead_ms_median": _median_ms([o for r in runs for o in r.overheads]),
+        "sources": _sources_json(runs),
     }
+
+
+def _sources_json(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Each draft source's drafted, accepted and per-position acceptance over ``runs``."""
+    totals: dict[str, SourceCounts] = {}
+    for run in runs:
+        for counts in run.sources:
+            totals[counts.source] = totals[counts.source] + counts if counts.source in totals else counts
+    return {source: counts.as_json() for source, counts in totals.items()}
 
 
 def _ratio(spec: Sequence[RunResult], base: Sequence[RunResult]) -> float:

@@ -30,13 +30,9 @@ from app.engine.llama import Context, ContextParams, Model
 from app.engine.mtp import _F32P, MTPContext, MTPDrafter
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import head_refusal
 
 EAGLE3_ARCH = "eagle3"
-# Target architectures whose graph records every layer's input (t_layer_inp, src/models/*.cpp): elsewhere
-# llama.cpp aborts when asked for one.
-LAYER_INPUT_ARCHS = frozenset(("llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "gpt-oss",
-                               "nemotron_h"))
-
 _SYMBOLS = {
     "set_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
                       [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None),
@@ -77,28 +73,16 @@ def target_layer_ids(drafter: Model) -> list[int]:
 
 
 def check_eagle3_pairing(target: Model, target_info: GGUFInfo, drafter: Model, drafter_info: GGUFInfo) -> list[int]:
-    """The target layer ids to read, or a one-sentence refusal where this drafter cannot draft for this target."""
-    d_name, t_name = Path(drafter_info.path).name, Path(target_info.path).name
-    if target_info.architecture not in LAYER_INPUT_ARCHS:
-        raise IncompatibleDrafterError(
-            f"{d_name} is an EAGLE-3 drafter, and llama.cpp reads the layer inputs it needs only from "
-            f"{', '.join(sorted(LAYER_INPUT_ARCHS))} targets, not {target_info.architecture}."
-        )
-    hidden = drafter_info.metadata.get(f"{EAGLE3_ARCH}.target_hidden_size")
-    if hidden != target_info.n_embd:
-        raise IncompatibleDrafterError(
-            f"{d_name} was trained on a target {hidden} wide, but {t_name} is {target_info.n_embd} wide."
-        )
+    """The target layer ids to read, or a one-sentence refusal where this drafter cannot draft for this target:
+    the header's facts as the picker checks them (``head_refusal``), then the layer ids as llama.cpp loaded them."""
+    refusal = head_refusal(target_info, drafter_info)
+    if refusal:
+        raise IncompatibleDrafterError(refusal)
     ids = target_layer_ids(drafter)
-    n_layer = target.n_layer
-    if len(ids) != 3 or any(not 0 <= lid < n_layer for lid in ids):
+    if len(ids) != 3 or any(not 0 <= lid < target.n_layer for lid in ids):
         raise IncompatibleDrafterError(
-            f"{d_name} reads target layers {ids}, but {t_name} has layers 0 to {n_layer - 1}."
-        )
-    if drafter_info.n_embd != target_info.n_embd:
-        raise IncompatibleDrafterError(
-            f"{d_name} is {drafter_info.n_embd} wide and borrows the token embeddings of {t_name}, which is "
-            f"{target_info.n_embd} wide."
+            f"{Path(drafter_info.path).name} reads target layers {ids}, but {Path(target_info.path).name} has "
+            f"layers 0 to {target.n_layer - 1}."
         )
     return ids
 

@@ -24,6 +24,7 @@ from app.ceiling.roofline import (
 )
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
+from app.engine.dflash import DFLASH_ARCH, DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
 from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
@@ -204,7 +205,7 @@ class EngineSession:
                                                 settings.recurrent_rollback)
         self.ctx = Context(self.target, replace(cparams, rs_snapshots=self.rollback_plan.snapshots))
         self.drafter_model: Model | None = None
-        model_drafter: ModelDrafter | MTPDrafter | None = None
+        model_drafter: ModelDrafter | MTPDrafter | DFlashDrafter | None = None
         if draft.mtp:
             check_mtp_target(self.target, self.target_info)
             model_drafter = MTPDrafter(self.ctx, MTPContext(self.target, self.ctx, cparams), p_min=draft.p_min)
@@ -218,9 +219,14 @@ class EngineSession:
                 if not verdict.ok:
                     raise IncompatibleDrafterError(
                         f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
-                        f"{verdict.reason}"
+                        f"{verdict.reason.rstrip('.')}."
                     )
-            if drafter_info.architecture == EAGLE3_ARCH:
+            if drafter_info.architecture == DFLASH_ARCH:
+                ids = check_dflash_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
+                model_drafter = DFlashDrafter(self.ctx, DFlashContext(self.drafter_model, self.ctx, cparams), ids,
+                                              block_size(drafter_info), dspark=is_dspark(drafter_info),
+                                              p_min=0.0)  # DSpark's confidence cut needs its own head
+            elif drafter_info.architecture == EAGLE3_ARCH:
                 ids = check_eagle3_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
                 model_drafter = Eagle3Drafter(self.ctx, Eagle3Context(self.drafter_model, self.ctx, cparams), ids,
                                               p_min=draft.p_min)
@@ -229,7 +235,8 @@ class EngineSession:
                 model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
         ngram = suffix_drafter(draft.ngram, draft.history_tokens, self.target.tokenize, log) \
             if draft.ngram > 0 else None
-        controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max))
+        controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max),
+                                     block_drafter=isinstance(model_drafter, DFlashDrafter))
         if model_drafter is not None and draft.model_start is not None:
             controller.start_model_from(draft.model_start)
             if log is not None:
@@ -318,7 +325,7 @@ class EngineSession:
         chat template (completion); a partial answer at the end is then simply part of the prompt."""
         sampling.validate()
         decoder = decoder or self.decoder
-        if isinstance(self.decoder.drafter, MTPDrafter):
+        if isinstance(self.decoder.drafter, MTPDrafter | DFlashDrafter):
             self.decoder.drafter.follow(decoder is not self.plain_decoder)
         warning: str | None = None
         if prompt is not None:

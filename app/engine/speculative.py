@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from app.engine import sampling
 from app.engine.adaptive import DepthController
+from app.engine.dflash import DFlashDrafter
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
@@ -120,7 +121,7 @@ class SpeculativeDecoder:
         ctx: Context,
         *,
         ngram: SuffixDrafter | None = None,
-        drafter: ModelDrafter | MTPDrafter | None = None,
+        drafter: ModelDrafter | MTPDrafter | DFlashDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
         self.target = target
@@ -286,9 +287,12 @@ class SpeculativeDecoder:
             ng_draft = self.ngram.propose(tokens, controller.k_max) if self.ngram else Draft()
             # Probes also run in greedy n-gram mode, where acceptance is scored without drafting: they keep
             # the cost of a wide pass measured.
-            k = controller.choose(len(ng_draft), self.drafter is not None, ng_draft.match_len, probs=ng_draft.probs)
-            k = max(0, min(k, self.k_cap, room - 1, remaining - 1, ctx.rollback_limit()))
-            draft = Draft(ng_draft.tokens[:k], ng_draft.q[:k], ng_draft.sources[:k])
+            # The split between the suffix draft and the trained drafter's is the controller's, from each
+            # source's measured acceptance per position and cost.
+            plan = controller.plan(len(ng_draft), self.drafter is not None, ng_draft.match_len, probs=ng_draft.probs)
+            k = max(0, min(plan.k, self.k_cap, room - 1, remaining - 1, ctx.rollback_limit()))
+            n_ngram = min(plan.ngram, k)
+            draft = Draft(ng_draft.tokens[:n_ngram], ng_draft.q[:n_ngram], ng_draft.sources[:n_ngram])
             if self.drafter is not None and len(draft) < k:
                 recent = np.array(tokens[-settings.repeat_last_n :], dtype=np.int64) if penalize else None
                 draft.extend(self.drafter.propose(tokens + draft.tokens, k - len(draft), settings, rng, recent))
@@ -372,6 +376,7 @@ class SpeculativeDecoder:
                 overhead_seconds=overhead,
                 accept_seconds=t_accepted - t_verified,
                 ended=stop_now,
+                drafted_ngram=n_ngram,
             )
             if stop_now:
                 stop.reason = "eog"

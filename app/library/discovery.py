@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import StorageError
@@ -24,6 +24,7 @@ from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_
 from app.library.gguf_format import GGUFError, MissingShardError
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.library.header_cache import HeaderCache, stat_sig
+from app.library.heads import HeadOffer, heads_for
 from app.library.model_file import DRAFTER_HEADS, ensure_complete
 from app.library.recommend import Recommendation, recommend_drafters
 from app.paths import models_dir
@@ -428,6 +429,7 @@ def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True
 class DrafterReport:
     recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
     refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
+    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files
 
 
 def drafters_for(
@@ -456,4 +458,6 @@ def drafters_for(
         else:
             refused.append((e, result))
     recs = recommend_drafters(target, ok, measured_acceptance or {})
-    return DrafterReport(recs, refused)
+    heads = heads_for(target, [(e.label, e.info) for e in entries
+                               if e.usable and e.info is not None and e.info.architecture in DRAFTER_HEADS])
+    return DrafterReport(recs, refused, heads)

@@ -4,7 +4,7 @@ On a bandwidth-bound device a drafter step costs about its weight bytes over the
 per-token acceptance α and draft depth k, a verify pass yields (1 − α^(k+1)) / (1 − α) tokens on average
 and costs k·c + 1 target-step times, so the speedup is the ratio; the best k maximises it. The acceptance
 is the one measured for that pair in earlier runs when SpecDeck has it, otherwise a stated default.
-The n-gram drafter (prompt lookup) costs nothing to run and is always listed as the free option.
+The suffix drafter (text match) costs nothing to run and is always listed as the free option.
 
 A CPU is not bandwidth-bound: a pass of k + 1 tokens can cost several one-token passes. Where this machine's
 verify-cost curve for the target was measured (``app.library.verify_cost``, kept by bench and tune), the
@@ -144,14 +144,15 @@ def recommend_drafters(
     k = min(k_max, NGRAM_K_MAX)
     gpu_style = expected_speedup(alpha, k, 0.0)
     speedup = gpu_style
-    note = "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt"
+    note = ("free: no second model, no extra memory; gains depend on how much the answer repeats the prompt or "
+            "earlier text")
     if curve is not None:
         k, speedup = best_k_measured(alpha, 0.0, curve, k)
         if k == 0:
             note = (f"a pass of 2 tokens costs {curve.relative(2):.2f} of one here: at α = {alpha:.2f} drafting "
                     "does not pay on average (long copies still do; the adaptive depth finds them)")
     ngram = Recommendation(
-        None, "n-gram (prompt lookup)", "ngram", 0.0, alpha, source, k, expected_tokens_per_pass(alpha, k),
+        None, "suffix drafter (text match)", "ngram", 0.0, alpha, source, k, expected_tokens_per_pass(alpha, k),
         speedup, note, curve.describe() if curve else BANDWIDTH_BOUND, gpu_style,
     )
     return [*models, ngram]

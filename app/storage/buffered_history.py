@@ -124,7 +124,8 @@ class BufferedHistory:
         if store is None:
             raise HistoryBusyError("The chat history is in use by another program.")
         try:
-            result = getattr(store, write.method)(*self._resolve(write.args), **write.kwargs)
+            named = dict(zip(write.kwargs, self._resolve(list(write.kwargs.values())), strict=True))
+            result = getattr(store, write.method)(*self._resolve(write.args), **named)
         except HistoryBusyError:
             self._backoff()
             raise
@@ -187,6 +188,9 @@ class BufferedHistory:
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._write("rename_chat", chat_id, title)
 
+    def set_mode(self, chat_id: int, mode: str | None) -> None:
+        self._write("set_mode", chat_id, mode)
+
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
         self._write("set_system_prompt", chat_id, system_prompt)
 
@@ -216,7 +220,8 @@ class BufferedHistory:
             if w.method == "new_chat" and w.provisional is not None and w.provisional not in self._real:
                 count = sum(1 for m in self._pending if m.method in ("add_message", "begin_answer")
                             and m.args[0] == w.provisional)
-                out.append(ChatSummary(w.provisional, str(w.args[0]), str(w.args[1]), w.created, w.created, count))
+                out.append(ChatSummary(w.provisional, str(w.args[0]), str(w.args[1]), w.created, w.created, count,
+                                       version_of=w.kwargs.get("version_of")))
         return out
 
     def _waiting_messages(self, chat_id: int) -> list[StoredMessage]:
@@ -230,11 +235,16 @@ class BufferedHistory:
                     id=w.provisional, chat_id=chat_id, role=role, text=text, status=status,
                     target_model=w.kwargs.get("model"), drafter=w.kwargs.get("drafter"),
                     sampling=w.kwargs.get("sampling"), stats=w.kwargs.get("stats"),
-                    created=w.created, updated=w.created)
+                    created=w.created, updated=w.created, stop_reason=w.kwargs.get("stop_reason"),
+                    drafted=tuple(tuple(s) for s in w.kwargs.get("drafted") or ()))
             elif w.method in ("update_answer", "finish_answer") and w.args[0] in out:
                 old = out[w.args[0]]
                 status = "streaming" if w.method == "update_answer" else str(w.args[2])
                 out[w.args[0]] = dataclasses.replace(old, text=str(w.args[1]), status=status, updated=w.created)
+                if w.method == "finish_answer":
+                    out[w.args[0]] = dataclasses.replace(
+                        out[w.args[0]], stop_reason=w.kwargs.get("stop_reason"),
+                        drafted=tuple(tuple(s) for s in w.kwargs.get("drafted") or ()))
             elif w.method == "delete_message":
                 out.pop(w.args[0], None)
         return list(out.values())

@@ -40,6 +40,7 @@ _T = TypeVar("_T")
 
 FILE_NAME = "history.sqlite3"
 ROLES = ("system", "user", "assistant")
+MODES = ("chat", "completion")  # a chat's mode: through the chat template, or the raw text continued
 ORIGINS = ("window", "api")  # where a chat came from: typed in the window, or a request to `specdeck serve`
 STATUSES = ("complete", "streaming", "interrupted", "cancelled", "error")
 FINAL_STATUSES = ("complete", "interrupted", "cancelled", "error")
@@ -84,6 +85,14 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE messages ADD COLUMN stop_reason TEXT",),
     # Where each chat came from (ORIGINS); chats saved before version 3 were typed in the window.
     ("ALTER TABLE chats ADD COLUMN origin TEXT NOT NULL DEFAULT 'window'",),
+    # Which characters of an answer a drafter proposed: JSON [[start, end, source], ...] (see
+    # app.events.drafted_spans); NULL for user messages, plain answers and answers saved before version 4.
+    ("ALTER TABLE messages ADD COLUMN drafted TEXT",),
+    # A chat kept as the earlier version of another (an edit or a regenerate of an earlier message moved
+    # the old continuation there): that chat's id; NULL for every other chat.
+    ("ALTER TABLE chats ADD COLUMN version_of INTEGER",),
+    # How the chat was written (MODES): chat turns or raw completion; NULL: the model's own default.
+    ("ALTER TABLE chats ADD COLUMN mode TEXT",),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -97,6 +106,8 @@ class ChatSummary:
     updated: float
     message_count: int
     origin: str = "window"
+    version_of: int | None = None  # the chat this one is an earlier version of
+    mode: str | None = None  # MODES, or None: the model's default
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,31 @@ class StoredMessage:
     created: float
     updated: float
     stop_reason: str | None = None
+    drafted: tuple[tuple[int, int, str], ...] = ()  # drafted character spans (start, end, source)
+
+
+def _spans_json(spans: Sequence[Sequence[Any]] | None) -> str | None:
+    if not spans:
+        return None
+    return json.dumps([[int(a), int(b), str(src)] for a, b, src in spans], separators=(",", ":"))
+
+
+def _spans(text: str | None) -> tuple[tuple[int, int, str], ...]:
+    """The stored spans, or none when unreadable: a damaged side-record must not hide the message."""
+    if not text:
+        return ()
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return ()
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for span in value:
+        if (isinstance(span, list) and len(span) == 3 and isinstance(span[0], int) and isinstance(span[1], int)
+                and isinstance(span[2], str) and 0 <= span[0] < span[1]):
+            out.append((span[0], span[1], span[2]))
+    return tuple(out)
 
 
 def _clean_text(text: str) -> str:
@@ -369,14 +405,17 @@ class HistoryStore:
 
     # --- chats --------------------------------------------------------------------------------------
 
-    def new_chat(self, title: str = "New chat", system_prompt: str = "", *, origin: str = "window") -> int:
+    def new_chat(self, title: str = "New chat", system_prompt: str = "", *, origin: str = "window",
+                 version_of: int | None = None) -> int:
+        """``version_of``: this chat keeps an earlier version of that chat (its continuation before an edit)."""
         if origin not in ORIGINS:
             raise ValueError(f"origin must be one of {ORIGINS}, not {origin!r}")
         now = time.time()
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO chats (title, system_prompt, created, updated, origin) VALUES (?, ?, ?, ?, ?)",
-                (_clean_text(title), _clean_text(system_prompt), now, now, origin),
+                "INSERT INTO chats (title, system_prompt, created, updated, origin, version_of)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (_clean_text(title), _clean_text(system_prompt), now, now, origin, version_of),
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -385,7 +424,7 @@ class HistoryStore:
         """Most recently updated first."""
         rows = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of, c.mode"
             " FROM chats c ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ChatSummary(*row) for row in rows]
@@ -393,7 +432,8 @@ class HistoryStore:
     def chat(self, chat_id: int) -> ChatSummary:
         row = self._conn.execute(
             "SELECT c.id, c.title, c.system_prompt, c.created, c.updated,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin FROM chats c WHERE c.id = ?",
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.origin, c.version_of, c.mode"
+            " FROM chats c WHERE c.id = ?",
             (chat_id,),
         ).fetchone()
         if row is None:
@@ -416,6 +456,14 @@ class HistoryStore:
         with self._write() as conn:
             cur = conn.execute("UPDATE chats SET title=? WHERE id=?", (_clean_text(title), chat_id))
             if cur.rowcount == 0:
+                raise KeyError(f"There is no chat {chat_id}.")
+
+    def set_mode(self, chat_id: int, mode: str | None) -> None:
+        """Remember the chat's mode (MODES); not activity, so the chat keeps its place in the list."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES} or None, not {mode!r}")
+        with self._write() as conn:
+            if conn.execute("UPDATE chats SET mode=? WHERE id=?", (mode, chat_id)).rowcount == 0:
                 raise KeyError(f"There is no chat {chat_id}.")
 
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
@@ -442,7 +490,7 @@ class HistoryStore:
         """In conversation order."""
         rows = self._conn.execute(
             "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated,"
-            " stop_reason"
+            " stop_reason, drafted"
             " FROM messages WHERE chat_id=? ORDER BY id",
             (chat_id,),
         ).fetchall()
@@ -466,7 +514,7 @@ class HistoryStore:
     def message(self, message_id: int) -> StoredMessage:
         row = self._conn.execute(
             "SELECT id, chat_id, role, text, status, target_model, drafter, sampling, stats, created, updated,"
-            " stop_reason"
+            " stop_reason, drafted"
             " FROM messages WHERE id=?",
             (message_id,),
         ).fetchone()
@@ -479,7 +527,7 @@ class HistoryStore:
         return StoredMessage(
             id=row[0], chat_id=row[1], role=row[2], text=row[3], status=row[4], target_model=row[5],
             drafter=row[6], sampling=_from_json(row[7]), stats=_from_json(row[8]), created=row[9],
-            updated=row[10], stop_reason=row[11],
+            updated=row[10], stop_reason=row[11], drafted=_spans(row[12]),
         )
 
     def add_message(
@@ -493,9 +541,12 @@ class HistoryStore:
         drafter: str | None = None,
         sampling: object = None,
         stats: object = None,
+        stop_reason: str | None = None,
+        drafted: Sequence[Sequence[Any]] | None = None,
     ) -> int:
-        """Commit one message (the user's, before generation starts). ``sampling``/``stats``: a dataclass
-        (SamplingSettings, MessageStats) or a mapping. Raises KeyError for an unknown chat."""
+        """Commit one message (the user's, before generation starts; a whole answer when a chat is copied).
+        ``sampling``/``stats``: a dataclass (SamplingSettings, MessageStats) or a mapping; ``drafted``: the
+        answer's drafted character spans. Raises KeyError for an unknown chat."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         if status not in STATUSES:
@@ -506,8 +557,8 @@ class HistoryStore:
             self._touch(conn, chat_id)
             cur = conn.execute(
                 "INSERT INTO messages (chat_id, role, text, status, target_model, drafter, sampling, stats,"
-                " created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, role, *record, now, now),
+                " created, updated, stop_reason, drafted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (chat_id, role, *record, now, now, stop_reason, _spans_json(drafted)),
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -539,8 +590,10 @@ class HistoryStore:
 
     def finish_answer(
         self, message_id: int, text: str, status: str = "complete", stats: object = None,
-        stop_reason: str | None = None,
+        stop_reason: str | None = None, drafted: Sequence[Sequence[Any]] | None = None,
     ) -> None:
+        """``drafted``: which characters of ``text`` a drafter proposed, ``[(start, end, source), ...]``, so
+        a reopened chat can show them highlighted."""
         if status not in FINAL_STATUSES:
             raise ValueError(f"status must be one of {FINAL_STATUSES}, not {status!r}")
         with self._write() as conn:
@@ -548,8 +601,9 @@ class HistoryStore:
             if row is None:
                 raise KeyError(f"There is no message {message_id}.")
             conn.execute(
-                "UPDATE messages SET text=?, status=?, stats=?, stop_reason=?, updated=? WHERE id=?",
-                (_clean_text(text), status, _to_json(stats), stop_reason, time.time(), message_id),
+                "UPDATE messages SET text=?, status=?, stats=?, stop_reason=?, drafted=?, updated=? WHERE id=?",
+                (_clean_text(text), status, _to_json(stats), stop_reason, _spans_json(drafted), time.time(),
+                 message_id),
             )
             self._touch(conn, row[0])
 

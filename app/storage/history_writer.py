@@ -115,7 +115,9 @@ class HistoryThread:
         handle = next(self._handle_counter)
 
         def create(*resolved: Any) -> None:
-            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **kwargs))
+            # A keyword may name another create's handle too (new_chat's version_of).
+            named = dict(zip(kwargs, self._resolve(tuple(kwargs.values())), strict=True))
+            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **named))
             if chat:
                 self._chat_handles[handle] = new_id
 
@@ -161,6 +163,9 @@ class HistoryThread:
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._post(self._store.rename_chat, chat_id, title)
 
+    def set_mode(self, chat_id: int, mode: str | None) -> None:
+        self._post(self._store.set_mode, chat_id, mode)
+
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
         self._post(self._store.set_system_prompt, chat_id, system_prompt)
 
@@ -197,7 +202,8 @@ class HistoryThread:
 
         def read() -> tuple[list[ChatSummary], set[int] | None]:
             handles = {self._store.real_id(new_id): h for h, new_id in self._chat_handles.items()}
-            chats = [dataclasses.replace(c, id=handles[c.id]) if c.id in handles else c
+            chats = [dataclasses.replace(c, id=handles.get(c.id, c.id),
+                                         version_of=c.version_of and handles.get(c.version_of, c.version_of))
                      for c in self._store.list_chats()]
             matching = {handles.get(i, i) for i in self._store.search_chats(query)} if query else None
             return chats, matching

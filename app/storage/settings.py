@@ -61,6 +61,9 @@ class AppSettings:
     bandwidth_override_gbps: float | None = None  # replaces the spec-sheet bandwidth when set
     # Models the user switched from their default chat mode (chat with a template, completion without one).
     switched_mode_models: tuple[str, ...] = ()
+    # When a chat no longer fits the context (OVERFLOW_POLICIES): stop and offer a new chat, or leave out the
+    # oldest messages. Stopping is the default: nothing the model reads is dropped without the user knowing.
+    context_overflow: str = "stop"
 
     def draft_settings(self) -> DraftSettings:
         return DraftSettings(drafter_path=self.drafter_path, ngram=self.ngram, adaptive=self.adaptive,
@@ -173,6 +176,15 @@ def _bandwidth(value: Any) -> float | None:
     return float(value)
 
 
+OVERFLOW_POLICIES = ("stop", "drop_oldest")
+
+
+def _overflow(value: Any) -> str:
+    if value not in OVERFLOW_POLICIES:
+        raise SettingsError(f"context_overflow must be one of {', '.join(OVERFLOW_POLICIES)}, not {value!r}.")
+    return str(value)
+
+
 def _version(value: Any) -> int:
     if value != SCHEMA_VERSION:
         raise SettingsError(f"schema_version must be {SCHEMA_VERSION}, not {value!r}.")
@@ -197,6 +209,7 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     "reload_last_pair_on_start": _bool("Reload the last models on start"),
     "bandwidth_override_gbps": _bandwidth,
     "switched_mode_models": _model_paths,
+    "context_overflow": _overflow,
 }
 
 _SAMPLING_DEFAULTS = SamplingSettings()

@@ -428,3 +428,54 @@ def test_a_new_answer_relaxes_what_short_matches_taught_but_keeps_long_ones() ->
     assert long.seen[0] == 10
     short.update([False])  # one miss in the new answer now weighs a quarter, not a twelfth
     assert short.rate(0) == pytest.approx(0.6 * 0.75)
+
+
+# --- stacking: the suffix draft or the trained draft, by measurement --------------------------------
+
+
+def measured_everywhere(rates: PositionAcceptance, value: float) -> None:
+    """Synthetic evidence: ``value`` measured at every position."""
+    rates.rates = [value] * rates.k_max
+    rates.seen = [10] * rates.k_max
+
+
+def stacked(ngram: float, model: float, step: float, match_len: int, fixed: int | None = None) -> DepthController:
+    c = controller(gpu_costs())
+    c.fixed = fixed
+    measured_everywhere(c.ngram_buckets[c.bucket(match_len)], ngram)
+    measured_everywhere(c.model, model)
+    for _ in range(CostModel.WINDOW):
+        c.cost.observe_draft(1, step)
+    return c
+
+
+@pytest.mark.parametrize("fixed", [None, 4], ids=["adaptive", "fixed k"])
+def test_the_split_between_suffix_and_trained_drafts_follows_their_measured_acceptance(fixed: int | None) -> None:
+    cheap = 0.001  # a trained step at a tenth of a pass
+    # A short, rarely right suffix match no longer pre-empts a trained drafter that is usually right.
+    plan = stacked(ngram=0.1, model=0.9, step=cheap, match_len=1, fixed=fixed).plan(8, True, 1, probe=False)
+    assert plan.k > 0
+    assert plan.ngram == 0
+    assert plan.trained == plan.k
+    # A long, certain match replaces a mediocre trained draft: it is as good and costs no drafter steps.
+    plan = stacked(ngram=0.98, model=0.5, step=cheap, match_len=30, fixed=fixed).plan(8, True, 30, probe=False)
+    assert plan.k >= 4
+    assert plan.trained == 0
+    # A certain match that runs out after two tokens is extended by the trained drafter.
+    plan = stacked(ngram=0.98, model=0.9, step=cheap, match_len=30, fixed=fixed).plan(2, True, 30, probe=False)
+    assert plan.ngram == 2
+    assert plan.trained > 0
+
+
+def test_a_trained_drafter_that_costs_more_than_it_gains_is_left_out_of_the_stack() -> None:
+    # The same acceptance as above, but each trained step costs two target passes: no trained step is taken
+    # (on a GPU's near-flat passes even a 10 % suffix token still pays for itself), and a certain suffix match
+    # drafts alone.
+    assert stacked(ngram=0.1, model=0.9, step=0.02, match_len=1).plan(8, True, 1, probe=False).trained == 0
+    plan = stacked(ngram=0.98, model=0.9, step=0.02, match_len=30).plan(8, True, 30, probe=False)
+    assert plan.k >= 4
+    assert plan.trained == 0
+    # With the drafter's step cheap again, the same rates put trained tokens after the suffix's.
+    cheap = stacked(ngram=0.98, model=0.9, step=0.0001, match_len=30).plan(3, True, 30, probe=False)
+    assert cheap.ngram == 3
+    assert cheap.trained > 0

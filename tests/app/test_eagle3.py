@@ -242,3 +242,22 @@ def test_bench_json_reports_the_eagle3_step_cost(eagle_models: dict[str, Path], 
     report = json.loads(out.read_text())
     assert report["c"] > 0
     assert report["drafter_step_ms"] > 0
+
+
+def test_models_lists_the_heads_for_a_target_with_their_reasons(eagle_models: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """`specdeck models --target` names each head that reads the target's hidden states: fits, or why not."""
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "app", "models", "--folder", str(eagle_models["eagle3"].parent), "--target",
+           str(eagle_models["target"])]
+    text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert text.returncode == 0, text.stderr[-2000:]
+    heads = text.stdout.split("Trained heads for it", 1)[1].splitlines()
+    assert any("tiny-eagle3.gguf" in ln and ln.endswith(": fits") for ln in heads)
+    assert any("tiny-eagle3-narrow.gguf" in ln and "does not fit: " in ln and "wide" in ln for ln in heads)
+    doc = json.loads(subprocess.run([*cmd, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                    env=env).stdout)
+    by_path = {Path(h["path"]).name: h for h in doc["heads"] if h["path"]}
+    assert by_path["tiny-eagle3.gguf"]["fits"]
+    assert by_path["tiny-eagle3.gguf"]["reason"] is None
+    assert not by_path["tiny-eagle3-deep.gguf"]["fits"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
 from app.library.pair_stats import MIN_DRAFTED, load_measured
 from app.library.recommend import NGRAM_KEY
 from tests.gguf_fixtures import write_tiny_model
@@ -222,3 +223,55 @@ def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: P
     assert with_prompt.prompt_tokens == len(expected) > 1
     assert bos_only.prompt_tokens == 1
     assert with_prompt.tokens == bos_only.tokens == 4
+
+
+def stacked_pass(drafted: int, drafted_ngram: int, accepted: tuple[bool, ...]) -> PassStats:
+    return PassStats(request_id=1, t_start=0.0, draft_seconds=0.0, verify_seconds=0.0, k=drafted, drafted=drafted,
+                     accepted=accepted, emitted=sum(accepted) + 1, from_ngram=0, from_model=0, context_tokens=0,
+                     kv_bytes_used=0, verify_width=drafted + 1, drafted_ngram=drafted_ngram)
+
+
+def test_each_source_is_counted_by_position_within_its_part_of_the_draft() -> None:
+    ngram, trained = source_counts([
+        stacked_pass(3, 2, (True, True, False)),  # 2 n-gram tokens accepted, the trained one rejected
+        stacked_pass(3, 1, (False,)),  # the n-gram token rejected: the trained ones were never reached
+        stacked_pass(2, 0, (True, True)),  # the trained drafter alone
+        stacked_pass(0, 0, ()),  # plain
+    ])
+    assert (ngram.drafted, ngram.accepted) == (3, 2)
+    assert ngram.position_drafted == (2, 1)
+    assert ngram.per_position_acceptance == (0.5, 1.0)
+    assert (trained.drafted, trained.accepted) == (5, 2)
+    assert trained.position_drafted == (2, 1)  # the pass whose n-gram token was rejected is not held against it
+    assert trained.per_position_acceptance == (0.5, 1.0)
+    both = trained + trained
+    assert (both.drafted, both.accepted, both.position_drafted, both.position_accepted) == (10, 4, (4, 2), (2, 2))
+
+
+def test_bench_json_reports_each_source(tiny_target: Path, tmp_path: Path) -> None:
+    """A drafter model (the target's own weights, so every trained token it drafts is right) stacked with the
+    n-gram drafter: the report splits drafted, accepted and per-position acceptance by source."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
+    out = tmp_path / "out.json"
+    env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(tiny_target), "--drafter", str(tiny_target),
+           "--ngram", "2", "--k", "3", "--prompts", str(prompts), "--max-tokens", "40", "--threads", "1",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    row, total = report["prompts"][0], report["total"]
+    for figures in (row, total):
+        sources = figures["sources"]
+        assert set(sources) == {FROM_NGRAM, FROM_MODEL}
+        assert sum(s["drafted"] for s in sources.values()) == row["drafted"]
+        assert sum(s["accepted"] for s in sources.values()) == row["accepted"]
+        trained = sources[FROM_MODEL]
+        assert trained["drafted"] > 0
+        # The target's own weights as drafter: every trained token the target reached was accepted.
+        assert trained["per_position_acceptance"]
+        assert all(a == 1.0 for a in trained["per_position_acceptance"])
+        for figure in sources.values():
+            assert len(figure["per_position_acceptance"]) == len(figure["per_position_drafted"])
+            assert all(0.0 <= a <= 1.0 for a in figure["per_position_acceptance"])

@@ -27,7 +27,7 @@ from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter
-from app.events import FROM_NGRAM, Finished, PassStats, Token
+from app.events import FROM_MODEL, FROM_NGRAM, Finished, PassStats, Token, source_counts
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=80)
@@ -136,6 +136,36 @@ def test_greedy_speculation_is_exact_on_fixtures(tiny: Tiny, kind: str, k: int |
     if kind in ("perturbed", "stacked"):
         assert rejected_passes > 0
         assert accepted < drafted
+
+
+def test_stacking_chosen_by_measurement_is_exact_and_counts_each_source(tiny: Tiny) -> None:
+    """The n-gram drafter stacked on a trained (model) drafter, with the split chosen per pass by the controller:
+    greedy output equals plain, and each accepted token is counted for the source that drafted it."""
+    decoder = tiny.decoder("stacked", None)
+    passes: list[PassStats] = []
+    emitted_by: dict[str, int] = {}
+    for name, prompt in tiny.prompts.items():
+        decoder.reset_cache()
+        out: list[int] = []
+        for event in decoder.generate(prompt, GREEDY):
+            if isinstance(event, Token):
+                out += event.token_ids
+                for source in event.sources:
+                    emitted_by[source] = emitted_by.get(source, 0) + 1
+            elif isinstance(event, PassStats):
+                passes.append(event)
+        assert out == tiny.reference[name].tokens, f"stacked diverged on {name!r}"
+    ngram, trained = source_counts(passes)
+    assert ngram.drafted > 0
+    assert trained.drafted > 0
+    assert ngram.drafted + trained.drafted == sum(p.drafted for p in passes)
+    assert ngram.accepted + trained.accepted == sum(sum(p.accepted) for p in passes)
+    # The chat highlights each emitted token as its source's (an end of turn can cut an accepted run short).
+    assert emitted_by.get(FROM_NGRAM, 0) == sum(p.from_ngram for p in passes) <= ngram.accepted
+    assert 0 < emitted_by.get(FROM_MODEL, 0) == sum(p.from_model for p in passes) <= trained.accepted
+    # Both kinds of pass occurred: drafts led by suffix tokens, and drafts of the trained drafter alone.
+    assert any(p.drafted_ngram > 0 for p in passes)
+    assert any(p.drafted_ngram == 0 and p.drafted > 0 for p in passes)
 
 
 def test_session_speculative_equals_session_plain(tiny_target: Path, tiny_drafter_perturbed: Path) -> None:

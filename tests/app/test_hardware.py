@@ -23,7 +23,7 @@ from app.ceiling.backend import (
     probe_backend_isolated,
 )
 from app.ceiling.child import SIGILL_MESSAGE, describe_exit
-from app.ceiling.cpu import SINGLE_THREAD_ENV, probe_cpu
+from app.ceiling.cpu import PROBE_REPEATS, SINGLE_THREAD_ENV, probe_cpu
 from app.ceiling.gpus import lookup_gpu, nvml_bandwidth, probe_nvidia
 from app.ceiling.hardware import probe_hardware, roofline_devices
 
@@ -289,7 +289,7 @@ def test_cpu_probe_measures_and_caches(tmp_path: Path) -> None:
     assert first.ram_total > 0
     assert first.bandwidth > 1 * GB  # any machine that runs an LLM reads faster than this
     assert first.peak_flops > 1e9
-    assert 0 < first.probe_seconds < 5
+    assert 0 < first.probe_seconds < 5 * PROBE_REPEATS  # the best of PROBE_REPEATS probes
     saved = json.loads(path.read_text())
     assert saved["bandwidth"] == first.bandwidth
     assert saved["runs"] == 1
@@ -454,3 +454,31 @@ def test_a_probe_child_that_fails_is_one_sentence(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(child, "probe_command", lambda *args: [sys.executable, "-c", silent])
     with pytest.raises(child.ProbeFailed, match="gave no readable answer"):
         child.run_probe("cpu", timeout_s=60, what="the CPU probe")
+
+
+def test_the_first_probe_is_the_best_of_several(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.ceiling import cpu
+
+    taken: list[tuple[float, float]] = []
+    real = cpu.measure_cpu
+
+    def counted(*args: object, **kwargs: object) -> tuple[float, float]:
+        result = real(*args, **kwargs)  # type: ignore[arg-type]
+        taken.append(result)
+        return result
+
+    monkeypatch.setattr(cpu, "measure_cpu", counted)
+    info = probe_cpu(cache_path=tmp_path / "probe.json")
+    assert len(taken) == PROBE_REPEATS
+    assert info.bandwidth == max(b for b, _ in taken)
+    assert info.peak_flops == max(p for _, p in taken)
+
+
+def test_a_busy_probe_is_kept_where_it_must_not_move(tmp_path: Path) -> None:
+    path = tmp_path / "probe.json"
+    probe_cpu(cache_path=path)
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "bandwidth": 1e9, "quiet": False}))
+    again = probe_cpu(cache_path=path, retake_busy=False)
+    assert again.cached
+    assert again.bandwidth == 1e9

@@ -502,3 +502,31 @@ def test_three_instances_writing_at_once_all_succeed(tmp_path: Path) -> None:
             name, i = chat.title.split()
             assert [(m.role, m.text, m.status) for m in s.messages(chat.id)] == [
                 ("user", f"{name} question {i}", "complete"), ("assistant", f"{name} answer {i}", "complete")]
+
+
+def test_drafted_spans_are_stored_and_an_old_history_is_migrated(tmp_path: Path) -> None:
+    """History version 4 keeps each answer's drafted spans; a version-3 file opens, keeps its messages and
+    gives them none; damaged spans are dropped, not trusted."""
+    path = tmp_path / "old.sqlite3"
+    with HistoryStore(path) as store:
+        chat = store.new_chat("c")
+        old = store.add_message(chat, "assistant", "before the upgrade")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE messages DROP COLUMN drafted")
+    conn.execute("ALTER TABLE chats DROP COLUMN version_of")
+    conn.execute("ALTER TABLE chats DROP COLUMN mode")
+    conn.execute("PRAGMA user_version=3")
+    conn.commit()
+    conn.close()
+    with HistoryStore(path) as store:
+        assert store.message(old).text == "before the upgrade"
+        assert store.message(old).drafted == ()
+        answer = store.begin_answer(chat)
+        store.finish_answer(answer, "copied text", drafted=[(0, 6, "ngram"), (7, 11, "model")])
+        assert store.message(answer).drafted == ((0, 6, "ngram"), (7, 11, "model"))
+        store._conn.execute("UPDATE messages SET drafted='[[1,\"x\"],[5,2,\"ngram\"],{}]' WHERE id=?", (answer,))
+        assert store.message(answer).drafted == ()
+        assert store.chat(chat).version_of is None
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()

@@ -112,7 +112,8 @@ def test_the_engine_and_the_ceiling_never_load_llama_cpp_at_import() -> None:
     """Importing any app module leaves llama_cpp unloaded; only the worker's session, the backend probe
     and the llama wrapper load it, when they run."""
     loaders = {"app.engine.llama", "app.engine.session", "app.engine.speculative", "app.engine.drafters",
-               "app.engine.bench", "app.engine.mtp", "app.engine.eagle3"}
+               "app.engine.bench", "app.engine.mtp", "app.engine.eagle3",
+               "app.engine.dflash"}
     modules = sorted(m for m, p in _app_modules().items() if p.name != "__main__.py" and m not in loaders)
     assert _import_in_fresh_python(modules).endswith("False")
 

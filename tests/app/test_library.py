@@ -361,7 +361,7 @@ def test_models_command_table(fake_user: dict[str, Path], capsys: pytest.Capture
     assert "Cannot be used (3):" in out
     assert "PNG image" in out
     assert "Drafters for big.gguf" in out
-    assert "n-gram (prompt lookup)" in out
+    assert "suffix drafter (text match)" in out
     assert "mine.gguf: token 268 differs" in out
 
 

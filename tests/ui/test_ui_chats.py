@@ -129,7 +129,7 @@ def test_menus_log_view_and_status_messages_that_clear(qtbot: QtBot, make_window
     assert window.chat.colour_key.isHidden()
     window.chat.highlight_check.setChecked(True)  # the colour key is on screen, not in a tooltip
     assert not window.chat.colour_key.isHidden()
-    assert [lab.text() for lab in window.chat.colour_key.labels.values()] == ["n-gram drafter", "drafter model"]
+    assert [lab.text() for lab in window.chat.colour_key.labels.values()] == ["suffix drafter", "trained drafter"]
 
     window.bridge.log_received.emit(Log("llama_model_loader: loaded meta data"))
     assert "llama_model_loader: loaded meta data" in window.log_window.text()

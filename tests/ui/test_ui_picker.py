@@ -9,6 +9,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from tests.ui.conftest import choose_pair
+from ui.models.picker import TOOLTIP_ROLE
 
 
 def test_incompatible_drafter_shows_reason_and_load_refuses(
@@ -130,3 +131,47 @@ def test_fit_estimate_reads_the_model_off_the_gui_thread_and_drops_an_earlier_ch
     finally:
         for gate in gates.values():
             gate.set()
+
+
+def test_trained_heads_are_offered_as_drafters_for_their_target_with_the_reason_where_they_do_not_fit(
+    qtbot: QtBot, make_window, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from app.library.heads import OWN_MTP_HEADS
+    from tests.gguf_fixtures import write_dflash_drafter, write_eagle3_drafter, write_tiny_model
+
+    folder = tmp_path / "heads"
+    target = write_tiny_model(folder / "llama-target.gguf", n_layer=4, name="llama-target")
+    mtp_target = write_tiny_model(folder / "qwen-mtp.gguf", arch="qwen35", n_layer=4, mtp_layers=1, name="qwen-mtp")
+    eagle = write_eagle3_drafter(folder / "head-eagle3.gguf")
+    dflash = write_dflash_drafter(folder / "head-dflash.gguf")
+    narrow = write_dflash_drafter(folder / "head-narrow.gguf", n_embd=32, name="narrow")
+    window = make_window(start_engine=False, folders=(folder,))
+    picker = window.picker
+    # Heads are never chat models.
+    targets = [picker.target_combo.itemData(i) for i in range(picker.target_combo.count())]
+    assert str(target) in targets
+    assert not {str(eagle), str(dflash), str(narrow)} & set(targets)
+
+    choose_pair(qtbot, window, target)
+    combo = picker.drafter_combo
+    labels = {combo.itemData(i): combo.itemText(i) for i in range(combo.count())}
+    assert labels[str(eagle)].endswith("(EAGLE-3 drafter)")
+    assert labels[str(dflash)].endswith("(DFlash drafter)")
+    assert labels[str(narrow)].startswith("✗")
+    assert OWN_MTP_HEADS not in labels  # a llama file has no MTP heads
+    tip = combo.itemData(combo.findData(str(narrow)), TOOLTIP_ROLE)
+    assert "trained on a target 32 wide" in tip
+    assert picker.select_drafter(narrow)
+    assert "trained on a target 32 wide" in picker.compat_badge.text()
+    assert not picker.load_button.isEnabled()
+    assert picker.select_drafter(dflash)
+    assert picker.compat_badge.text().startswith("✓")
+    assert picker.load_settings().draft.drafter_path == str(dflash)
+
+    choose_pair(qtbot, window, mtp_target)
+    index = combo.findData(OWN_MTP_HEADS)
+    assert combo.itemText(index) == OWN_MTP_HEADS
+    combo.setCurrentIndex(index)
+    settings = picker.load_settings()
+    assert settings.draft.mtp
+    assert settings.draft.drafter_path is None

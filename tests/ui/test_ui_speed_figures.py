@@ -68,8 +68,8 @@ def test_the_footer_and_the_chart_share_one_plain_rate(
         assert speedup_text(stats.speedup_estimate) in footer
     else:
         assert "×" not in footer
-    assert "n-gram (1)" in footer  # the n-gram drafter is named with the model
-    assert window.store.messages(chat.chat_id)[-1].drafter == "n-gram (1)"
+    assert "suffix drafter (1)" in footer  # the suffix drafter is named with the model
+    assert window.store.messages(chat.chat_id)[-1].drafter == "suffix drafter (1)"
 
     if answer.stop_reason == "max_tokens":
         first = stats

@@ -45,7 +45,9 @@ from app.events import (
     Token,
     continued_stats,
     drafted_by,
+    drafted_spans,
     message_stats,
+    pieces_from_spans,
     speedup_over_plain,
 )
 from app.storage.buffered_history import BufferedHistory
@@ -104,6 +106,10 @@ class ChatPanel(QWidget):
         self._awaiting_start = False
         self._answer: ChatMessage | None = None
         self.model_loading: Callable[[], bool] = lambda: False  # the window's: is a load under way?
+        self.overflow_policy: Callable[[], str] = lambda: "stop"  # the window's: AppSettings.context_overflow
+        self._left_out = 0  # turns (question and answer) left out of the prompt to fit the context
+        self._request: tuple[Any, bool] | None = None  # the answer's sampling and "continue", to ask again
+        self.overflowed_request: int | None = None  # the request whose "too long" this panel reported itself
         self._resumed_text = ""  # Continue: the partial answer the engine goes on from
         self._resumed_stats: MessageStats | None = None  # and its figures, which the footer adds to
         self._dirty = False
@@ -112,6 +118,11 @@ class ChatPanel(QWidget):
         # Edit last: where the turn taken back began and its messages, kept (in the view's memory and in the
         # history) until the edited question is sent; Undo edit brings them back.
         self._pending_edit: tuple[int, list[ChatMessage]] | None = None
+        # A message deleted from the transcript: hidden at once, deleted from the history at the next change
+        # to the chat (or when SpecDeck closes), so Ctrl+Z can put it back where it was.
+        self._pending_message_delete: tuple[int, ChatMessage] | None = None
+        self._undo_order: list[str] = []  # "edit", "message", "chat": what Ctrl+Z takes back, newest last
+        self._versions: dict[int, int | None] = {}  # chat id: the chat it is an earlier version of (the list's)
         self._chat_list_requests = 0  # only the newest request's answer is shown
         self.context_menu: QMenu | None = None
         self._delete_timer = QTimer(self)
@@ -160,6 +171,14 @@ class ChatPanel(QWidget):
         self.undo_edit_button.setToolTip("Bring back the message taken back for editing, and its answer")
         self.undo_edit_button.setVisible(False)
         self.undo_edit_button.clicked.connect(self._on_undo_edit_button_clicked)
+        self.new_chat_with_last_button = QPushButton("Continue in a new chat", self)
+        self.new_chat_with_last_button.setToolTip("The chat no longer fits the context: start a new chat with "
+                                                  "your last message")
+        self.new_chat_with_last_button.setVisible(False)
+        self.new_chat_with_last_button.clicked.connect(self._on_new_chat_with_last_button_clicked)
+        self.version_button = QPushButton("Previous version", self)
+        self.version_button.setVisible(False)
+        self.version_button.clicked.connect(self._on_version_button_clicked)
         self.undo_delete_button = QPushButton("Undo delete", left)
         self.undo_delete_button.setVisible(False)
         self.undo_delete_button.clicked.connect(self._on_undo_delete_button_clicked)
@@ -215,7 +234,8 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", right)
         self.edit_button = QPushButton("Edit last", right)
         self.highlight_check = QCheckBox("Highlight drafted tokens", right)
-        self.highlight_check.setToolTip("Green: from the n-gram drafter. Blue: from the drafter model.")
+        self.highlight_check.setToolTip("Green: from the suffix drafter (text that repeats). Blue: from the "
+                                        "trained drafter (a drafter model, MTP heads, EAGLE-3, DFlash).")
         self.colour_key = ColourKey(right)
         self.colour_key.setVisible(False)
         self.continue_button = QPushButton("Continue", right)
@@ -228,7 +248,9 @@ class ChatPanel(QWidget):
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
         for w in (self.send_button, self.stop_button, self.regenerate_button, self.continue_button,
-                  self.edit_button, self.undo_edit_button, self.highlight_check, self.colour_key):
+                  self.edit_button, self.undo_edit_button, self.new_chat_with_last_button, self.version_button,
+                  self.highlight_check,
+                  self.colour_key):
             buttons.addWidget(w)
         layout.addWidget(buttons_row)
         splitter.addWidget(left)
@@ -250,6 +272,11 @@ class ChatPanel(QWidget):
         self.stop_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         self.stop_shortcut.setEnabled(False)
         self.stop_shortcut.activated.connect(self._on_stop_shortcut_activated)
+        # Ctrl+Z takes back the last deletion or edit (a text box with focus keeps Ctrl+Z for its own text).
+        self.undo_shortcut = QShortcut(QKeySequence(QKeySequence.StandardKey.Undo), self)
+        self.undo_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
+        self.undo_shortcut.activated.connect(self._on_undo_shortcut_activated)
+        self.view.message_action.connect(self._on_view_message_action)
 
     # --- storage (every failure is shown; the chat stays in memory) -----------------------------------
 
@@ -346,9 +373,11 @@ class ChatPanel(QWidget):
         self._fill_history(*result)
 
     def _fill_history(self, chats: list[ChatSummary], matching: set[int] | None = None) -> None:
+        self._versions = {c.id: c.version_of for c in chats}
         if matching is not None:
             chats = [c for c in chats if c.id in matching]
-        chats = [c for c in chats if c.id != self._pending_delete]
+        # A chat's earlier versions are reached from it (the version button), not listed beside it.
+        chats = [c for c in chats if c.id != self._pending_delete and c.version_of is None]
         self.no_match_label.setVisible(matching is not None and not chats)  # an empty list alone says nothing
         listed = self.history_list
         listed.blockSignals(True)
@@ -393,6 +422,7 @@ class ChatPanel(QWidget):
         else:
             listed.setCurrentRow(-1)
         listed.blockSignals(False)
+        self._update_buttons()
         self.history_refreshed.emit()
 
     def open_chat(self, chat_id: int) -> None:
@@ -404,12 +434,16 @@ class ChatPanel(QWidget):
         except (KeyError, StorageError) as exc:
             self.error_raised.emit(str(exc))
             return
+        self._commit_message_delete()
         self.chat_id = chat_id
+        if chat.mode is not None:  # the mode it was written in (older chats: the model's default stays)
+            self.set_completion_mode(chat.mode == "completion")
         self._pending_edit = None  # an edit not sent deleted nothing: the chat's history still holds its turn
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
             ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
-                        model=m.target_model, drafter=m.drafter)
+                        model=m.target_model, drafter=m.drafter,
+                        pieces=pieces_from_spans(m.text, m.drafted) if m.role == "assistant" else [])
             for m in stored if m.role != "system"
         ]
         self.view.show_messages(self.messages)
@@ -431,6 +465,7 @@ class ChatPanel(QWidget):
     def new_chat(self) -> None:
         if self.generating:
             return
+        self._commit_message_delete()
         self._pending_edit = None
         self.chat_id = None
         self.messages = []
@@ -461,9 +496,12 @@ class ChatPanel(QWidget):
             self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
             return False
         self._commit_edit()
+        self._commit_message_delete()
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
             self.chat_id = self._create("new_chat", title, self.system_prompt.text())
+            if self.chat_id is not None:
+                self._store_call(self.store.set_mode, self.chat_id, "completion" if self.completion_mode else "chat")
         elif self.chat_id is not None and self.store is not None:
             self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
         message = ChatMessage("user", text)
@@ -481,8 +519,17 @@ class ChatPanel(QWidget):
         out = []
         if self.system_prompt.text().strip():
             out.append({"role": "system", "content": self.system_prompt.text().strip()})
-        out += [{"role": m.role, "content": m.text} for m in self.messages if m.role in ("user", "assistant")]
+        turns = [m for m in self.messages if m.role in ("user", "assistant")]
+        if self._left_out:
+            # Whole turns from the start; the last question always stays.
+            starts = [i for i, m in enumerate(turns) if m.role == "user"]
+            cut = starts[min(self._left_out, len(starts) - 1)] if starts else 0
+            turns = turns[cut:]
+        out += [{"role": m.role, "content": m.text} for m in turns]
         return out
+
+    def _can_leave_out_more(self) -> bool:
+        return sum(1 for m in self.messages if m.role == "user") - 1 > self._left_out
 
     @property
     def completion_mode(self) -> bool:
@@ -499,6 +546,8 @@ class ChatPanel(QWidget):
 
     @Slot(bool)
     def _on_completion_check_toggled(self, on: bool) -> None:
+        if self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.set_mode, self.chat_id, "completion" if on else "chat")
         self.system_prompt.setEnabled(not on)
         self._show_verbatim(on)
         self.completion_mode_toggled.emit(on)
@@ -514,6 +563,7 @@ class ChatPanel(QWidget):
         """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
         same message (and the same stored answer)."""
         self._commit_edit()  # Regenerate or Continue after Edit last: the chat as shown is the chat
+        self._commit_message_delete()
         loaded = self.bridge.loaded
         if resume is not None:
             answer = resume
@@ -531,6 +581,7 @@ class ChatPanel(QWidget):
                 drafter=answer.drafter,
                 sampling=sampling,
             )
+        self._request = (sampling, resume is not None)
         try:
             self.bridge.generate(messages, sampling, continue_answer=resume is not None, raw=self.completion_mode)
         except AppError as exc:
@@ -593,17 +644,21 @@ class ChatPanel(QWidget):
         return True
 
     def edit_last(self) -> bool:
-        """Take the last question back into the input box to edit and resend. The question and its answer
-        leave the view but nothing is deleted until the edited question is sent: Undo edit brings them back."""
-        if self.generating:
-            return False
+        """Take the last question back into the input box to edit and resend (see edit_message)."""
         users = [i for i, m in enumerate(self.messages) if m.role == "user"]
-        if not users:
+        return bool(users) and self.edit_message(users[-1])
+
+    def edit_message(self, index: int) -> bool:
+        """Take a question back into the input box to edit and resend. It and what followed leave the view but
+        nothing is deleted until the edited question is sent (Undo edit and Ctrl+Z bring them back); once sent,
+        the old continuation is kept as the chat's previous version."""
+        if self.generating or not 0 <= index < len(self.messages) or self.messages[index].role != "user":
             return False
         self._commit_edit()  # an earlier edit not sent: its turn is replaced by this one's
-        index = users[-1]
+        self._commit_message_delete()
         question = self.messages[index]
         self._pending_edit = (index, self.messages[index:])
+        self._undo_order.append("edit")
         del self.messages[index:]
         self.view.show_messages(self.messages)
         self.input.setPlainText(question.text)
@@ -627,11 +682,15 @@ class ChatPanel(QWidget):
         return True
 
     def _commit_edit(self) -> None:
-        """The edited question is being sent: the turn it replaces is deleted from the history now."""
+        """The edited question is being sent: the turn it replaces (and what followed) moves to the chat's
+        previous version, and leaves this chat's history now."""
         pending, self._pending_edit = self._pending_edit, None
         if pending is None or self.store is None:
             return
-        question = pending[1][0]
+        index, removed = pending
+        if len(removed) > 1:  # an answer, at least, would be lost: keep the old continuation reachable
+            self._keep_previous_version(self.messages[:index] + removed)
+        question = removed[0]
         if question.store_id is not None and self.chat_id is not None:
             self._store_call(self.store.truncate_after, self.chat_id, question.store_id, inclusive=True)
         else:
@@ -642,6 +701,133 @@ class ChatPanel(QWidget):
     @Slot()
     def _on_undo_edit_button_clicked(self) -> None:
         self.undo_edit()
+
+    # --- per-message actions, versions and Ctrl+Z ---------------------------------------------------
+
+    @Slot(str, int)
+    def _on_view_message_action(self, action: str, index: int) -> None:
+        {"copy": self.copy_message, "edit": self.edit_message, "delete": self.delete_message,
+         "regenerate": self.regenerate_message}[action](index)
+
+    def copy_message(self, index: int) -> bool:
+        """Put one message's text, as written, on the clipboard."""
+        if not 0 <= index < len(self.messages):
+            return False
+        QGuiApplication.clipboard().setText(self.messages[index].text)
+        return True
+
+    def delete_message(self, index: int) -> bool:
+        """Take one message out of the chat; Ctrl+Z puts it back until the chat changes again."""
+        if self.generating or not 0 <= index < len(self.messages):
+            return False
+        self._commit_message_delete()
+        message = self.messages.pop(index)
+        self._pending_message_delete = (index, message)
+        if self._pending_edit is not None and index < self._pending_edit[0]:
+            self._pending_edit = (self._pending_edit[0] - 1, self._pending_edit[1])
+        self._undo_order.append("message")
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+        return True
+
+    def _commit_message_delete(self) -> None:
+        pending, self._pending_message_delete = self._pending_message_delete, None
+        if pending is not None and pending[1].store_id is not None and self.store is not None:
+            self._store_call(self.store.delete_message, pending[1].store_id)
+
+    def undo_message_delete(self) -> bool:
+        pending = self._pending_message_delete
+        if self.generating or pending is None or pending[0] > len(self.messages):
+            return False
+        self._pending_message_delete = None
+        index, message = pending
+        self.messages.insert(index, message)
+        if self._pending_edit is not None and index <= self._pending_edit[0]:
+            self._pending_edit = (self._pending_edit[0] + 1, self._pending_edit[1])
+        self.view.show_messages(self.messages)
+        self._update_buttons()
+        return True
+
+    def regenerate_message(self, index: int) -> bool:
+        """Answer the question before this answer again. An earlier answer's continuation is kept as the
+        chat's previous version; the last answer is simply replaced (as Regenerate does)."""
+        if index == len(self.messages) - 1:
+            return self.regenerate()
+        if (self.generating or not 0 < index < len(self.messages) or self.messages[index].role != "assistant"
+                or self.messages[index - 1].role != "user" or self.bridge.loaded is None):
+            return False
+        try:
+            sampling = self.sampling_form.settings()
+        except SettingsError as exc:
+            self.error_raised.emit(str(exc))
+            return False
+        self._commit_edit()
+        self._commit_message_delete()
+        self._keep_previous_version(list(self.messages))
+        first = self.messages[index]
+        if first.store_id is not None and self.chat_id is not None and self.store is not None:
+            self._store_call(self.store.truncate_after, self.chat_id, first.store_id, inclusive=True)
+        del self.messages[index:]
+        self.view.show_messages(self.messages)
+        self._start_answer(sampling)
+        return True
+
+    def _keep_previous_version(self, messages: list[ChatMessage]) -> None:
+        """A copy of the chat as it was (before an edit or an earlier answer's regenerate) in a chat of its
+        own, linked to this one: the "Previous version" button opens it."""
+        if self.chat_id is None or self.store is None or not messages:
+            return
+        title = self._chat_title() or "Untitled chat"
+        copy = self._create("new_chat", f"{title} (earlier version)", self.system_prompt.text(),
+                            version_of=self.chat_id)
+        if copy is None:
+            return
+        for m in messages:
+            self._create("add_message", copy, m.role, m.text, "interrupted" if m.status == "streaming" else m.status,
+                         model=m.model, drafter=m.drafter, stats=m.stats, stop_reason=m.stop_reason,
+                         drafted=drafted_spans(m.pieces, len(m.text)) or None)
+        self._versions = {copy: self.chat_id, **self._versions}  # newest first, as the list orders them
+        self.refresh_history()
+
+    def _chat_title(self) -> str:
+        if self.chat_id is None:
+            return ""
+        return self._history_labels.get(self.chat_id, ("", 0))[0]
+
+    def previous_version(self) -> int | None:
+        """The newest chat kept as an earlier version of the open chat."""
+        older = [c for c, of in self._versions.items() if of is not None and of == self.chat_id]
+        return older[0] if older else None  # the list's order: most recently updated first
+
+    def newer_version(self) -> int | None:
+        """The chat the open chat is an earlier version of."""
+        return None if self.chat_id is None else self._versions.get(self.chat_id)
+
+    def switch_version(self) -> bool:
+        """Open the open chat's previous version, or from a previous version the chat it came from."""
+        target = self.previous_version() or self.newer_version()
+        if target is None or self.generating:
+            return False
+        self.open_chat(target)
+        self.refresh_history()
+        return self.chat_id == target
+
+    @Slot()
+    def _on_version_button_clicked(self) -> None:
+        self.switch_version()
+
+    def undo(self) -> bool:
+        """Ctrl+Z: take back the newest of a message deletion, an edit not yet sent, or a chat deletion."""
+        while self._undo_order:
+            kind = self._undo_order.pop()
+            done = {"message": self.undo_message_delete, "edit": self.undo_edit, "chat": self.undo_delete}[kind]()
+            if done:
+                return True
+        return False
+
+    @Slot()
+    def _on_undo_shortcut_activated(self) -> None:
+        self.undo()
 
     # --- engine events ------------------------------------------------------------------------------
 
@@ -706,10 +892,65 @@ class ChatPanel(QWidget):
     def _on_bridge_engine_error(self, event: EngineError) -> None:
         if self._answer is not None and (self._mine(event.request_id) or (event.request_id is None
                                          and self._awaiting_start)):
+            if event.kind == "PromptTooLongError" and self._overflowed(event):
+                return
             self._answer.status = "error"
             self._answer.stop_reason = "error"
             self._end_answer(self._answer)
         # The window shows engine errors (one place for every error the engine reports).
+
+    def _overflowed(self, event: EngineError) -> bool:
+        """The chat no longer fits the context and nothing was written: per the overflow policy, ask again
+        without the oldest turn, or stop with no empty answer left behind and offer a new chat. True when
+        handled here (the window then shows no error of its own)."""
+        answer = self._answer
+        if answer is None or answer.text or self._request is None:
+            return False
+        self.overflowed_request = event.request_id
+        if self.overflow_policy() == "drop_oldest" and self._can_leave_out_more():
+            self._left_out += 1
+            sampling, resumed = self._request
+            messages = self._engine_messages()
+            if resumed:
+                messages.append({"role": "assistant", "content": answer.text})
+            self._request_id = None
+            self._awaiting_start = True
+            self.progress_label.setText(f"The chat is longer than the context: asking again without the oldest "
+                                        f"{self._left_out} question{'s' if self._left_out > 1 else ''} and "
+                                        "answers…")
+            try:
+                self.bridge.generate(messages, sampling, continue_answer=resumed, raw=self.completion_mode)
+            except AppError as exc:
+                self.error_raised.emit(str(exc))
+            else:
+                return True
+        # Stop: the empty answer goes; the question stays, and a new chat can take it.
+        self._flush_timer.stop()
+        self.progress_label.setVisible(False)
+        self.prompt_bar.setVisible(False)
+        self._answer = None
+        self._request_id = None
+        self._awaiting_start = False
+        if answer.store_id is not None and self.store is not None:
+            self._store_call(self.store.delete_message, answer.store_id)
+        self.view.show_messages(self.messages)
+        self._set_generating(False)
+        self.new_chat_with_last_button.setVisible(any(m.role == "user" for m in self.messages))
+        self.error_raised.emit(f"{event.message} Or press “Continue in a new chat” to send your last message "
+                               "there.")
+        return True
+
+    def continue_in_new_chat(self) -> bool:
+        """The chat outgrew the context: a new chat gets the last question, sent at once."""
+        question = next((m.text for m in reversed(self.messages) if m.role == "user"), None)
+        if question is None or self.generating:
+            return False
+        self.new_chat()
+        return self.send(question)
+
+    @Slot()
+    def _on_new_chat_with_last_button_clicked(self) -> None:
+        self.continue_in_new_chat()
 
     @Slot(EngineCrashed)
     def _on_bridge_engine_crashed(self, _event: EngineCrashed) -> None:
@@ -719,6 +960,7 @@ class ChatPanel(QWidget):
             self._end_answer(self._answer)
 
     def _end_answer(self, answer: ChatMessage) -> None:
+        self._left_out = 0
         self._flush_timer.stop()
         self.progress_label.setVisible(False)
         self.prompt_bar.setVisible(False)
@@ -727,7 +969,8 @@ class ChatPanel(QWidget):
         self._awaiting_start = False
         if answer.store_id is not None and self.store is not None:
             self._store_call(self.store.finish_answer, answer.store_id, answer.text, answer.status,
-                             answer.stats, stop_reason=answer.stop_reason)
+                             answer.stats, stop_reason=answer.stop_reason,
+                             drafted=drafted_spans(answer.pieces, len(answer.text)))
         self.messages.append(answer)
         self.view.finish_answer(answer)
         self._set_generating(False)
@@ -766,6 +1009,15 @@ class ChatPanel(QWidget):
         self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
                                         and last.stop_reason == "max_tokens")
         self.undo_edit_button.setVisible(idle and self._pending_edit is not None)
+        if not idle or not self.messages:
+            self.new_chat_with_last_button.setVisible(False)
+        elif last is not None and last.stop_reason == "context_full":
+            self.new_chat_with_last_button.setVisible(True)
+        previous, newer = self.previous_version(), self.newer_version()
+        self.version_button.setVisible(idle and (previous is not None or newer is not None))
+        self.version_button.setText("Previous version" if previous is not None else "Newer version")
+        self.version_button.setToolTip("Open the chat as it was before an earlier message was edited or answered "
+                                       "again" if previous is not None else "Open the chat this version led to")
 
     @Slot()
     def _on_send_button_clicked(self) -> None:
@@ -899,6 +1151,7 @@ class ChatPanel(QWidget):
             return
         self.commit_pending_delete()
         self._pending_delete = chat_id
+        self._undo_order.append("chat")
         self._delete_timer.start(UNDO_DELETE_MS)
         was_open = chat_id == self.chat_id
         title = ""
@@ -938,11 +1191,23 @@ class ChatPanel(QWidget):
         return True
 
     def commit_pending_delete(self) -> None:
+        """Deletions waiting for their undo become final (the next delete, the timer, SpecDeck closing)."""
+        self._commit_message_delete()
         chat_id, self._pending_delete = self._pending_delete, None
         self._delete_timer.stop()
         self.undo_delete_button.setVisible(False)
         if chat_id is not None and self.store is not None:
-            self._store_call(self.store.delete_chat, chat_id)
+            for gone in self._with_versions(chat_id):
+                self._store_call(self.store.delete_chat, gone)
+
+    def _with_versions(self, chat_id: int) -> list[int]:
+        """The chat and its earlier versions (and theirs): deleted together."""
+        out, todo = [], [chat_id]
+        while todo:
+            current = todo.pop()
+            out.append(current)
+            todo += [c for c, of in self._versions.items() if of == current and c not in out]
+        return out
 
     @Slot()
     def _on_delete_timer_timeout(self) -> None:

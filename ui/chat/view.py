@@ -14,6 +14,7 @@ paragraphs so a relayout never covers more than one of them.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from collections.abc import Mapping, Sequence
@@ -38,9 +39,9 @@ from PySide6.QtGui import (
     QTextDocumentFragment,
     QTextFormat,
 )
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QTextBrowser, QWidget
 
-from app.events import FROM_MODEL, FROM_NGRAM, MessageStats
+from app.events import FROM_MODEL, FROM_NGRAM, SOURCE_NAMES, TRAINED_DRAFTERS, MessageStats
 from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
@@ -71,6 +72,9 @@ STOP_NOTES = {
     "crashed": "engine crashed",
 }
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+# A last line of only Markdown markers ("-", "=", "#", "1.", "> ", "```"): its meaning depends on what follows
+# ("Intro\n-" is a heading for one frame, "Intro\n- item" a list), so a streaming answer shows it once it has text.
+_MARKERS_ONLY = re.compile(r"[ \t\-=#*+>|`~_:\d.)]+")
 _TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # a table's |---|:--:| line
 
 
@@ -140,6 +144,15 @@ def stable_prefix_length(text: str) -> int:
     return 0
 
 
+def settled_tail(text: str) -> str:
+    """The streaming tail without a last line of Markdown markers only (see _MARKERS_ONLY), which would change
+    the lines above it for a frame (a paragraph turned heading and back: the spacing jumped)."""
+    cut = text.rfind("\n")
+    if cut >= 0 and _MARKERS_ONLY.fullmatch(text, cut + 1):
+        return text[:cut]
+    return text
+
+
 def keep_lines(text: str) -> str:
     """Markdown that reads as it was written: every line break outside code is a hard break (Markdown joins
     consecutive lines into one paragraph, which collapsed unfenced code and line-by-line answers), and a pipe
@@ -190,7 +203,7 @@ class ColourKey(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         colours = source_colours(self.palette())
         self.labels: dict[str, QLabel] = {}
-        for source, text in ((FROM_NGRAM, "n-gram drafter"), (FROM_MODEL, "drafter model")):
+        for source, text in SOURCE_NAMES.items():
             label = QLabel(text, self)
             label.setTextFormat(Qt.TextFormat.PlainText)
             label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
@@ -206,6 +219,7 @@ class ChatView(QTextBrowser):
 
     link_hovered = Signal(str)
     code_copied = Signal(str)
+    message_action = Signal(str, int)  # one of MESSAGE_ACTIONS, the message's index in the chat
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -228,6 +242,8 @@ class ChatView(QTextBrowser):
         self._tail_plain = False  # its last block is (too long for Markdown while it streams)
         self._shown_plain = ""  # the plain text shown from the answer's (or tail's) start
         self._follow = True  # keep the end in view: on after Send, off once the user scrolls up
+        self._message_starts: list[int] = []  # where each message's heading begins, in chat order
+        self._message_roles: list[str] = []
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_scroll_bar_range_changed)
         bar.valueChanged.connect(self._on_scroll_bar_value_changed)
@@ -289,11 +305,14 @@ class ChatView(QTextBrowser):
         self.clear()
         self._snippets.clear()
         self._answer_start = None
+        self._message_starts.clear()
+        self._message_roles.clear()
         for message in messages:
             self.append_message(message)
         self.follow_end()
 
     def append_message(self, message: ChatMessage) -> None:
+        self._mark_message(message.role)
         self._heading(ROLE_TITLES.get(message.role, message.role.capitalize()))
         cursor = self._new_block()
         start = cursor.position()
@@ -304,6 +323,7 @@ class ChatView(QTextBrowser):
         self._footer(message)
 
     def begin_answer(self) -> None:
+        self._mark_message("assistant")
         self._heading(ROLE_TITLES["assistant"])
         cursor = self._new_block()
         self._answer_start = cursor.position()
@@ -342,7 +362,7 @@ class ChatView(QTextBrowser):
             self._show_plain(self._tail_start, tail)
         else:
             self._tail_plain = False
-            self._insert_markdown(self._cut_from(self._tail_start), tail)
+            self._insert_markdown(self._cut_from(self._tail_start), settled_tail(tail))
 
     def _restart_plain(self, start: int) -> None:
         self._cut_from(start)
@@ -377,6 +397,37 @@ class ChatView(QTextBrowser):
     @property
     def streaming(self) -> bool:
         return self._answer_start is not None
+
+    def _mark_message(self, role: str) -> None:
+        self._message_starts.append(self._end())
+        self._message_roles.append(role)
+
+    def message_at(self, position: int) -> int | None:
+        """The index of the message shown at a document position (its heading, text or footer)."""
+        index = bisect.bisect_right(self._message_starts, position) - 1
+        return index if index >= 0 else None
+
+    def message_position(self, index: int) -> int:
+        """Where a message's text begins (its first block after the heading)."""
+        return self.document().findBlock(self._message_starts[index]).next().position()
+
+    def message_menu(self, index: int, parent: QWidget | None = None) -> QMenu:
+        """The actions for one message: copy it, edit it (a question), answer it again (an answer), delete it."""
+        menu = QMenu(parent or self)
+        role = self._message_roles[index]
+        idle = not self.streaming
+        labels = [("copy", "Copy message")]
+        if role == "user":
+            labels.append(("edit", "Edit this message…"))
+        if role == "assistant":
+            labels.append(("regenerate", "Regenerate this answer"))
+        labels.append(("delete", "Delete message"))
+        for action, label in labels:
+            item = menu.addAction(label)
+            item.setData(action)
+            item.setEnabled(idle or action == "copy")
+            item.triggered.connect(lambda _on=False, a=action: self.message_action.emit(a, index))
+        return menu
 
     def _end(self) -> int:
         cursor = QTextCursor(self.document())
@@ -441,7 +492,20 @@ class ChatView(QTextBrowser):
         scratch.setMarkdown(keep_lines(text), MARKDOWN)
         self._make_safe(scratch)
         self._dress_code_blocks(scratch)
+        first = scratch.begin().blockFormat()
+        start = cursor.position()
         cursor.insertFragment(QTextDocumentFragment(scratch))
+        landed = self.document().findBlock(start)
+        if not landed.text() and scratch.begin().text() and landed.next().isValid():
+            # A fragment that starts with a list is put after the empty block it was inserted into: that block
+            # would add a blank line while streaming that the chat, reopened, does not have.
+            QTextCursor(landed.next()).deletePreviousChar()
+        # The fragment's first block merges into the block it lands in and takes that block's plain format, so
+        # each streamed block lost its paragraph spacing (and a reopened chat, rendered in one piece, had it).
+        spacing = QTextBlockFormat()
+        spacing.setTopMargin(first.topMargin())
+        spacing.setBottomMargin(first.bottomMargin())
+        QTextCursor(self.document().findBlock(start)).mergeBlockFormat(spacing)
 
     def _make_safe(self, doc: QTextDocument) -> None:
         """Images become their name in brackets before anything lays them out; links we did not make lose
@@ -560,7 +624,7 @@ class ChatView(QTextBrowser):
                     runs.append((pos, pos + 1, source))
             block = block.next()
         cursor = QTextCursor(self.document())
-        tips = {FROM_NGRAM: "from the n-gram drafter", FROM_MODEL: "from the drafter model"}
+        tips = {FROM_NGRAM: "from the suffix drafter", FROM_MODEL: f"from the trained drafter ({TRAINED_DRAFTERS})"}
         for a, b, source in runs:
             cursor.setPosition(a)
             cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
@@ -652,7 +716,13 @@ class ChatView(QTextBrowser):
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
         menu = self.createStandardContextMenu(event.pos())
-        code = self.code_block_at(self.cursorForPosition(event.pos()).position())
+        position = self.cursorForPosition(event.pos()).position()
+        index = self.message_at(position)
+        if index is not None:
+            menu.addSeparator()
+            for action in self.message_menu(index, menu).actions():
+                menu.addAction(action)
+        code = self.code_block_at(position)
         if code is not None:
             action = QAction("Copy code block", menu)
             action.triggered.connect(lambda: QGuiApplication.clipboard().setText(code))

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import LoadedModels, MemoryProbe, MemoryReading
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
-from app.events import EngineCrashed, Finished, Loaded, PassStats
+from app.events import TRAINED_DRAFTERS, EngineCrashed, Finished, Loaded, PassStats
 from app.units import format_bytes
 from ui.bridge import EngineBridge
 from ui.figures import PLAIN_RATE, acceptance_text, decode_text, tau_text
@@ -54,6 +54,7 @@ LIVE_LABEL_TEMPLATES = {
     "alpha": "α 0.00",
     "tau": "τ 99.99",
     "k": "k 99",
+    "sources": "accepted from suffix drafter 99,999 · trained drafter 99,999",
     "context": "999,999 of 999,999 tokens",
 }
 
@@ -312,6 +313,7 @@ class DashboardPanel(QWidget):
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
             "k": "Draft depth the controller chose for the last pass",
+            "sources": f"This answer's accepted draft tokens by source; the trained drafter is {TRAINED_DRAFTERS}",
             "context": "Context fill",
             "device": "llama.cpp backend and the device whose bandwidth sets the ceiling",
         }
@@ -660,6 +662,7 @@ class DashboardPanel(QWidget):
             self._style_pct("")
         set_text("alpha", f"α {alpha:.2f}" if alpha is not None else "α –")
         set_text("k", f"k {c.k}" if c.k is not None else "k –")
+        set_text("sources", c.sources_text)
         set_text("context", c.context_text if c.n_ctx else "no model")
         set_text("device", " · ".join(x for x in (c.backend, c.device) if x) or "–")
 

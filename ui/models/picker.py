@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -28,12 +29,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.chat_template import fallback_name
-from app.engine.params import KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.engine.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import OWN_MTP_HEADS
 from app.library.pair_stats import load_measured, measured_start
 from app.library.recommend import Recommendation
 from app.library.tuned import TunedSettings, load_tuned
@@ -160,16 +162,22 @@ class ModelPicker(QWidget):
         self.remote_note.setVisible(False)
         form.addRow(self.remote_note)  # a whole row: an empty-label row of wrapped text is given too little height
         ngram_row = QHBoxLayout()
-        self.ngram_check = QCheckBox("N-gram drafter, key", models)
+        self.ngram_check = QCheckBox("Suffix drafter, shortest match", models)
         self.ngram_check.setToolTip(
-            "Prompt lookup, with this key length. Free to run; stacks with a drafter model (n-gram first, "
-            "model fills the rest).")
+            "Drafts text that repeats: the longest earlier passage (the prompt, the answer so far and, when "
+            "checked below, earlier answers) that ends like the text so far, matching at least this many tokens. "
+            "Free to run; stacks with a drafter model (the suffix drafter first, the model fills the rest).")
         self.ngram_spin = QSpinBox(models)
         self.ngram_spin.setRange(1, 16)
         self.ngram_spin.setValue(NGRAM_KEY_LENGTH)
         ngram_row.addWidget(self.ngram_check)
         ngram_row.addWidget(self.ngram_spin)
         form.addRow(ngram_row)
+        self.history_check = QCheckBox("Draft from earlier answers", models)
+        self.history_check.setToolTip(
+            "The suffix drafter also reads your earlier answers from the chat history when the model loads, so "
+            "text you had the model write before is drafted again. Applies at the next Load.")
+        form.addRow(self.history_check)
         folder_buttons = QWidget(models)
         folder_row = FlowLayout(folder_buttons, h_spacing=6, v_spacing=4)
         self.add_folder_button = QPushButton("Add folder…", models)
@@ -231,6 +239,12 @@ class ModelPicker(QWidget):
         self.threads_spin.setSpecialValueText("auto")
         self.fit_label = QLabel(load)
         self.fit_label.setWordWrap(True)
+        self.overflow_combo = QComboBox(load)
+        self.overflow_combo.addItem("Stop, offer a new chat", "stop")
+        self.overflow_combo.addItem("Leave out the oldest messages", "drop_oldest")
+        self.overflow_combo.setToolTip(
+            "When a chat grows past the context: stop and offer to go on in a new chat with the last message, or "
+            "leave the oldest messages out of what the model reads (they stay in the chat)")
         self.reload_check = QCheckBox("Load these on start", load)
         self.reload_check.setToolTip("Load these models when SpecDeck starts")
         self.gpu_note = QLabel(load)
@@ -242,6 +256,7 @@ class ModelPicker(QWidget):
         lform.addRow("KV cache type", self.kv_combo)
         lform.addRow("Flash attention", self.flash_combo)
         lform.addRow("CPU threads", self.threads_spin)
+        lform.addRow("Chat past the context", self.overflow_combo)
         lform.addRow(self.fit_label)
         lform.addRow(self.reload_check)
         buttons = QHBoxLayout()
@@ -292,6 +307,7 @@ class ModelPicker(QWidget):
         map between widgets and settings (saving, restoring and Load all go through it)."""
         return {
             "ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0, self._show_ngram),
+            "draft_from_history": (self.history_check.isChecked, self.history_check.setChecked),
             "adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
             "k": (self.k_spin.value, self.k_spin.setValue),
             "k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
@@ -300,7 +316,11 @@ class ModelPicker(QWidget):
             "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
             "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
             "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
+            "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
         }
+
+    def _show_overflow(self, policy: str) -> None:
+        self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(policy)))
 
     def _show_ngram(self, ngram: int) -> None:
         self.ngram_check.setChecked(ngram > 0)
@@ -367,7 +387,10 @@ class ModelPicker(QWidget):
 
     def drafter_path(self) -> str | None:
         data = self.drafter_combo.currentData()
-        return str(data) if data else None
+        return str(data) if data and data != OWN_MTP_HEADS else None
+
+    def own_mtp_heads_chosen(self) -> bool:
+        return bool(self.drafter_combo.currentData() == OWN_MTP_HEADS)
 
     def _entry(self, path: str | None) -> LibraryEntry | None:
         return next((e for e in self.entries if e.path == path), None) if path else None
@@ -381,6 +404,9 @@ class ModelPicker(QWidget):
                 return result
         if any(r.drafter_path == drafter for r in self._report.recommendations):
             return CompatResult(True, "", "same vocabulary")
+        for offer in self._report.heads:
+            if offer.path == drafter:
+                return CompatResult(offer.fits, "" if offer.fits else "head", offer.refusal or "it fits this target")
         return None
 
     def load_settings(self) -> LoadSettings:
@@ -399,10 +425,12 @@ class ModelPicker(QWidget):
                     "The drafter is still being checked against the target; try again in a moment.")
             if not result.ok:
                 raise IncompatibleDrafterError(
-                    f"This drafter cannot speculate for this target: {result.reason}.")
+                    f"This drafter cannot speculate for this target: {result.reason.rstrip('.')}.")
         v = self.shown_values()
         draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
-                              k_max=v["k_max"], model_start=measured_start(target, drafter))
+                              k_max=v["k_max"], model_start=measured_start(target, drafter),
+                              history_tokens=HISTORY_TOKENS if v["draft_from_history"] else 0,
+                              mtp=self.own_mtp_heads_chosen())
         return LoadSettings(
             target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
             flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
@@ -531,6 +559,18 @@ class ModelPicker(QWidget):
         for entry, result in report.refused:
             self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
             self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(result.reason), TOOLTIP_ROLE)
+        for offer in report.heads:  # trained heads: the target's own MTP heads, EAGLE-3 and DFlash files
+            self.drafter_combo.addItem(offer.label if offer.fits else f"✗ {offer.label} (does not fit)",
+                                       offer.path or OWN_MTP_HEADS)
+            self.drafter_combo.setItemData(self.drafter_combo.count() - 1,
+                                           plain_tooltip(offer.refusal or f"Drafts for this target: {offer.label}."),
+                                           TOOLTIP_ROLE)
+            if offer.path is None and not offer.fits:  # nothing to load: the reason is its tooltip
+                model = self.drafter_combo.model()
+                if isinstance(model, QStandardItemModel):
+                    item = model.item(self.drafter_combo.count() - 1)
+                    if item is not None:
+                        item.setEnabled(False)
         ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
         if ngram is not None:
             self.ngram_check.setToolTip(plain_tooltip(f"{ngram.note} Stacks with a drafter model."))
@@ -556,7 +596,8 @@ class ModelPicker(QWidget):
 
     def _show_remote(self, remote: RemoteModel | None) -> None:
         """A remote model: drafting is the server's, so the drafter controls are off and say why."""
-        for widget in (self.drafter_combo, self.ngram_check, self.ngram_spin, self.adaptive_check, self.k_max_spin):
+        for widget in (self.drafter_combo, self.ngram_check, self.ngram_spin, self.history_check, self.adaptive_check,
+                       self.k_max_spin):
             widget.setEnabled(remote is None)
             widget.setToolTip(REMOTE_NOTE if remote else "")
         self.k_spin.setEnabled(remote is None and not self.adaptive_check.isChecked())
@@ -601,7 +642,7 @@ class ModelPicker(QWidget):
         self.tuned_label.setText(tuned.summary() + without)
 
     def use_draft_settings(self, draft: DraftSettings) -> None:
-        """Show ``draft``'s n-gram key and depth settings (Load sends them); later changes are the user's."""
+        """Show ``draft``'s suffix-drafter match and depth settings (Load sends them); later changes are the user's."""
         bindings = self._bindings()
         for name in ("ngram", "adaptive", "k", "k_max"):
             bindings[name][1](getattr(draft, name))
