@@ -121,7 +121,7 @@ def test_menus_log_view_and_status_messages_that_clear(qtbot: QtBot, make_window
     menus = {a.text().replace("&", ""): [x.text().replace("&", "") for x in a.menu().actions() if x.text()]
              for a in window.menuBar().actions()}
     assert menus["File"] == ["New chat", "Export chat…", "Quit"]
-    assert menus["Edit"] == ["Copy"]
+    assert menus["Edit"] == ["Undo delete or edit\tCtrl+Z", "Copy"]
     assert menus["View"][0] == "Log"
     assert menus["Model"][:3] == ["Load", "Unload", "Connect to server…"]
     assert menus["Help"] == ["Keyboard shortcuts", "About SpecDeck"]
