@@ -129,10 +129,11 @@ class Current:
     @property
     def sources_text(self) -> str:
         """Where this answer's accepted draft tokens came from, named as the chat's highlight names them."""
+        # Short: the strip's label must fit a narrow dashboard (335 px at 1024x700); the tooltip names both.
         if not self.from_ngram and not self.from_trained:
-            return "accepted from –"
-        return (f"accepted from {SOURCE_NAMES[FROM_NGRAM]} {self.from_ngram:,} · "
-                f"{SOURCE_NAMES[FROM_MODEL]} {self.from_trained:,}")
+            return "accepted: –"
+        return (f"accepted: {SOURCE_NAMES[FROM_NGRAM].split()[0]} {self.from_ngram:,} · "
+                f"{SOURCE_NAMES[FROM_MODEL].split()[0]} {self.from_trained:,}")
 
     @property
     def context_fill(self) -> float:

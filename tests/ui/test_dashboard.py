@@ -121,7 +121,7 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     assert lab["tau"].text() == "τ 3.50"
     assert lab["k"].text() == "k 3"
     # Every accepted token of these passes came from the trained drafter (a drafter model here): 20 × 3 + 20 × 2.
-    assert lab["sources"].text() == "accepted from suffix drafter 0 · trained drafter 100"
+    assert lab["sources"].text() == "accepted: suffix 0 · trained 100"
     assert lab["context"].text() == f"{ctx} of 4,096 tokens"
     assert lab["device"].text() == "cuda · Test GPU (1 TB/s)"
     panel.on_finished(make_finished())

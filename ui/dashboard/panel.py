@@ -54,7 +54,7 @@ LIVE_LABEL_TEMPLATES = {
     "alpha": "α 0.00",
     "tau": "τ 99.99",
     "k": "k 99",
-    "sources": "accepted from suffix drafter 99,999 · trained drafter 99,999",
+    "sources": "accepted: suffix 99,999 · trained 99,999",
     "context": "999,999 of 999,999 tokens",
 }
 
@@ -313,7 +313,8 @@ class DashboardPanel(QWidget):
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
             "k": "Draft depth the controller chose for the last pass",
-            "sources": f"This answer's accepted draft tokens by source; the trained drafter is {TRAINED_DRAFTERS}",
+            "sources": f"This answer's accepted draft tokens by source: the suffix drafter and the trained drafter "
+                       f"({TRAINED_DRAFTERS})",
             "context": "Context fill",
             "device": "llama.cpp backend and the device whose bandwidth sets the ceiling",
         }
