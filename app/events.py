@@ -337,6 +337,7 @@ class BenchResult:
     verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
     draft_step_seconds: float = 0.0  # the cost model's median model-drafter step (0: no model drafted)
+    prompt_ids: tuple[int, ...] = ()  # the prompt's tokens (tune replays the answers offline)
 
 
 @dataclass(frozen=True)
