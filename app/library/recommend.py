@@ -33,7 +33,6 @@ from app.library.verify_cost import VerifyCurve
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
-NGRAM_K_MAX = 8
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"
 
@@ -157,7 +156,7 @@ def recommend_drafters(
 
     alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, NGRAM_KEY),
                                          NGRAM_DEFAULT_ACCEPTANCE)
-    rates, limit = acceptance_rates(alpha, profile, min(k_max, NGRAM_K_MAX))
+    rates, limit = acceptance_rates(alpha, profile, k_max)  # the policy's cap, as the engine drafts
     k, tau, speedup = predict(rates, limit, 0.0)
     gpu_style = speedup
     note = "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt"
