@@ -321,6 +321,7 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
 
         def replayed(best: Candidate) -> list[Candidate]:
             """The replay's winner; where no replay can run, the staged sweep takes its place."""
+            nonlocal limit
             t_replay = time.monotonic()
             first = report.results[0] if report.results else None
             report.replayed = replay_candidates(report.traces, first.verify_cost_ms if first else {},
@@ -328,6 +329,7 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
             report.replay_seconds = time.monotonic() - t_replay
             if not report.replayed:
                 sweep[index + 1 : index + 1] = stages(has_model)[:3]
+                limit = planned_count(has_model)
                 return []
             return [report.replayed[0].candidate]
 
