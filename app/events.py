@@ -443,6 +443,7 @@ class BenchResult:
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
     draft_step_seconds: float = 0.0  # the cost model's median model-drafter step (0: no model drafted)
     sources: tuple[SourceCounts, ...] = ()  # (n-gram drafter, trained drafter), from the run's passes
+    prompt_ids: tuple[int, ...] = ()  # the prompt's tokens (tune replays the answers offline)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.engine.adaptive import expected_tokens
 from app.library.gguf_reader import GGUFInfo
 from app.units import format_bytes
 
@@ -470,21 +471,26 @@ class CeilingModel:
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.)."""
+    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.): the depth
+    policy's ``expected_tokens`` with every position's rate equal, (1 − α^(k+1)) / (1 − α). A measured
+    acceptance per position is clustered, not i.i.d.; where one is known, use ``expected_tokens`` on it."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError("alpha must lie in [0, 1]")
     if k < 0:
         raise ValueError("k must be >= 0")
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return expected_tokens([alpha] * k, k)
+
+
+def bandwidth_bound_pass(width: int) -> float:
+    """A pass's cost in one-token passes where reading the weights dominates: any width costs one."""
+    return 1.0
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:
     """Leviathan's walltime improvement: c is a drafter step's cost relative to a target pass."""
     if c < 0:
         raise ValueError("c must be >= 0")
-    return expected_tokens_per_pass(alpha, k) / (k * c + 1.0)
+    return expected_tokens_per_pass(alpha, k) / (bandwidth_bound_pass(k + 1) + k * c)
 
 
 # --- fit ----------------------------------------------------------------------------------------

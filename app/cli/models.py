@@ -52,7 +52,8 @@ def _rec_json(r: Recommendation) -> dict[str, Any]:
     return {"path": r.drafter_path, "name": r.name, "kind": r.kind, "cost_ratio": round(r.cost_ratio, 6),
             "acceptance": r.acceptance, "acceptance_source": r.acceptance_source, "best_k": r.best_k,
             "tokens_per_pass": round(r.tokens_per_pass, 4), "predicted_speedup": round(r.speedup, 4),
-            "curve": r.curve, "bandwidth_bound_speedup": round(r.bandwidth_speedup, 4), "note": r.note}
+            "curve": r.curve, "bandwidth_bound_speedup": round(r.bandwidth_speedup, 4), "note": r.note,
+            "per_position_acceptance": list(r.per_position)}
 
 
 def _cell(value: object) -> str:

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="measure every suffix-drafter setting for real instead of replaying the first "
+                             "run's answers offline and confirming the winner")
 
 
 def bench_namespace(target: Path, prompts: Path, args: argparse.Namespace) -> argparse.Namespace:
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f", budget {_minutes(args.budget_s)}" if args.budget_s else "") + "; Ctrl-C keeps what "
                   "was measured", flush=True)
             report = tune(base, drafter=drafter, source=source, prompts=len(prompts), budget_s=args.budget_s,
-                          on_progress=print_progress)
+                          on_progress=print_progress, replay=not getattr(args, "no_replay", False))
         except EngineCrashedError as exc:
             print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
             return EXIT_ENGINE_CRASHED

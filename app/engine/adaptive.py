@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 DECAY = 0.92  # weight of the old estimate per observation: recent text matters most, but one miss in a
@@ -258,11 +258,30 @@ def conditional(probs: Sequence[float]) -> list[float]:
 
 
 def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens a pass of depth k emits on average: 1 + Σ_{i≤k} Π_{j≤i} rates[j], with rates[j] the chance that
+    position j is accepted given every earlier one was (equal rates give Leviathan's (1 − α^(k+1))/(1 − α))."""
     total, run = 1.0, 1.0
     for a in rates[:k]:
         run *= a
         total += run
     return total
+
+
+def best_depth(rates: Sequence[float], limit: int, verify: Callable[[int], float], *, free: int = 0,
+               draft_step: float = 0.0, rollback: float = 0.0) -> tuple[int, float]:
+    """(k, expected tokens per unit of time) for the depth 0..limit that emits the most tokens per unit of time.
+
+    ``verify(width)`` is the cost of a target pass of that width; positions past the first ``free`` cost
+    ``draft_step`` each (a model drafter's step), and a pass that drafts pays ``rollback``. The one rule for
+    the depth policy, the drafter ranking and the roofline: only the rates and the costs differ.
+    """
+    best_k, best = 0, 1.0 / verify(1)
+    for k in range(1, limit + 1):
+        seconds = verify(k + 1) + max(0, k - free) * draft_step + rollback
+        rate = expected_tokens(rates, k) / seconds
+        if rate > best * 1.0001:
+            best_k, best = k, rate
+    return best_k, best
 
 
 @dataclass(frozen=True)

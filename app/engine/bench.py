@@ -120,6 +120,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
         reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
         overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())), warning=warning,
         draft_step_seconds=session.decoder.controller.cost.draft_step, sources=source_counts(passes),
+        prompt_ids=tuple(prompt),
     )
 
 
@@ -158,12 +159,13 @@ class RunResult:
     stats: MessageStats | None = None
     prompt_tokens: int = 0
     sources: tuple[SourceCounts, ...] = ()
+    prompt_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, result: BenchResult) -> RunResult:
         return cls(list(result.token_ids), result.text, result.seconds, result.ttft_seconds,
                    list(result.overhead_seconds), result.reason, result.stats, result.prompt_tokens,
-                   result.sources)
+                   result.sources, list(result.prompt_ids))
 
     @property
     def counts(self) -> RunCounts:
@@ -354,6 +356,7 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
     spec_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
     base_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
     key = drafter_key(draft.drafter_path, draft.ngram)
+    traces: list[dict[str, list[int]]] = []  # each prompt's tokens and its answer (plain decoding's, if run)
     for index, messages in enumerate(prompts):
         specs: list[RunResult] = []
         bases: list[RunResult] = []
@@ -365,6 +368,8 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
                 result = run(messages, plain)
                 (bases if plain else specs).append(result)
         spec = specs[0]
+        answered = bases[0] if bases else spec
+        traces.append({"prompt": answered.prompt_ids, "answer": answered.tokens})
         for r in range(repeats):
             spec_by_repeat[r].append(specs[r])
             if bases:
@@ -423,6 +428,8 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         "total": total,
         "ceiling": ceiling(str(args.target), loaded.n_ctx),
     }
+    if getattr(args, "keep_traces", False):  # tune replays them; the bench's own JSON stays as it was
+        report["traces"] = traces
     if args.raw:
         report["raw"] = _raw(client, prompts[0], args.max_tokens, out)
     summary = (f"total: {total['tok_s']:.1f} tok/s, acceptance {total['acceptance']:.2f}, "

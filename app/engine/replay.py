@@ -144,22 +144,23 @@ def _run(trace: Trace, curve: CostCurve, draft_for: Callable[[list[int], int], l
 
 # --- SpecDeck ------------------------------------------------------------------------------------------
 
-def new_controller(curve: CostCurve, k_max: int = K_MAX) -> DepthController:
+def new_controller(curve: CostCurve, k_max: int = K_MAX, fixed: int | None = None) -> DepthController:
     """A depth policy whose cost model starts from the curve, as the load's calibration starts it."""
-    controller = DepthController(k_max=k_max)
+    controller = DepthController(k_max=k_max, fixed=fixed)
     for width in range(1, k_max + 2):
         controller.cost.observe_verify(width, curve.seconds(width))
     return controller
 
 
 def replay_specdeck(traces: Sequence[Trace], curve: CostCurve, *, min_match: int = 1, k_max: int = K_MAX,
-                    count_draft_time: bool = True, history: bool = False) -> list[Replayed]:
+                    count_draft_time: bool = True, history: bool = False, fixed: int | None = None
+                    ) -> list[Replayed]:
     """The suffix drafter and the adaptive depth, as ``specdeck bench`` runs them: one policy carried from
     answer to answer (one loaded session), the drafter empty at each prompt (bench resets it), unless
     ``history``: then each answer is remembered for the next prompt, as in the window. The drafter's and
     policy's own time is measured here and counted unless ``count_draft_time`` is off (it carries this
-    machine's load; off, the replay is exact and repeatable)."""
-    controller = new_controller(curve, k_max)
+    machine's load; off, the replay is exact and repeatable). ``fixed``: always that depth, as ``--k``."""
+    controller = new_controller(curve, k_max, fixed)
     drafter = SuffixDrafter(min_match)
     runs = []
     for trace in traces:

@@ -2,9 +2,13 @@
 
 Each candidate setting is measured by the bench itself (``app.engine.bench.bench``): speculative and plain
 runs side by side, alternating, in one engine worker, so each speedup is a ratio of neighbouring runs on
-this machine, with its spread over the repeats. The sweep starts from the window's defaults and moves one
-dimension at a time from the best setting so far: the suffix drafter's shortest match, k_max, fixed against
-adaptive depth, then the drafter choice (none, n-gram, model, both). The winner is saved per (target, drafter) pair
+this machine, with its spread over the repeats. The sweep starts from the window's defaults. At greedy
+decoding, the plain answers of that first run are then replayed offline (``app.engine.replay``) under every
+suffix-drafter setting (shortest match × adaptive k_max or fixed depth) on the verify cost that run measured,
+in seconds, and the replay's winner is confirmed with one real bench run. Where a replay cannot stand in
+(sampling, or no answer recorded) the sweep moves one dimension at a time from the best setting so far: the
+suffix drafter's shortest match, k_max, fixed against adaptive depth. With a model drafter, the drafter choice
+(none, n-gram, model, both) is measured last, for real. The winner is saved per (target, drafter) pair
 (``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
 ``cancelled``) keeps every setting measured so far, and the best of them is still saved.
 """
@@ -109,6 +113,19 @@ class Measured:
                 "acceptance": self.acceptance, "identical": self.identical, "seconds": round(self.seconds, 2)}
 
 
+@dataclass(frozen=True)
+class Predicted:
+    """One suffix-drafter setting replayed offline over the first run's plain answers."""
+
+    candidate: Candidate
+    speedup: float
+    tau: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"settings": self.candidate.as_json(), "label": self.candidate.label(),
+                "predicted_speedup": round(self.speedup, 4), "tau": round(self.tau, 3)}
+
+
 @dataclass
 class Progress:
     """Reported after each measured candidate."""
@@ -129,6 +146,9 @@ class TuneReport:
     results: list[Measured] = field(default_factory=list)
     stopped: str = "done"  # done, budget, cancelled
     saved_to: str | None = None
+    replayed: list[Predicted] = field(default_factory=list)  # best first; empty when no replay ran
+    replay_seconds: float = 0.0
+    traces: list[dict[str, list[int]]] = field(default_factory=list, repr=False)  # the first run's answers
 
     @property
     def ranked(self) -> list[Measured]:
@@ -160,7 +180,8 @@ class TuneReport:
         best = self.best
         return {"version": JSON_VERSION, "target": self.target, "drafter": self.drafter, "source": self.source,
                 "prompts": self.prompts, "stopped": self.stopped, "saved_to": self.saved_to,
-                "results": [m.as_json() for m in self.ranked], "best": best.as_json() if best else None}
+                "results": [m.as_json() for m in self.ranked], "best": best.as_json() if best else None,
+                "replayed": [p.as_json() for p in self.replayed], "replay_seconds": round(self.replay_seconds, 2)}
 
 
 def _median(values: list[float]) -> float:
@@ -192,8 +213,43 @@ def stages(has_model: bool) -> list[Callable[[Candidate], list[Candidate]]]:
         key_lengths, depth_caps, fixed_depths]
 
 
-def planned_count(has_model: bool) -> int:
-    """How many candidates the sweep measures when the default stays the best (an estimate otherwise)."""
+def replay_grid(base: Candidate) -> list[Candidate]:
+    """Every suffix-drafter setting the staged sweep could reach, with ``base``'s drafter choice."""
+    grid = [base]
+    for n in sorted({*KEY_LENGTHS, base.ngram or DEFAULT_NGRAM}):
+        grid += [replace(base, ngram=n, adaptive=True, k_max=m) for m in K_MAXES]
+        grid += [replace(base, ngram=n, adaptive=False, k=k, k_max=k) for k in FIXED_DEPTHS]
+    return list(dict.fromkeys(grid))
+
+
+def replay_candidates(traces: Sequence[dict[str, list[int]]], curve_ms: dict[str, float],
+                      candidates: Sequence[Candidate]) -> list[Predicted]:
+    """Each candidate's predicted speedup, replaying the recorded greedy answers under the suffix drafter and
+    the depth policy on the measured verify cost (exact: the drafter's own time left out); best first, the
+    earlier candidate first among equals. Empty when there is nothing to replay."""
+    from app.engine.replay import CostCurve, Trace, replay_specdeck, total
+
+    widths = {int(w): float(ms) / 1000 for w, ms in curve_ms.items()}
+    runs = [Trace(list(t["prompt"]), list(t["answer"])) for t in traces if t.get("prompt") and t.get("answer")]
+    if 1 not in widths or not runs:
+        return []
+    curve = CostCurve(widths)
+    out = []
+    for cand in candidates:
+        if not cand.ngram:
+            continue
+        replayed = total(replay_specdeck(runs, curve, min_match=cand.ngram, k_max=cand.k_max,
+                                         fixed=None if cand.adaptive else cand.k, count_draft_time=False))
+        out.append(Predicted(cand, replayed.speedup, replayed.tau))
+    order = {c: i for i, c in enumerate(candidates)}
+    return sorted(out, key=lambda p: (-round(p.speedup, 6), order[p.candidate]))
+
+
+def planned_count(has_model: bool, replayed: bool = False) -> int:
+    """How many candidates the sweep measures when the default stays the best (an estimate otherwise); with
+    ``replayed``, the most it measures (the default, the replay's winner, then the drafter choice)."""
+    if replayed:
+        return 2 + (3 if has_model else 0)
     default = Candidate(use_model=has_model, ngram=DEFAULT_NGRAM)
     seen = {default}
     for stage in stages(has_model):
@@ -240,12 +296,14 @@ def history_prompts(count: int) -> list[list[dict[str, str]]]:
 def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts: int,
          budget_s: float | None = None, on_progress: Callable[[Progress], None] | None = None,
          cancelled: Callable[[], bool] | None = None, client: Any = None,
-         bench_out: TextIO | None = None, plan: Sequence[Candidate] | None = None) -> TuneReport:
+         bench_out: TextIO | None = None, plan: Sequence[Candidate] | None = None,
+         replay: bool = True) -> TuneReport:
     """Measure candidates with ``bench`` (``base`` is a bench namespace: target, prompts, sampling) until the
     sweep ends, the budget would be passed or the user cancels; return what was measured, ranked.
 
-    ``plan`` measures exactly these candidates instead of the staged sweep. A cancel that ends the engine
-    worker mid-setting (the window's Cancel) keeps what was measured before it."""
+    ``plan`` measures exactly these candidates instead of the staged sweep. ``replay`` (greedy only) picks the
+    suffix-drafter setting by replaying the first run's answers and measures only its winner. A cancel that
+    ends the engine worker mid-setting (the window's Cancel) keeps what was measured before it."""
     from app.engine.bench import WATCHDOG_SECONDS
     from app.engine.client import EngineClient
 
@@ -255,21 +313,47 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
     client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
     t0 = time.monotonic()
     try:
-        limit = len(set(plan)) if plan is not None else planned_count(drafter is not None)
-        default = Candidate(use_model=drafter is not None, ngram=DEFAULT_NGRAM)
+        has_model = drafter is not None
+        replay = replay and plan is None and float(getattr(base, "temperature", 0.0)) == 0.0
+        limit = len(set(plan)) if plan is not None else planned_count(has_model, replay)
+        default = Candidate(use_model=has_model, ngram=DEFAULT_NGRAM)
         seen: set[Candidate] = set()
+
+        def replayed(best: Candidate) -> list[Candidate]:
+            """The replay's winner; where no replay can run, the staged sweep takes its place."""
+            nonlocal limit
+            t_replay = time.monotonic()
+            first = report.results[0] if report.results else None
+            report.replayed = replay_candidates(report.traces, first.verify_cost_ms if first else {},
+                                                replay_grid(best))
+            report.replay_seconds = time.monotonic() - t_replay
+            if not report.replayed:
+                sweep[index + 1 : index + 1] = stages(has_model)[:3]
+                limit = planned_count(has_model)
+                return []
+            return [report.replayed[0].candidate]
+
         sweep: list[Callable[[Candidate], list[Candidate]]] = (
             [lambda _best: list(plan)] if plan is not None
-            else [lambda _best: [default], *stages(drafter is not None)])
-        for stage in sweep:
+            else [lambda _best: [default], replayed, *stages(has_model)[3:]] if replay
+            else [lambda _best: [default], *stages(has_model)])
+        index = -1
+        while index + 1 < len(sweep):
+            index += 1
+            stage = sweep[index]
             measured = [m for m in report.results if m.candidate != PLAIN]
             best = max(measured, key=lambda m: m.speedup).candidate if measured else default
-            for cand in stage(best):
+            try:
+                candidates = stage(best)
+            except KeyboardInterrupt:  # Ctrl-C during the replay
+                report.stopped = "cancelled"
+                return report
+            for cand in candidates:
                 if cand in seen:
                     continue
                 seen.add(cand)
                 stop = _measure_one(report, cand, base, drafter, client, bench_out, cancelled, budget_s, t0,
-                                    told)
+                                    told, keep_traces=replay and not report.results)
                 if stop:
                     report.stopped = stop
                     return report
@@ -292,7 +376,7 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
 
 def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, drafter: str | None,
                  client: Any, bench_out: TextIO | None, cancelled: Callable[[], bool] | None,
-                 budget_s: float | None, t0: float, told: set[str]) -> str | None:
+                 budget_s: float | None, t0: float, told: set[str], *, keep_traces: bool = False) -> str | None:
     """Measure ``cand`` into ``report``; returns why the sweep stops instead (cancelled, budget), or None."""
     if cancelled is not None and cancelled():
         return "cancelled"
@@ -306,6 +390,7 @@ def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, 
     args.k_max = cand.k_max
     args.baseline = True
     args.raw = False
+    args.keep_traces = keep_traces
     t_cand = time.monotonic()
     try:
         result = bench(args, bench_out or io.StringIO(), client=client, told=told)
@@ -318,6 +403,8 @@ def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, 
             return "cancelled"
         raise
     record_verify_cost(result)
+    if keep_traces:
+        report.traces = list(result.get("traces") or [])
     report.results.append(Measured.of(cand, result, time.monotonic() - t_cand))
     return None
 
@@ -341,4 +428,9 @@ def table(report: TuneReport) -> str:
         lines.append(f"{n:>2}  {c.drafter:<7} {c.ngram or '-':>3}  {c.depth:<13} {m.speedup:>6.2f}×  "
                      f"{spread:<11} {m.tok_s:>7.1f} {m.baseline_tok_s:>7.1f} "
                      f"{m.acceptance if c != PLAIN else 0:>6.2f}")
+    if report.replayed:
+        top = report.replayed[0]
+        lines.append(f"replayed offline: {len(report.replayed)} suffix-drafter settings in "
+                     f"{report.replay_seconds:.1f} s; best {top.candidate.label()}, predicted {top.speedup:.2f}× "
+                     f"(τ {top.tau:.2f}), measured above")
     return "\n".join(lines)

@@ -1,14 +1,18 @@
 """Measured acceptance per (target, drafter) pair, kept across runs so the drafter ranking can use it.
 
 Stored as JSON in the data folder, written atomically. α is Leviathan's: the rate at which the first draft
-position is accepted. A pair is recorded only when one drafter made every draft (a model drafter without
-the n-gram drafter, or the n-gram drafter alone), so the figure belongs to that drafter.
+position is accepted. ``per_position`` is the measured acceptance per draft position (the share of drafts
+reaching position i whose first i + 1 tokens were all accepted, as the engine's stats give it): acceptance is
+clustered (a copy keeps being accepted, a chance match stops), so the ranking predicts from these rather
+than from α alone. A pair is recorded only when one drafter made every draft (a model drafter without the
+n-gram drafter, or the n-gram drafter alone), so the figure belongs to that drafter.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from app.errors import StorageError
 from app.events import MessageStats
@@ -19,6 +23,7 @@ from app.storage.atomic import atomic_write_json, read_json_object
 FILE_NAME = "acceptance.json"
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
 WEIGHT_CAP = 2000.0  # drafted tokens the running mean remembers at most: newer runs keep counting
+MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most 32)
 
 
 def default_path() -> Path:
@@ -29,13 +34,24 @@ def _key(target: str, drafter: str) -> str:
     return f"{target}\n{drafter}"
 
 
-def _read(path: Path) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+def _profile(value: Any) -> list[float] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(v, float | int) and not isinstance(v, bool) and 0 <= v <= 1 for v in value):
+        return None
+    return [float(v) for v in value[:MAX_POSITIONS]]
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for key, value in read_json_object(path).items():
         if isinstance(key, str) and isinstance(value, dict):
             alpha, weight = value.get("alpha"), value.get("weight")
             if isinstance(alpha, float | int) and isinstance(weight, float | int) and 0 <= alpha <= 1 and weight > 0:
                 out[key] = {"alpha": float(alpha), "weight": float(weight)}
+                profile = _profile(value.get("per_position"))
+                if profile is not None:
+                    out[key]["per_position"] = profile
     return out
 
 
@@ -45,6 +61,16 @@ def load_measured(path: Path | None = None) -> dict[tuple[str, str], float]:
     for key, value in _read(path or default_path()).items():
         target, _, drafter = key.partition("\n")
         out[(target, drafter)] = value["alpha"]
+    return out
+
+
+def load_profiles(path: Path | None = None) -> dict[tuple[str, str], tuple[float, ...]]:
+    """{(target path, drafter path or NGRAM_KEY): measured acceptance per position} for the pairs that have one."""
+    out: dict[tuple[str, str], tuple[float, ...]] = {}
+    for key, value in _read(path or default_path()).items():
+        if "per_position" in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = tuple(value["per_position"])
     return out
 
 
@@ -76,11 +102,17 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
     table = _read(path)
     old = table.get(_key(target, drafter))
     weight = float(stats.drafted)
+    finite = [math.isfinite(a) for a in stats.per_position_acceptance]
+    profile = _profile(list(stats.per_position_acceptance[: finite.index(False) if False in finite else None])) or []
     if old is not None:
-        total = min(old["weight"] + weight, WEIGHT_CAP)
-        alpha = old["alpha"] + (alpha - old["alpha"]) * weight / (old["weight"] + weight)
-        weight = total
-    table[_key(target, drafter)] = {"alpha": alpha, "weight": weight}
+        share = weight / (old["weight"] + weight)
+        alpha = old["alpha"] + (alpha - old["alpha"]) * share
+        before = old.get("per_position", [])
+        # Positions measured on both sides move by this answer's share; the rest keep whichever side has them.
+        profile = [b + (a - b) * share for a, b in zip(profile, before, strict=False)] + (
+            profile[len(before):] or before[len(profile):])
+        weight = min(old["weight"] + weight, WEIGHT_CAP)
+    table[_key(target, drafter)] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
     try:
         atomic_write_json(path, table)
     except StorageError:

@@ -1,9 +1,12 @@
 """Which drafter should I pick? Compatible drafters ranked by predicted speedup (Leviathan et al. 2023).
 
-On a bandwidth-bound device a drafter step costs about its weight bytes over the target's, c. With a
-per-token acceptance α and draft depth k, a verify pass yields (1 − α^(k+1)) / (1 − α) tokens on average
-and costs k·c + 1 target-step times, so the speedup is the ratio; the best k maximises it. The acceptance
-is the one measured for that pair in earlier runs when SpecDeck has it, otherwise a stated default.
+On a bandwidth-bound device a drafter step costs about its weight bytes over the target's, c. A verify pass
+of depth k yields 1 + Σ_{i≤k} Π_{j≤i} a_j tokens on average, a_j being the chance that position j is accepted
+given the earlier ones were, and costs k·c + 1 target-step times; the speedup is the ratio and the best k
+maximises it. Both are the depth policy's own (``app.engine.adaptive.expected_tokens``, ``best_depth``).
+The rates are the pair's acceptance measured per position in earlier runs (``app.library.pair_stats``):
+acceptance is clustered, so the i.i.d. rule (1 − α^(k+1)) / (1 − α) from one α misjudges both the tokens and
+the depth. Without a profile, the pair's measured α (or a stated default) is used at every position, i.i.d.
 The suffix drafter (text match) costs nothing to run and is always listed as the free option.
 
 A CPU is not bandwidth-bound: a pass of k + 1 tokens can cost several one-token passes. Where this machine's
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
+from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens_per_pass
+from app.engine.adaptive import best_depth, conditional, expected_tokens
 from app.engine.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
@@ -29,36 +33,30 @@ from app.library.verify_cost import VerifyCurve
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
-NGRAM_K_MAX = 8
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"
 
 
+def acceptance_rates(alpha: float, profile: Sequence[float], k_max: int) -> tuple[list[float], int]:
+    """(rate per position, deepest depth to consider): from a measured profile (cumulative per position, as
+    the engine's stats give it) never deeper than it was measured, as the depth policy drafts; else i.i.d."""
+    if profile:
+        return conditional(profile[:k_max]), min(k_max, len(profile))
+    return [alpha] * k_max, k_max
+
+
+def predict(rates: Sequence[float], limit: int, c: float, curve: VerifyCurve | None = None) -> tuple[int, float, float]:
+    """(best k, tokens per pass, speedup over plain decoding) with a drafter step costing c target passes, on
+    this machine's measured pass costs when ``curve`` is given, else on a bandwidth-bound device."""
+    verify = curve.relative if curve is not None else bandwidth_bound_pass
+    k, rate = best_depth(rates, limit, verify, draft_step=c)
+    return k, expected_tokens(rates, k), rate * verify(1)
+
+
 def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
-    """(k, speedup) for the depth 1..k_max with the highest predicted speedup."""
-    best = (1, expected_speedup(alpha, 1, c))
-    for k in range(2, k_max + 1):
-        s = expected_speedup(alpha, k, c)
-        if s > best[1]:
-            best = (k, s)
-    return best
-
-
-def measured_speedup(alpha: float, k: int, c: float, curve: VerifyCurve) -> float:
-    """Speedup with this machine's measured pass cost: tokens per pass ÷ (cost of a k + 1 pass + k·c)."""
-    if k == 0:
-        return 1.0
-    return expected_tokens_per_pass(alpha, k) / (curve.relative(k + 1) + k * c)
-
-
-def best_k_measured(alpha: float, c: float, curve: VerifyCurve, k_max: int = K_MAX) -> tuple[int, float]:
-    """(k, speedup) for the depth 0..k_max with the highest speedup on the measured curve (0: do not draft)."""
-    best = (0, 1.0)
-    for k in range(1, k_max + 1):
-        s = measured_speedup(alpha, k, c, curve)
-        if s > best[1]:
-            best = (k, s)
-    return best
+    """(k, speedup) on a bandwidth-bound device for an i.i.d. acceptance α (0: do not draft)."""
+    k, _tau, s = predict([alpha] * k_max, k_max, c)
+    return k, s
 
 
 @dataclass(frozen=True)
@@ -68,21 +66,31 @@ class Recommendation:
     kind: str  # "model" or "ngram"
     cost_ratio: float  # c: drafter bytes ÷ target bytes (0 for n-gram)
     acceptance: float  # α used
-    acceptance_source: str  # "measured" or "default"
+    acceptance_source: str  # "measured per position", "measured" (α only) or "default"
     best_k: int
     tokens_per_pass: float
     speedup: float
     note: str  # one sentence: why this prediction
     curve: str = BANDWIDTH_BOUND  # which pass-cost curve ``speedup`` used, in words
     bandwidth_speedup: float = 0.0  # the bandwidth-bound (GPU-style) figure, for reference
+    per_position: tuple[float, ...] = ()  # the measured acceptance per position the prediction used, if any
 
 
-def _acceptance(measured: Mapping[tuple[str, str], float], key: tuple[str, str], default: float
-                ) -> tuple[float, str]:
+def _acceptance(measured: Mapping[tuple[str, str], float], profiles: Mapping[tuple[str, str], Sequence[float]],
+                key: tuple[str, str], default: float) -> tuple[float, str, tuple[float, ...]]:
+    """(α, where it comes from, the per-position profile or ())."""
+    profile = tuple(profiles.get(key, ()))
+    if profile and all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in profile):
+        return profile[0], "measured per position", profile
     value = measured.get(key)
     if value is not None and math.isfinite(value) and 0.0 <= value <= 1.0:
-        return value, "measured"
-    return default, "default"
+        return value, "measured", ()
+    return default, "default", ()
+
+
+def _source_words(source: str) -> str:
+    return {"measured per position": "measured per position for this pair",
+            "measured": "measured for this pair, i.i.d. per position"}.get(source, "default, not yet measured")
 
 
 def recommend_drafters(
@@ -93,16 +101,22 @@ def recommend_drafters(
     default_acceptance: float = DEFAULT_ACCEPTANCE,
     k_max: int = K_MAX,
     verify_curves: Mapping[str, VerifyCurve] | None = None,
+    profiles: Mapping[tuple[str, str], Sequence[float]] | None = None,
 ) -> list[Recommendation]:
     """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
     Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
-    out (the library's compatibility matrix says why). Keys of measured_acceptance are
+    out (the library's compatibility matrix says why). Keys of measured_acceptance and ``profiles`` are
     (target path, drafter path), with NGRAM_KEY as the drafter path for the n-gram drafter.
-    ``verify_curves`` ({model path: measured curve}) defaults to the curves measured on this machine."""
+    ``verify_curves`` ({model path: measured curve}) and ``profiles`` ({pair: acceptance per position})
+    default to what was measured on this machine."""
     if verify_curves is None:
         from app.library.verify_cost import load_curves
 
         verify_curves = load_curves()
+    if profiles is None:
+        from app.library.pair_stats import load_profiles
+
+        profiles = load_profiles()
     curve = verify_curves.get(target.path)
     target_vocab = VocabInfo.from_gguf(target)
     models: list[Recommendation] = []
@@ -114,8 +128,10 @@ def recommend_drafters(
         if not check_compatible(target_vocab, VocabInfo.from_gguf(cand)).ok:
             continue
         c = cand.tensor_bytes / target.tensor_bytes
-        alpha, source = _acceptance(measured_acceptance, (target.path, cand.path), default_acceptance)
-        k, s = best_k(alpha, c, k_max)
+        alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, cand.path),
+                                             default_acceptance)
+        rates, limit = acceptance_rates(alpha, profile, k_max)
+        k, tau, s = predict(rates, limit, c)
         gpu_style = s
         c_source = "weight bytes, bandwidth-bound"
         if curve is not None:
@@ -124,7 +140,7 @@ def recommend_drafters(
                 c, c_source = own.widths_ms[1] / curve.widths_ms[1], "measured one-token passes"
             else:
                 c_source = "weight bytes"
-            k, s = best_k_measured(alpha, c, curve, k_max)
+            k, tau, s = predict(rates, limit, c, curve)
         if curve is not None and k == 0:
             note = (f"a drafter step costs c = {c:.2f} target passes and a pass of 2 costs "
                     f"{curve.relative(2):.2f} of one here: at α = {alpha:.2f} no depth beats plain decoding")
@@ -133,27 +149,25 @@ def recommend_drafters(
         elif s <= 1.0:
             note = f"too large for its acceptance (c = {c:.2f}, α = {alpha:.2f}): no depth beats plain decode"
         else:
-            note = (f"c = {c:.3f} ({c_source}), α = {alpha:.2f} "
-                    f"({'measured for this pair' if source == 'measured' else 'default, not yet measured'})")
-        models.append(Recommendation(cand.path, cand.name, "model", c, alpha, source, k,
-                                     expected_tokens_per_pass(alpha, k), s, note,
-                                     curve.describe() if curve else BANDWIDTH_BOUND, gpu_style))
+            note = f"c = {c:.3f} ({c_source}), α = {alpha:.2f} ({_source_words(source)})"
+        models.append(Recommendation(cand.path, cand.name, "model", c, alpha, source, k, tau, s, note,
+                                     curve.describe() if curve else BANDWIDTH_BOUND, gpu_style, profile))
     models.sort(key=lambda r: (-r.speedup, r.cost_ratio, r.drafter_path or ""))
 
-    alpha, source = _acceptance(measured_acceptance, (target.path, NGRAM_KEY), NGRAM_DEFAULT_ACCEPTANCE)
-    k = min(k_max, NGRAM_K_MAX)
-    gpu_style = expected_speedup(alpha, k, 0.0)
-    speedup = gpu_style
-    note = ("free: no second model, no extra memory; gains depend on how much the answer repeats the prompt or "
-            "earlier text")
+    alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, NGRAM_KEY),
+                                         NGRAM_DEFAULT_ACCEPTANCE)
+    rates, limit = acceptance_rates(alpha, profile, k_max)  # the policy's cap, as the engine drafts
+    k, tau, speedup = predict(rates, limit, 0.0)
+    gpu_style = speedup
+    note = "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt"
     if curve is not None:
-        k, speedup = best_k_measured(alpha, 0.0, curve, k)
+        k, tau, speedup = predict(rates, limit, 0.0, curve)
         if k == 0:
             note = (f"a pass of 2 tokens costs {curve.relative(2):.2f} of one here: at α = {alpha:.2f} drafting "
                     "does not pay on average (long copies still do; the adaptive depth finds them)")
     ngram = Recommendation(
-        None, "suffix drafter (text match)", "ngram", 0.0, alpha, source, k, expected_tokens_per_pass(alpha, k),
-        speedup, note, curve.describe() if curve else BANDWIDTH_BOUND, gpu_style,
+        None, "suffix drafter (text match)", "ngram", 0.0, alpha, source, k, tau,
+        speedup, note, curve.describe() if curve else BANDWIDTH_BOUND, gpu_style, profile,
     )
     return [*models, ngram]
 
@@ -169,5 +183,5 @@ def _same_file(a: str, b: str) -> bool:
 
 __all__ = [
     "BANDWIDTH_BOUND", "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "Recommendation",
-    "best_k", "best_k_measured", "expected_tokens_per_pass", "measured_speedup", "recommend_drafters",
+    "acceptance_rates", "best_k", "expected_tokens_per_pass", "predict", "recommend_drafters",
 ]

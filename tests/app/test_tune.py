@@ -78,16 +78,46 @@ def test_results_are_ranked_with_speedup_tok_s_and_spread(cli_run: tuple[dict[st
     assert report["best"] == expected
 
 
-def test_sweep_covers_key_length_depth_cap_and_fixed_depth(cli_run: tuple[dict[str, Any], Path, str]) -> None:
+def test_the_sweep_replays_every_setting_and_confirms_the_winner_for_real(
+        cli_run: tuple[dict[str, Any], Path, str]) -> None:
+    """The first run's plain answers are replayed under key length × depth cap × fixed depth; the replay's
+    winner is the one other setting measured with the bench."""
     report, _, stdout = cli_run
     settings = [r["settings"] for r in report["results"]]
     assert {"drafter": "n-gram", "ngram": DEFAULT_NGRAM, "adaptive": True, "k": None,
             "k_max": DEFAULT_K_MAX} in settings  # the window's defaults are always measured
     assert {"drafter": "none", "ngram": 0, "adaptive": True, "k": None, "k_max": DEFAULT_K_MAX} in settings
-    assert len({s["ngram"] for s in settings if s["ngram"]}) >= 3
-    assert len({s["k_max"] for s in settings if s["adaptive"] and s["ngram"]}) >= 3
-    assert any(not s["adaptive"] for s in settings)
+    replayed = report["replayed"]
+    swept = [r["settings"] for r in replayed]
+    assert len({s["ngram"] for s in swept}) >= 3
+    assert len({s["k_max"] for s in swept if s["adaptive"]}) >= 3
+    assert any(not s["adaptive"] for s in swept)
+    assert all(r["predicted_speedup"] > 0 and r["tau"] >= 1 for r in replayed)
+    predicted = [r["predicted_speedup"] for r in replayed]
+    assert predicted == sorted(predicted, reverse=True)
+    assert replayed[0]["settings"] in settings  # confirmed with a real run
+    assert len(settings) <= 3  # the default, the winner and the plain reference: nothing else was measured
+    assert "replayed offline" in stdout
     assert "left" in stdout  # progress with the time left
+
+
+def test_the_replay_ranks_a_copy_above_plain_and_keeps_the_default_first_among_equals() -> None:
+    from app.engine.tune import replay_candidates, replay_grid
+
+    phrase = list(range(100, 140))
+    traces = [{"prompt": [1, *phrase, 2], "answer": [*phrase, 3]}]  # the answer copies the prompt
+    default = Candidate(use_model=False, ngram=DEFAULT_NGRAM)
+    curve = {"1": 10.0, "2": 11.0, "4": 12.0, "8": 14.0, "16": 18.0, "33": 26.0}  # wide passes cheap
+    ranked = replay_candidates(traces, curve, replay_grid(default))
+    assert len(ranked) == len(replay_grid(default))
+    assert ranked[0].speedup > 2.0
+    assert all(p.tau >= 1.0 for p in ranked)
+    assert replay_candidates([], curve, [default]) == []  # nothing recorded: no replay
+    assert replay_candidates(traces, {"2": 11.0}, [default]) == []  # no one-token cost: no replay
+    novel = [{"prompt": [1, 2, 3], "answer": list(range(200, 260))}]  # nothing to copy: every setting ties
+    flat = replay_candidates(novel, curve, replay_grid(default))
+    assert flat[0].candidate == default
+    assert {round(p.speedup, 6) for p in flat} == {1.0}
 
 
 def test_winner_is_saved_for_the_pair_and_loads_as_draft_settings(
@@ -120,7 +150,7 @@ def test_tune_records_the_verify_cost_curve(cli_run: tuple[dict[str, Any], Path,
 def test_cancel_keeps_what_was_measured(tiny_target: Path, tmp_path: Path, specdeck_home: Path) -> None:
     seen: list[Progress] = []
     report = tune(base_args(tiny_target, write_prompts(tmp_path)), drafter=None, source="test", prompts=2,
-                  on_progress=seen.append, cancelled=lambda: len(seen) >= 2)
+                  on_progress=seen.append, cancelled=lambda: len(seen) >= 2, replay=False)
     assert report.stopped == "cancelled"
     assert len(report.results) == 2
     assert [p.done for p in seen] == [1, 2]
@@ -146,7 +176,7 @@ def test_interrupt_from_progress_keeps_what_was_measured(tiny_target: Path, tmp_
 def test_budget_stops_before_a_setting_that_would_end_past_it(tiny_target: Path, tmp_path: Path,
                                                               specdeck_home: Path) -> None:
     report = tune(base_args(tiny_target, write_prompts(tmp_path), repeat=1), drafter=None, source="test",
-                  prompts=2, budget_s=1e-3)
+                  prompts=2, budget_s=1e-3, replay=False)
     assert report.stopped == "budget"
     assert len(report.results) == 1  # the first setting always runs: there is no estimate before it
 
@@ -273,7 +303,7 @@ def test_a_missing_chat_template_is_told_once_for_the_whole_sweep(
 
     seen: list[Progress] = []
     report = tune(args, drafter=None, source="test", prompts=2, on_progress=seen.append,
-                  cancelled=lambda: len(seen) >= 3)
+                  cancelled=lambda: len(seen) >= 3, replay=False)
     assert len(report.results) == 3
     err = capsys.readouterr().err
     assert err.count(warnings[0]) == 1, err
