@@ -27,14 +27,12 @@ import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
-from app.engine import sampling
-from app.engine.drafters import Draft, _top_prob
+from app.engine.drafters import Draft, draft_step
 from app.engine.eagle3 import _api, target_layer_ids
 from app.engine.llama import Context, ContextParams, Model
 from app.engine.mtp import _F32P, MTPContext
 from app.engine.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
-from app.events import FROM_MODEL
 from app.library.gguf_format import read_header
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import head_refusal
@@ -224,16 +222,7 @@ class DFlashDrafter:
         draft.model_steps = 1
         history = list(recent) if recent is not None else []
         for i in range(k):
-            logits = rows[first + i]
-            recent_arr = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
-            dist = sampling.distribution(logits, settings, recent_arr)
-            conf = _top_prob(logits) if settings.greedy else float(dist.probs.max())
-            if i > 0 and conf < self.p_min:
+            if draft_step(draft, rows[first + i], settings, rng, history, self.p_min if i > 0 else 0.0) is None:
                 break
-            tok = dist.top if settings.greedy else dist.sample(rng)
-            draft.tokens.append(tok)
-            draft.q.append(None if settings.greedy else dist)
-            draft.sources.append(FROM_MODEL)
-            history.append(tok)
         draft.model_seconds = time.perf_counter() - t0
         return draft

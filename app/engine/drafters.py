@@ -116,25 +116,37 @@ class ModelDrafter:
         self.ctx.prepare_rollback(k - 1, 1)  # a recurrent drafter's state, before its steps
         history = list(recent) if recent is not None else []
         for i in range(k):
-            recent_arr = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
-            dist = sampling.distribution(row, settings, recent_arr)
-            # Decide to stop before sampling, from the row alone: stopping on the probability of the token
-            # just sampled would drop unlikely draws and skew the output towards confident tokens (no
-            # longer lossless: the acceptance test assumes the draft was drawn from q itself).
-            conf = _top_prob(row) if settings.greedy else float(dist.probs.max())
-            if i > 0 and conf < self.p_min:
+            tok = draft_step(draft, row, settings, rng, history, self.p_min if i > 0 else 0.0)
+            if tok is None:
                 break
-            tok = dist.top if settings.greedy else dist.sample(rng)
-            draft.tokens.append(tok)
-            draft.q.append(None if settings.greedy else dist)
-            draft.sources.append(FROM_MODEL)
-            history.append(tok)
             if i + 1 < k:
                 row = np.array(self.ctx.decode([tok])[-1], copy=True)
                 self._next_row = row
                 draft.model_steps += 1
         draft.model_seconds = time.perf_counter() - t0 - prefill_seconds
         return draft
+
+
+def draft_step(draft: Draft, row: npt.NDArray[np.float32], settings: SamplingSettings, rng: np.random.Generator,
+               history: list[int], p_min: float) -> int | None:
+    """Add one trained-drafter token from its logits ``row`` to ``draft`` (top-1 when greedy, else sampled from
+    q, kept for the acceptance test); None, adding nothing, where the row's confidence is below ``p_min``.
+
+    The stop is decided before sampling, from the row alone: stopping on the probability of the token just
+    sampled would drop unlikely draws and skew the output towards confident tokens (no longer lossless: the
+    acceptance test assumes the draft was drawn from q itself).
+    """
+    recent = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
+    dist = sampling.distribution(row, settings, recent)
+    conf = _top_prob(row) if settings.greedy else float(dist.probs.max())
+    if conf < p_min:
+        return None
+    tok = dist.top if settings.greedy else dist.sample(rng)
+    draft.tokens.append(tok)
+    draft.q.append(None if settings.greedy else dist)
+    draft.sources.append(FROM_MODEL)
+    history.append(tok)
+    return tok
 
 
 def _top_prob(row: npt.NDArray[np.float32]) -> float:

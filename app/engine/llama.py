@@ -284,6 +284,24 @@ class _Checkpoint:
     buffer: ctypes.Array[ctypes.c_uint8]
 
 
+def llama_context_params(params: ContextParams) -> lc.llama_context_params:
+    """llama.cpp's parameters for a context of sequence 0 alone, as every SpecDeck context has them."""
+    cp = lc.llama_context_default_params()
+    cp.n_ctx = params.n_ctx
+    cp.n_batch = params.n_batch
+    cp.n_ubatch = params.n_batch
+    cp.n_seq_max = 1
+    threads = params.n_threads or physical_cores()
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
+    cp.type_k = KV_GGML_TYPES[params.kv_type]
+    cp.type_v = KV_GGML_TYPES[params.kv_type]
+    cp.no_perf = True
+    cp.swa_full = SWA_FULL
+    return cp
+
+
 class Context:
     """One llama.cpp context (KV cache) on a model, sequence 0 only.
 
@@ -294,19 +312,7 @@ class Context:
 
     def __init__(self, model: Model, params: ContextParams) -> None:
         self.model = model
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = params.n_ctx
-        cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_batch
-        cp.n_seq_max = 1
-        threads = params.n_threads or physical_cores()
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
-        cp.type_k = KV_GGML_TYPES[params.kv_type]
-        cp.type_v = KV_GGML_TYPES[params.kv_type]
-        cp.no_perf = True
-        cp.swa_full = SWA_FULL
+        cp = llama_context_params(params)
         cp.n_rs_seq = params.rs_snapshots if model.is_recurrent else 0
         self._ptr = lc.llama_init_from_model(model._ptr, cp)
         if not self._ptr:

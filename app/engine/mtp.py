@@ -22,28 +22,23 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
 from app.ceiling.mtp_heads import mtp_refusal
-from app.engine import sampling
-from app.engine.drafters import Draft, _top_prob
+from app.engine.drafters import Draft, draft_step
 from app.engine.llama import (
-    FLASH_ATTN,
-    KV_GGML_TYPES,
     ROLLBACK_KV,
-    SWA_FULL,
     Context,
     ContextParams,
     Model,
-    physical_cores,
+    llama_context_params,
 )
 from app.engine.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
-from app.events import FROM_MODEL
 from app.library.gguf_reader import GGUFInfo
 
 LLAMA_CONTEXT_TYPE_MTP = 1
@@ -121,19 +116,7 @@ class MTPContext:
             raise EngineLoadError("The target was loaded without its MTP heads (load_mtp); load it with them.")
         self.api = nextn_api()
         self.model = model
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = target.n_ctx
-        cp.n_batch = target.n_batch
-        cp.n_ubatch = target.n_batch
-        cp.n_seq_max = 1
-        threads = params.n_threads or physical_cores()
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
-        cp.type_k = KV_GGML_TYPES[params.kv_type]
-        cp.type_v = KV_GGML_TYPES[params.kv_type]
-        cp.no_perf = True
-        cp.swa_full = SWA_FULL
+        cp = llama_context_params(replace(params, n_ctx=target.n_ctx, n_batch=target.n_batch))
         cp.n_rs_seq = 0
         cp.ctx_type = self.CTX_TYPE
         cp.ctx_other = target._ptr  # an EAGLE-3 drafter borrows the target's token embeddings and output
@@ -366,20 +349,11 @@ class MTPDrafter:
         assert logits is not None
         history = list(recent) if recent is not None else []
         for i in range(k):
-            recent_arr = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
-            dist = sampling.distribution(logits, settings, recent_arr)
-            # Stop before sampling, from the row alone (as ModelDrafter does: stopping on the sampled token's
-            # probability would skew the draft away from q).
-            conf = _top_prob(logits) if settings.greedy else float(dist.probs.max())
-            if i > 0 and conf < self.p_min:
+            drafted = draft_step(draft, logits, settings, rng, history, self.p_min if i > 0 else 0.0)
+            if drafted is None:
                 break
-            tok = dist.top if settings.greedy else dist.sample(rng)
-            draft.tokens.append(tok)
-            draft.q.append(None if settings.greedy else dist)
-            draft.sources.append(FROM_MODEL)
-            history.append(tok)
             if i + 1 < k:
-                logits = mtp.step(tok, row)
+                logits = mtp.step(drafted, row)
                 row = mtp.last_row
                 draft.model_steps += 1
         draft.model_seconds = time.perf_counter() - t0
