@@ -88,8 +88,8 @@ def test_chat_answers_two_turns_with_the_ngram_drafter_on(model: Path, tmp_path:
 
 def test_serve_answers_over_the_api(model: Path, tmp_path: Path) -> None:
     server = start_server(model, tmp_path / "history.sqlite3")
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
     try:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
         for _ in range(2):
             reply = client.chat.completions.create(
                 model="x", messages=[{"role": "user", "content": "abc abc abc abc abc abc"}], max_tokens=24,
@@ -97,6 +97,7 @@ def test_serve_answers_over_the_api(model: Path, tmp_path: Path) -> None:
             assert reply.usage is not None
             assert reply.usage.completion_tokens > 0
     finally:
+        client.close()  # its connection pool, before the server goes
         server.stop()
 
 

@@ -66,8 +66,9 @@ def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture
-def oai(served: tuple[Server, Path]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served[0].base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def oai(served: tuple[Server, Path]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served[0].base_url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client  # closed after the test: a socket left to the collector fails whichever test it lands in
 
 
 def counters(base_url: str) -> dict[str, float]:

@@ -325,8 +325,8 @@ def test_the_openai_client_gets_json_that_fits_the_schema_and_speculation_stays_
     answers = {}
     for k in (0, 4):
         server = start_server(tiny_target, tmp_path / f"rf{k}.sqlite3", k=k)
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
         try:
-            client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
             response = client.chat.completions.create(
                 model="any", messages=[{"role": "user", "content": PROMPT}], max_tokens=200, temperature=0,
                 response_format={"type": "json_schema", "json_schema": {"name": "yes_no", "schema": YES_NO}})
@@ -351,5 +351,6 @@ def test_the_openai_client_gets_json_that_fits_the_schema_and_speculation_stays_
             if obj.choices[0].finish_reason == "stop":
                 assert isinstance(json.loads(text), dict)
         finally:
+            client.close()  # its connection pool, before the server goes
             server.stop()
     assert answers[0] == answers[4]
