@@ -925,12 +925,7 @@ class ChatPanel(QWidget):
             else:
                 return True
         # Stop: the empty answer goes; the question stays, and a new chat can take it.
-        self._flush_timer.stop()
-        self.progress_label.setVisible(False)
-        self.prompt_bar.setVisible(False)
-        self._answer = None
-        self._request_id = None
-        self._awaiting_start = False
+        self._leave_answer()
         if answer.store_id is not None and self.store is not None:
             self._store_call(self.store.delete_message, answer.store_id)
         self.view.show_messages(self.messages)
@@ -959,14 +954,18 @@ class ChatPanel(QWidget):
             self._answer.stop_reason = "crashed"
             self._end_answer(self._answer)
 
-    def _end_answer(self, answer: ChatMessage) -> None:
-        self._left_out = 0
+    def _leave_answer(self) -> None:
+        """No answer is being written any more: its timer, progress and handles go."""
         self._flush_timer.stop()
         self.progress_label.setVisible(False)
         self.prompt_bar.setVisible(False)
         self._answer = None
         self._request_id = None
         self._awaiting_start = False
+
+    def _end_answer(self, answer: ChatMessage) -> None:
+        self._left_out = 0
+        self._leave_answer()
         if answer.store_id is not None and self.store is not None:
             self._store_call(self.store.finish_answer, answer.store_id, answer.text, answer.status,
                              answer.stats, stop_reason=answer.stop_reason,
