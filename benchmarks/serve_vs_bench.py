@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.bench import add_bench_arguments, bench  # noqa: E402
+from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench, read_prompts  # noqa: E402
 from app.engine.params import DraftSettings, LoadSettings  # noqa: E402
 from app.serve.metrics import ServeMetrics  # noqa: E402
 from app.serve.protocol import Limits  # noqa: E402
@@ -37,13 +38,12 @@ from app.serve.server import ServeOptions, Server  # noqa: E402
 
 
 def bench_tps(args: argparse.Namespace) -> float:
-    parser = argparse.ArgumentParser()
-    add_bench_arguments(parser)
-    bench_args = parser.parse_args([
-        "--target", str(args.target), "--ngram", str(args.ngram), "--prompts", str(args.prompts),
-        "--max-tokens", str(args.max_tokens), *(["--k", str(args.k)] if args.k is not None else []),
-    ])
-    return float(bench(bench_args, io.StringIO())["total"]["tok_s"])
+    fixed = args.k is not None
+    draft = DraftSettings(ngram=args.ngram, adaptive=not fixed, k=args.k if fixed else DraftSettings.k,
+                          k_max=max(args.k, 1) if fixed else DraftSettings.k_max)
+    config = BenchConfig(LoadSettings(target_path=str(args.target), draft=draft),
+                         tuple(read_prompts(args.prompts)), replace(BENCH_SAMPLING, max_tokens=args.max_tokens))
+    return bench(config, io.StringIO()).total.tok_s
 
 
 def api_tps(args: argparse.Namespace, ngram: int, prompts: list[dict[str, object]]) -> tuple[float, float, float]:

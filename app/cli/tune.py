@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from app.engine.bench import EngineCrashedError, read_prompts
-from app.engine.tune import Progress, history_prompts, save_winner, table, tune
+from app.engine.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
+from app.engine.params import DraftSettings, LoadSettings
+from app.engine.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.errors import AppError
 from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1
 EXIT_ENGINE_CRASHED = 3
 EXIT_CANCELLED = 130  # Ctrl-C, as a shell reports it; what was measured is still saved
+
+LOAD = LoadSettings(target_path="")  # the load settings' defaults, which the options share
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,31 +27,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", type=Path, help='JSONL, one {"messages": [...]} per line')
     source.add_argument("--from-history", type=int, metavar="N", help="the last N chats of the history")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=BENCH_SAMPLING.max_tokens)
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="stop starting new settings once the next would end past S seconds")
-    parser.add_argument("--repeat", type=int, default=2, metavar="N",
+    parser.add_argument("--repeat", type=int, default=TuneConfig.repeat, metavar="N",
                         help="side-by-side runs per prompt and setting (the spread needs at least 2)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
-    parser.add_argument("--ctx", type=int, default=4096, help="context size")
+    parser.add_argument("--temperature", type=float, default=BENCH_SAMPLING.temperature)
+    parser.add_argument("--threads", type=int, default=LOAD.n_threads, help="CPU threads (0 = physical cores)")
+    parser.add_argument("--ctx", type=int, default=LOAD.n_ctx, help="context size")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-replay", action="store_true",
                         help="measure every suffix-drafter setting for real instead of replaying the first "
                              "run's answers offline and confirming the winner")
 
 
-def bench_namespace(target: Path, prompts: Path, args: argparse.Namespace) -> argparse.Namespace:
-    """The bench's own arguments with its own defaults, for the tune to vary."""
-    from app.cli import bench as bench_cli
-
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args([
-        "--target", str(target), "--prompts", str(prompts), "--max-tokens", str(args.max_tokens),
-        "--repeat", str(args.repeat), "--temperature", str(args.temperature), "--threads", str(args.threads),
-        "--ctx", str(args.ctx), "--baseline",
-    ])
+def tune_config(args: argparse.Namespace) -> TuneConfig:
+    """The options as a sweep, with its prompts read from the file or the history; raises AppError."""
+    if args.prompts is not None:
+        source, prompts = str(args.prompts), read_prompts(args.prompts)
+    else:
+        source, prompts = "history", history_prompts(args.from_history)
+    draft = DraftSettings(drafter_path=str(args.drafter) if args.drafter else None)
+    settings = replace(LOAD, target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads)
+    sampling = replace(BENCH_SAMPLING, max_tokens=args.max_tokens, temperature=args.temperature)
+    return TuneConfig(settings, tuple(prompts), source, sampling, repeat=args.repeat, budget_s=args.budget_s,
+                      replay=not args.no_replay)
 
 
 def _minutes(seconds: float) -> str:
@@ -73,38 +75,24 @@ def run(args: argparse.Namespace) -> int:
     if args.budget_s is not None and not args.budget_s > 0:
         print(f"specdeck tune: --budget-s must be above 0, not {args.budget_s}.", file=sys.stderr)
         return EXIT_ERROR
-    with tempfile.TemporaryDirectory(prefix="specdeck-tune-") as scratch:
-        try:
-            if args.prompts is not None:
-                source, prompts = str(args.prompts), read_prompts(args.prompts)
-                prompts_file = args.prompts
-            else:
-                source, prompts = "history", history_prompts(args.from_history)
-                prompts_file = Path(scratch) / "history.jsonl"
-                prompts_file.write_text("".join(json.dumps({"messages": p}) + "\n" for p in prompts),
-                                        encoding="utf-8")
-            base = bench_namespace(args.target, prompts_file, args)
-            drafter = str(args.drafter) if args.drafter else None
-            print(f"tuning {terminal_safe(args.target.name, one_line=True)}"
-                  + (f" with {terminal_safe(args.drafter.name, one_line=True)}" if args.drafter else "")
-                  + f" on {len(prompts)} prompts from {source}, {args.repeat} side-by-side runs each"
-                  + (f", budget {_minutes(args.budget_s)}" if args.budget_s else "") + "; Ctrl-C keeps what "
-                  "was measured", flush=True)
-            report = tune(base, drafter=drafter, source=source, prompts=len(prompts), budget_s=args.budget_s,
-                          on_progress=print_progress, replay=not getattr(args, "no_replay", False))
-        except EngineCrashedError as exc:
-            print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
-            return EXIT_ENGINE_CRASHED
-        except AppError as exc:
-            print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
-            return EXIT_ERROR
-        except OSError as exc:
-            print(f"specdeck tune: cannot write the history's prompts: {exc.strerror}.", file=sys.stderr)
-            return EXIT_ERROR
+    try:
+        config = tune_config(args)
+        print(f"tuning {terminal_safe(args.target.name, one_line=True)}"
+              + (f" with {terminal_safe(args.drafter.name, one_line=True)}" if args.drafter else "")
+              + f" on {len(config.prompts)} prompts from {config.source}, {args.repeat} side-by-side runs each"
+              + (f", budget {_minutes(args.budget_s)}" if args.budget_s else "") + "; Ctrl-C keeps what "
+              "was measured", flush=True)
+        report = tune(config, on_progress=print_progress)
+    except EngineCrashedError as exc:
+        print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
+        return EXIT_ENGINE_CRASHED
+    except AppError as exc:
+        print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
+        return EXIT_ERROR
     return _finish(report, args)
 
 
-def _finish(report: Any, args: argparse.Namespace) -> int:
+def _finish(report: TuneReport, args: argparse.Namespace) -> int:
     if report.stopped == "cancelled":
         print("cancelled: keeping what was measured", flush=True)
     elif report.stopped == "budget":
@@ -120,8 +108,9 @@ def _finish(report: Any, args: argparse.Namespace) -> int:
         print(f"specdeck tune: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
         code = EXIT_ERROR
     else:
-        if tuned is not None:
-            print(f"best: {report.best.candidate.label()}, {tuned.speedup:.2f}× "
+        best = report.best
+        if tuned is not None and best is not None:
+            print(f"best: {best.candidate.label()}, {tuned.speedup:.2f}× "
                   f"({tuned.speedup_min:.2f}–{tuned.speedup_max:.2f}); saved to {report.saved_to}, "
                   "the window offers it for this pair (Use tuned settings)")
     if args.json:

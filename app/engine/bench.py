@@ -3,27 +3,29 @@
 Every decode runs in the engine worker process, as in the app, so a model that aborts llama.cpp ends the
 bench with one sentence instead of taking it down. Each answer is timed inside the worker (one ``BenchRun``
 request, one ``BenchResult`` reply, nothing through the pipe in between), so the pipe costs nothing in the
-timed window. With --baseline each prompt's speculative and plain runs alternate, in alternating order, in
+timed window. With a baseline each prompt's speculative and plain runs alternate, in alternating order, in
 one worker, so that a noisy machine drifts both the same way; speedups are ratios of those side-by-side
-runs, and --repeat N gives their median and spread. --raw adds a bare llama_decode loop, to show what the
+runs, and repeats give their median and spread. ``raw`` adds a bare llama_decode loop, to show what the
 engine's own Python costs on top of llama.cpp. Every rate comes from ``app.events.RunCounts``.
+
+The command line (``app.cli.bench``), ``tune``, the window's Tune and the benchmarks all describe a run with
+a ``BenchConfig`` and get a ``BenchReport`` back.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
 
 import numpy as np
 
-from app.engine.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
-from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
+from app.engine.params import LoadSettings, SamplingSettings
+from app.engine.prompts import Prompt
+from app.engine.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
 from app.errors import AppError, SettingsError
 from app.events import (
     BenchResult,
@@ -43,42 +45,47 @@ from app.events import (
 )
 from app.safe_text import terminal_safe
 
+if TYPE_CHECKING:
+    from app.engine.client import EngineClient
+    from app.engine.session import EngineSession
+
 JSON_VERSION = 1
 WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
 
+# The report as `--json` writes it: JSON values all the way down.
+JSONValue: TypeAlias = "str | int | float | bool | None | Sequence[JSONValue] | Mapping[str, JSONValue]"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """`specdeck bench`'s options, also parsed by `tune` and the window's sweep (one set of defaults)."""
-    parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
-    parser.add_argument("--drafter", type=Path, help="drafter model (GGUF with the target's vocabulary)")
-    parser.add_argument("--ngram", type=int, default=0, metavar="N", help="suffix drafter's shortest match (0 = off)")
-    parser.add_argument("--mtp", action="store_true",
-                        help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
-    depth = parser.add_mutually_exclusive_group()
-    depth.add_argument("--k", type=int, help="fixed draft depth (0 = plain decoding)")
-    depth.add_argument("--adaptive", action="store_true", help="choose the depth each pass (default)")
-    parser.add_argument("--k-max", type=int, default=K_MAX, help="largest depth the adaptive policy may choose")
-    parser.add_argument("--model-start", type=float, metavar="A",
-                        help="start the model drafter's acceptance estimate at A (the window, chat and serve start "
-                        "from the pair's measured figure; bench from the policy's prior unless this is given)")
-    parser.add_argument("--prompts", required=True, type=Path, help='JSONL, one {"messages": [...]} per line')
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=40)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--min-p", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--ctx", type=int, default=4096, help="context size")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
-    parser.add_argument("--recurrent-rollback", choices=RECURRENT_ROLLBACKS, default="auto",
-                        help="how a recurrent or hybrid target takes back rejected drafts: llama.cpp's state "
-                        "snapshots where it has them (auto), or always a checkpoint")
-    parser.add_argument("--baseline", action="store_true", help="also run each prompt without speculation")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                        help="run each prompt N times (speculative and plain alternating, in alternating order); "
-                        "speedups are reported as median, min and max")
-    parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
-    parser.add_argument("--json", type=Path, help="write the full report here")
+# The bench samples with the sampling settings' own defaults, but from a fixed seed (runs at a temperature
+# repeat) and with shorter answers.
+BENCH_SAMPLING = SamplingSettings(seed=1234, max_tokens=256)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One bench: the pair and its load settings, the prompts, the sampling, and what to measure."""
+
+    settings: LoadSettings
+    prompts: tuple[Prompt, ...]
+    sampling: SamplingSettings = BENCH_SAMPLING
+    baseline: bool = False  # also run each prompt without speculation, side by side
+    repeat: int = 1  # runs of each prompt (speculative and plain alternating, in alternating order)
+    raw: bool = False  # also time a bare llama_decode loop
+    keep_traces: bool = False  # keep each prompt's tokens and answer (tune replays them offline)
+
+    def validate(self) -> BenchConfig:
+        """The settings, the sampling and the repeats checked (not the prompts: a caller may read them after);
+        raises SettingsError."""
+        self.settings.validate()
+        self.sampling.validate()
+        if self.repeat < 1:
+            raise SettingsError(f"--repeat must be at least 1, not {self.repeat}.")
+        return self
+
+
+def print_note(text: str) -> None:
+    """The bench's default sink for notes (a context made larger, a refused chat template): stderr."""
+    print(f"specdeck bench: {text}", file=sys.stderr)
 
 
 class EngineCrashedError(AppError):
@@ -88,7 +95,7 @@ class EngineCrashedError(AppError):
 # --- in the worker ---------------------------------------------------------------------------------
 
 
-def bench_run(session: Any, request: BenchRun) -> BenchResult:
+def bench_run(session: EngineSession, request: BenchRun) -> BenchResult:
     """One answer from an empty cache (so runs are comparable), with or without speculation."""
     decoder = session.plain_decoder if request.plain else session.decoder
     decoder.reset_cache()
@@ -124,7 +131,7 @@ def bench_run(session: Any, request: BenchRun) -> BenchResult:
     )
 
 
-def raw_decode(session: Any, request: RawDecode) -> RawDecoded:
+def raw_decode(session: EngineSession, request: RawDecode) -> RawDecoded:
     """Prefill ``request.messages`` as a chat prompt, or ``request.text`` (or the BOS token), then ``n_tokens``
     bare greedy one-token decodes."""
     model, ctx = session.target, session.ctx
@@ -175,7 +182,7 @@ class RunResult:
     def decode_tps(self) -> float:
         return self.counts.decode_tps
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         c, s = self.counts, self.stats
         return {
             "tokens": c.tokens,
@@ -201,22 +208,90 @@ def _median_ms(values: Sequence[float]) -> float:
     return round(statistics.median(values) * 1000, 3) if values else 0.0
 
 
-def _totals(runs: Sequence[RunResult]) -> dict[str, Any]:
-    counts = sum((r.counts for r in runs), RunCounts())
-    return {
-        "tokens": counts.tokens,
-        "seconds": round(sum(r.seconds for r in runs), 4),
-        "decode_seconds": round(counts.decode_seconds, 4),
-        "decode_tokens": counts.decode_tokens,
-        "tok_s": round(counts.decode_tps, 2),
-        "acceptance": round(counts.acceptance, 4),
-        "tokens_per_pass": round(counts.tokens_per_pass, 3),
-        "overhead_ms_median": _median_ms([o for r in runs for o in r.overheads]),
-        "sources": _sources_json(runs),
-    }
+@dataclass(frozen=True)
+class Totals:
+    """Runs summed: their counts, wall time and Python overhead; figures rounded as the report writes them."""
+
+    runs: tuple[RunResult, ...]
+
+    @property
+    def counts(self) -> RunCounts:
+        return sum((r.counts for r in self.runs), RunCounts())
+
+    @property
+    def tok_s(self) -> float:
+        return round(self.counts.decode_tps, 2)
+
+    @property
+    def acceptance(self) -> float:
+        return round(self.counts.acceptance, 4)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return round(self.counts.tokens_per_pass, 3)
+
+    @property
+    def overhead_ms_median(self) -> float:
+        return _median_ms([o for r in self.runs for o in r.overheads])
+
+    def as_json(self) -> JSONObject:
+        counts = self.counts
+        return {
+            "tokens": counts.tokens,
+            "seconds": round(sum(r.seconds for r in self.runs), 4),
+            "decode_seconds": round(counts.decode_seconds, 4),
+            "decode_tokens": counts.decode_tokens,
+            "tok_s": self.tok_s,
+            "acceptance": self.acceptance,
+            "tokens_per_pass": self.tokens_per_pass,
+            "overhead_ms_median": self.overhead_ms_median,
+            "sources": _sources_json(self.runs),
+        }
 
 
-def _sources_json(runs: Sequence[RunResult]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Speedup:
+    """Speculative over plain decoding, side by side: one ratio per repeat, their median and spread."""
+
+    ratios: tuple[float, ...]
+    identical: bool  # every speculative answer was the plain answer, token for token
+
+    @property
+    def speedups(self) -> list[float]:
+        return [round(v, 3) for v in self.ratios]
+
+    @property
+    def median(self) -> float:
+        return _spread(self.ratios)["speedup"]
+
+    @property
+    def low(self) -> float:
+        return _spread(self.ratios)["speedup_min"]
+
+    @property
+    def high(self) -> float:
+        return _spread(self.ratios)["speedup_max"]
+
+
+Trace = dict[str, list[int]]  # one prompt's tokens ("prompt") and its answer ("answer")
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """What one bench measured: typed totals for the callers, and the whole report as `--json` writes it."""
+
+    total: Totals  # the speculative runs (plain decoding's, with speculation off)
+    baseline: Totals | None  # the plain runs beside them, with a baseline
+    speedup: Speedup | None  # with a baseline
+    verify_cost_ms: dict[str, float]  # by verify width: what the cost model held after the last run
+    traces: tuple[Trace, ...]  # with keep_traces: each prompt's tokens and answer (plain decoding's, if run)
+    document: JSONObject = field(repr=False)
+
+    def as_json(self) -> JSONObject:
+        return self.document
+
+
+def _sources_json(runs: Sequence[RunResult]) -> JSONObject:
     """Each draft source's drafted, accepted and per-position acceptance over ``runs``."""
     totals: dict[str, SourceCounts] = {}
     for run in runs:
@@ -238,7 +313,7 @@ def _drafter_cost(step: float, verify: dict[int, float]) -> dict[str, float]:
     return {"drafter_step_ms": round(step * 1000, 3), "c": round(step / verify[1], 3)}
 
 
-def _spread(values: Sequence[float]) -> dict[str, Any]:
+def _spread(values: Sequence[float]) -> dict[str, float]:
     """The median speedup and its spread over repeats."""
     return {"speedup": round(statistics.median(values), 3), "speedup_min": round(min(values), 3),
             "speedup_max": round(max(values), 3)}
@@ -258,7 +333,7 @@ def crash_sentence(event: EngineCrashed) -> str:
     return f"llama.cpp {how} {phase}{last}; {advice}."
 
 
-def _await(client: Any, kind: type[E]) -> E:
+def _await(client: EngineClient, kind: type[E]) -> E:
     """The reply of type ``kind`` to the request just sent; an engine error or crash raises."""
     for event in client.events(timeout=WATCHDOG_SECONDS):
         if isinstance(event, EngineCrashed):
@@ -275,7 +350,7 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
     return (False, True) if (prompt_index + repeat) % 2 == 0 else (True, False)
 
 
-def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
+def ceiling(target: str, n_ctx: int) -> JSONObject | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
     from app.ceiling.report import ceiling_summary
 
@@ -285,60 +360,48 @@ def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
         return None
 
 
-def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark that ``args`` (the CLI's namespace) describes; print a table; return the report.
+def bench(config: BenchConfig, out: TextIO, *, client: EngineClient | None = None, told: set[str] | None = None,
+          note: Callable[[str], None] = print_note) -> BenchReport:
+    """Run the benchmark that ``config`` describes; print its table to ``out`` and its notes to ``note``;
+    return the report.
 
-    ``told`` holds the warnings already printed (a caller running several benches, like tune, passes one set
-    so each warning is printed once across them)."""
+    ``told`` holds the warnings already given (a caller running several benches, like tune, passes one set so
+    each warning is given once across them)."""
     from app.engine.client import EngineClient
 
-    draft = DraftSettings(
-        drafter_path=str(args.drafter) if args.drafter else None,
-        ngram=args.ngram,
-        mtp=getattr(args, "mtp", False),
-        adaptive=args.k is None,
-        k=args.k if args.k is not None else 4,
-        k_max=args.k_max if args.k is None else max(args.k, 1),
-        model_start=getattr(args, "model_start", None),
-    )
-    settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads,
-                            recurrent_rollback=getattr(args, "recurrent_rollback", "auto")).validate()
-    sampling = SamplingSettings(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
-                                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p).validate()
-    repeats = getattr(args, "repeat", 1)
-    if repeats < 1:
-        raise SettingsError(f"--repeat must be at least 1, not {repeats}.")
-    prompts = read_prompts(Path(args.prompts))
+    settings = config.validate().settings
+    if not config.prompts:
+        raise SettingsError("There is no prompt to measure; give at least one.")
     own_client = client is None
-    client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+    engine = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
     try:
-        client.load(settings)
-        loaded = _await(client, Loaded)
-        note = settings.context_note(loaded.n_ctx)
-        if note:
-            print(f"specdeck bench: {note}", file=sys.stderr)
-        return _measure(client, args, draft, sampling, prompts, repeats, loaded, out,
-                        set() if told is None else told)
+        engine.load(settings)
+        loaded = _await(engine, Loaded)
+        context = settings.context_note(loaded.n_ctx)
+        if context:
+            note(context)
+        return _measure(engine, config, loaded, out, set() if told is None else told, note)
     finally:
         if own_client:
-            client.close()
+            engine.close()
 
 
-def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSettings,
-             prompts: list[list[dict[str, str]]], repeats: int, loaded: Loaded, out: TextIO,
-             told: set[str]) -> dict[str, Any]:
+def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: TextIO, told: set[str],
+             note: Callable[[str], None]) -> BenchReport:
     from app.library.pair_stats import drafter_key
     from app.library.pair_stats import record as record_acceptance
 
+    draft, target = config.settings.draft, config.settings.target_path
+    sampling, repeats = config.sampling, config.repeat
     verify_cost: list[tuple[int, float]] = []
     draft_step = [0.0]  # the latest run's model-drafter step, kept through runs without one
 
-    def run(messages: list[dict[str, str]], plain: bool) -> RunResult:
+    def run(messages: Prompt, plain: bool) -> RunResult:
         client.bench_run(messages, sampling, plain)
         result = _await(client, BenchResult)
         if result.warning and result.warning not in told:  # a refused template: say so, once
             told.add(result.warning)
-            print(f"specdeck bench: {terminal_safe(result.warning, one_line=True)}", file=sys.stderr)
+            note(terminal_safe(result.warning, one_line=True))
         verify_cost[:] = result.verify_cost  # what the cost model holds after the latest run
         draft_step[0] = result.draft_step_seconds or draft_step[0]
         return RunResult.of(result)
@@ -352,17 +415,18 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
           + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
     print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "
           f"{'τ':>5} {'same':>5}", file=out)
-    rows: list[dict[str, Any]] = []
+    rows: list[JSONObject] = []
+    identical_rows: list[bool] = []
     spec_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
     base_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
     key = drafter_key(draft.drafter_path, draft.ngram)
-    traces: list[dict[str, list[int]]] = []  # each prompt's tokens and its answer (plain decoding's, if run)
-    for index, messages in enumerate(prompts):
+    traces: list[Trace] = []  # each prompt's tokens and its answer (plain decoding's, if run)
+    for index, messages in enumerate(config.prompts):
         specs: list[RunResult] = []
         bases: list[RunResult] = []
         firsts: list[str] = []
         for r in range(repeats):
-            order = alternating_order(index, r) if args.baseline else (False,)
+            order = alternating_order(index, r) if config.baseline else (False,)
             firsts.append("plain" if order[0] else "speculative")
             for plain in order:
                 result = run(messages, plain)
@@ -376,42 +440,51 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
                 base_by_repeat[r].append(bases[r])
         for s in specs:
             if s.stats is not None and key is not None:
-                record_acceptance(str(args.target), key, s.stats)
+                record_acceptance(target, key, s.stats)
         # The run fields are the first repeat's; "runs" has every repeat, "speedup" their median.
-        row: dict[str, Any] = {"index": index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
-        row["runs"] = [{"tok_s": round(s.decode_tps, 2), "first": first} for s, first in zip(specs, firsts,
-                                                                                             strict=True)]
+        row: JSONObject = {"index": index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
+        runs: list[JSONObject] = [{"tok_s": round(s.decode_tps, 2), "first": first}
+                                  for s, first in zip(specs, firsts, strict=True)]
+        row["runs"] = runs
         spread = ""
         if bases:
             base = bases[0]
             n = min(len(base.tokens), len(spec.tokens))
             row["baseline"] = base.as_json()
             ratios = [_ratio([s], [b]) for s, b in zip(specs, bases, strict=True)]
-            for run_json, b, ratio in zip(row["runs"], bases, ratios, strict=True):
+            for run_json, b, ratio in zip(runs, bases, ratios, strict=True):
                 run_json.update(baseline_tok_s=round(b.decode_tps, 2), speedup=round(ratio, 3))
-            row.update(_spread(ratios))
-            row["identical"] = all(b.tokens == s.tokens for s, b in zip(specs, bases, strict=True))
+            row_spread = _spread(ratios)
+            row.update(row_spread)
+            identical_rows.append(all(b.tokens == s.tokens for s, b in zip(specs, bases, strict=True)))
+            row["identical"] = identical_rows[-1]
             row["agree_prefix"] = next((i for i in range(n) if base.tokens[i] != spec.tokens[i]), n)
             if repeats > 1:
-                spread = f"{row['speedup_min']:.2f}–{row['speedup_max']:.2f}"
+                spread = f"{row_spread['speedup_min']:.2f}–{row_spread['speedup_max']:.2f}"
         rows.append(row)
         print(f"{index:>2} {len(spec.tokens):>6} {statistics.median(s.decode_tps for s in specs):>8.1f} "
               f"{statistics.median(b.decode_tps for b in bases) if bases else 0:>8.1f} "
               f"{row.get('speedup', 0):>7.2f} {spread:>11} "
               f"{row['acceptance']:>6.2f} {row['tokens_per_pass']:>5.2f} {row.get('identical', '-')!s:>5}",
               file=out)
-    all_spec = [s for runs in spec_by_repeat for s in runs]
-    total: dict[str, Any] = _totals(all_spec)
-    if args.baseline:
-        total["baseline"] = _totals([b for runs in base_by_repeat for b in runs])
-        per_repeat = [_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)]
-        total["speedups"] = [round(v, 3) for v in per_repeat]
-        total.update(_spread(per_repeat))
-        total["identical"] = all(r.get("identical") for r in rows)
-    report: dict[str, Any] = {
+    total = Totals(tuple(s for group in spec_by_repeat for s in group))
+    total_json = total.as_json()
+    baseline: Totals | None = None
+    speedup: Speedup | None = None
+    if config.baseline:
+        baseline = Totals(tuple(b for group in base_by_repeat for b in group))
+        speedup = Speedup(tuple(_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)),
+                          all(identical_rows))
+        total_json["baseline"] = baseline.as_json()
+        total_json["speedups"] = speedup.speedups
+        total_json.update(_spread(speedup.ratios))
+        total_json["identical"] = speedup.identical
+    verify_cost_ms = {str(w): round(t * 1000, 3) for w, t in verify_cost}
+    drafter_cost = _drafter_cost(draft_step[0], dict(verify_cost))
+    report: JSONObject = {
         "version": JSON_VERSION,
-        "target": str(args.target),
-        "drafter": str(args.drafter) if args.drafter else None,
+        "target": target,
+        "drafter": draft.drafter_path,
         "ngram": draft.ngram,
         "mtp": draft.mtp,
         "adaptive": draft.adaptive,
@@ -422,31 +495,30 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         "max_tokens": sampling.max_tokens,
         "repeat": repeats,
         "backend": loaded.backend,
-        "verify_cost_ms": {str(w): round(t * 1000, 3) for w, t in verify_cost},
-        **_drafter_cost(draft_step[0], dict(verify_cost)),
+        "verify_cost_ms": verify_cost_ms,
+        **drafter_cost,
         "prompts": rows,
-        "total": total,
-        "ceiling": ceiling(str(args.target), loaded.n_ctx),
+        "total": total_json,
+        "ceiling": ceiling(target, loaded.n_ctx),
     }
-    if getattr(args, "keep_traces", False):  # tune replays them; the bench's own JSON stays as it was
-        report["traces"] = traces
-    if args.raw:
-        report["raw"] = _raw(client, prompts[0], args.max_tokens, out)
-    summary = (f"total: {total['tok_s']:.1f} tok/s, acceptance {total['acceptance']:.2f}, "
-               f"τ {total['tokens_per_pass']:.2f}")
-    if args.baseline:
-        summary += f", baseline {total['baseline']['tok_s']:.1f} tok/s, speedup {total['speedup']:.2f}x"
+    if config.raw:
+        report["raw"] = _raw(client, config.prompts[0], sampling.max_tokens, out)
+    summary = (f"total: {total.tok_s:.1f} tok/s, acceptance {total.acceptance:.2f}, "
+               f"τ {total.tokens_per_pass:.2f}")
+    if baseline is not None and speedup is not None:
+        summary += f", baseline {baseline.tok_s:.1f} tok/s, speedup {speedup.median:.2f}x"
         if repeats > 1:
-            summary += f" (median of {repeats}; {total['speedup_min']:.2f}–{total['speedup_max']:.2f})"
-        summary += f", identical {total['identical']}"
-    summary += f", Python overhead per pass {total['overhead_ms_median']:.3f} ms (median)"
-    if "c" in report:
-        summary += f", drafter step {report['drafter_step_ms']:.2f} ms (c {report['c']:.2f})"
+            summary += f" (median of {repeats}; {speedup.low:.2f}–{speedup.high:.2f})"
+        summary += f", identical {speedup.identical}"
+    summary += f", Python overhead per pass {total.overhead_ms_median:.3f} ms (median)"
+    if "c" in drafter_cost:
+        summary += f", drafter step {drafter_cost['drafter_step_ms']:.2f} ms (c {drafter_cost['c']:.2f})"
     print(summary, file=out)
-    return report
+    return BenchReport(total, baseline, speedup, verify_cost_ms, tuple(traces) if config.keep_traces else (),
+                       report)
 
 
-def _raw(client: Any, messages: list[dict[str, str]], max_tokens: int, out: TextIO) -> dict[str, Any]:
+def _raw(client: EngineClient, messages: Prompt, max_tokens: int, out: TextIO) -> JSONObject:
     """The bare llama_decode loop against plain decoding through the engine, alternating, three times; both
     after the same prompt (at a shorter context a pass is cheaper: 142 against 111 tok/s on SmolLM2 here)."""
     plain = SamplingSettings(temperature=0.0, max_tokens=max_tokens)

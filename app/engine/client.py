@@ -14,8 +14,8 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
@@ -59,7 +59,7 @@ class EngineClient:
         self.log_dir = log_dir
         self.watchdog_seconds = watchdog_seconds
         self.nice = nice  # > 0: the worker runs at a lower CPU priority than this process (the window's choice)
-        self._proc: Any = None
+        self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
         self._log_path: Path | None = None
         self._ids = itertools.count(1)
@@ -82,10 +82,11 @@ class EngineClient:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         nice = worker_nice(self.nice) if self.nice > 0 else 0
-        self._proc = ctx.Process(target=run_worker, args=(child, name, nice), name="specdeck-engine", daemon=True)
-        self._proc.start()
-        if nice > 0:
-            lower_priority(nice, self._proc.pid)
+        proc = ctx.Process(target=run_worker, args=(child, name, nice), name="specdeck-engine", daemon=True)
+        proc.start()
+        self._proc = proc
+        if nice > 0 and proc.pid is not None:
+            lower_priority(nice, proc.pid)
         child.close()
         self._conn = parent
         self.state = "idle"
@@ -117,10 +118,11 @@ class EngineClient:
 
     def close(self) -> None:
         """Ask the worker to exit, then make sure it has."""
-        if self.alive and self._conn is not None:
+        proc = self._proc
+        if proc is not None and proc.is_alive() and self._conn is not None:
             try:
                 self._conn.send(Shutdown())
-                self._proc.join(5)
+                proc.join(5)
             except (OSError, BrokenPipeError):
                 pass
         self.kill()

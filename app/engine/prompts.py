@@ -18,6 +18,7 @@ from app.errors import SettingsError
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 SHAPE = '{"messages": [{"role": "user", "content": "..."}]}'
+Prompt = list[dict[str, str]]  # one conversation: its messages up to the answer to time
 
 
 def _read_regular(path: Path) -> bytes:
@@ -66,7 +67,7 @@ def _messages(doc: Any, where: str) -> list[dict[str, str]]:
     return out
 
 
-def read_prompts(path: Path) -> list[list[dict[str, str]]]:
+def read_prompts(path: Path) -> list[Prompt]:
     """Every prompt in the file, in order. Raises SettingsError with the file, the line and the reason."""
     path = Path(path)
     data = _read_regular(path)

@@ -10,24 +10,27 @@ in seconds, and the replay's winner is confirmed with one real bench run. Where 
 suffix drafter's shortest match, k_max, fixed against adaptive depth. With a model drafter, the drafter choice
 (none, n-gram, model, both) is measured last, for real. The winner is saved per (target, drafter) pair
 (``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
-``cancelled``) keeps every setting measured so far, and the best of them is still saved.
+``cancelled``) keeps every setting measured so far, and the best of them is still saved. The command and
+the window's Tune describe a sweep with a ``TuneConfig``; each setting is one ``BenchConfig``.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
 import io
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from app.engine.bench import add_bench_arguments, bench
-from app.engine.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
+from app.engine.bench import BENCH_SAMPLING, BenchConfig, BenchReport, JSONObject, Trace, bench
+from app.engine.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
+from app.engine.prompts import Prompt
 from app.errors import AppError, SettingsError
 from app.library.tuned import TunedSettings, save_tuned
 from app.library.verify_cost import record_report as record_verify_cost
+
+if TYPE_CHECKING:
+    from app.engine.client import EngineClient
 
 JSON_VERSION = 1
 # The shared drafting defaults (app.engine.params) with the n-gram drafter on: the first setting measured, so
@@ -70,7 +73,7 @@ class Candidate:
         return DraftSettings(drafter_path=drafter_path if self.use_model else None, ngram=self.ngram,
                              adaptive=self.adaptive, k=self.k, k_max=self.k_max if self.adaptive else self.k)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return {"drafter": self.drafter, "ngram": self.ngram, "adaptive": self.adaptive,
                 "k": None if self.adaptive else self.k, "k_max": self.k_max if self.adaptive else self.k}
 
@@ -95,18 +98,19 @@ class Measured:
     verify_cost_ms: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, candidate: Candidate, report: dict[str, Any], seconds: float) -> Measured:
-        total = report["total"]
-        return cls(candidate, float(total["speedup"]), float(total["speedup_min"]), float(total["speedup_max"]),
-                   [float(v) for v in total["speedups"]], float(total["tok_s"]),
-                   float(total["baseline"]["tok_s"]), float(total["acceptance"]), bool(total["identical"]),
-                   seconds, dict(report.get("verify_cost_ms") or {}))
+    def of(cls, candidate: Candidate, report: BenchReport, seconds: float) -> Measured:
+        """The figures of ``report``, a bench run with a baseline (as the report rounds them)."""
+        versus, base = report.speedup, report.baseline
+        if versus is None or base is None:
+            raise ValueError("a setting is measured against plain decoding: bench it with a baseline")
+        return cls(candidate, versus.median, versus.low, versus.high, versus.speedups, report.total.tok_s,
+                   base.tok_s, report.total.acceptance, versus.identical, seconds, dict(report.verify_cost_ms))
 
     @classmethod
     def plain(cls, baseline_tok_s: float) -> Measured:
         return cls(PLAIN, 1.0, 1.0, 1.0, [1.0], baseline_tok_s, baseline_tok_s, 0.0, None, 0.0)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return {"settings": self.candidate.as_json(), "label": self.candidate.label(),
                 "speedup": self.speedup, "speedup_min": self.speedup_min, "speedup_max": self.speedup_max,
                 "speedups": self.speedups, "tok_s": self.tok_s, "baseline_tok_s": self.baseline_tok_s,
@@ -121,7 +125,7 @@ class Predicted:
     speedup: float
     tau: float
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         return {"settings": self.candidate.as_json(), "label": self.candidate.label(),
                 "predicted_speedup": round(self.speedup, 4), "tau": round(self.tau, 3)}
 
@@ -148,7 +152,7 @@ class TuneReport:
     saved_to: str | None = None
     replayed: list[Predicted] = field(default_factory=list)  # best first; empty when no replay ran
     replay_seconds: float = 0.0
-    traces: list[dict[str, list[int]]] = field(default_factory=list, repr=False)  # the first run's answers
+    traces: list[Trace] = field(default_factory=list, repr=False)  # the first run's answers
 
     @property
     def ranked(self) -> list[Measured]:
@@ -176,12 +180,42 @@ class TuneReport:
         return TunedSettings(best.candidate.draft_settings(self.drafter), best.speedup, best.speedup_min,
                              best.speedup_max, self.prompts, self.source, time.time())
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         best = self.best
         return {"version": JSON_VERSION, "target": self.target, "drafter": self.drafter, "source": self.source,
                 "prompts": self.prompts, "stopped": self.stopped, "saved_to": self.saved_to,
                 "results": [m.as_json() for m in self.ranked], "best": best.as_json() if best else None,
                 "replayed": [p.as_json() for p in self.replayed], "replay_seconds": round(self.replay_seconds, 2)}
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """One sweep: the pair and its load settings (each setting measured replaces the drafting settings and
+    keeps the drafter model), the prompts and where they came from, the bench's sampling and repeats, and
+    the sweep's limits."""
+
+    settings: LoadSettings
+    prompts: tuple[Prompt, ...]
+    source: str  # where the prompts came from: a file's path, or "history"
+    sampling: SamplingSettings = BENCH_SAMPLING
+    repeat: int = 2  # side-by-side runs per prompt and setting (the spread needs at least 2)
+    budget_s: float | None = None  # stop starting new settings once the next would most likely end past it
+    replay: bool = True  # at greedy decoding, choose the suffix-drafter setting by replaying the first answers
+    plan: tuple[Candidate, ...] | None = None  # measure exactly these settings instead of the staged sweep
+
+    @property
+    def target(self) -> str:
+        return self.settings.target_path
+
+    @property
+    def drafter(self) -> str | None:
+        return self.settings.draft.drafter_path
+
+    def bench_config(self, candidate: Candidate, *, keep_traces: bool = False) -> BenchConfig:
+        """The bench that measures ``candidate`` side by side with plain decoding."""
+        settings = replace(self.settings, draft=candidate.draft_settings(self.drafter))
+        return BenchConfig(settings, self.prompts, self.sampling, baseline=True, repeat=self.repeat,
+                           keep_traces=keep_traces)
 
 
 def _median(values: list[float]) -> float:
@@ -222,7 +256,7 @@ def replay_grid(base: Candidate) -> list[Candidate]:
     return list(dict.fromkeys(grid))
 
 
-def replay_candidates(traces: Sequence[dict[str, list[int]]], curve_ms: dict[str, float],
+def replay_candidates(traces: Sequence[Trace], curve_ms: dict[str, float],
                       candidates: Sequence[Candidate]) -> list[Predicted]:
     """Each candidate's predicted speedup, replaying the recorded greedy answers under the suffix drafter and
     the depth policy on the measured verify cost (exact: the drafter's own time left out); best first, the
@@ -257,21 +291,7 @@ def planned_count(has_model: bool, replayed: bool = False) -> int:
     return len(seen)
 
 
-def sweep_args(target: str, prompts_file: str, *, max_tokens: int, repeat: int, threads: int = 0,
-               ctx: int = 4096, temperature: float = 0.0) -> argparse.Namespace:
-    """A bench namespace for a sweep started from the window (the CLI parses its own with the same options),
-    with the sampling defaults of a chat."""
-    s = SamplingSettings()
-    parser = argparse.ArgumentParser()
-    add_bench_arguments(parser)
-    return parser.parse_args([
-        f"--target={target}", f"--prompts={prompts_file}", "--max-tokens", str(max_tokens), "--repeat", str(repeat),
-        "--threads", str(threads), "--ctx", str(ctx), "--temperature", str(temperature), "--top-k", str(s.top_k),
-        "--top-p", str(s.top_p), "--min-p", str(s.min_p), "--baseline",
-    ])
-
-
-def history_prompts(count: int) -> list[list[dict[str, str]]]:
+def history_prompts(count: int) -> list[Prompt]:
     """The last ``count`` chats, each cut after its last user message (the answer is what gets timed)."""
     from app.storage.history import HistoryStore
 
@@ -293,28 +313,27 @@ def history_prompts(count: int) -> list[list[dict[str, str]]]:
     return prompts
 
 
-def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts: int,
-         budget_s: float | None = None, on_progress: Callable[[Progress], None] | None = None,
-         cancelled: Callable[[], bool] | None = None, client: Any = None,
-         bench_out: TextIO | None = None, plan: Sequence[Candidate] | None = None,
-         replay: bool = True) -> TuneReport:
-    """Measure candidates with ``bench`` (``base`` is a bench namespace: target, prompts, sampling) until the
-    sweep ends, the budget would be passed or the user cancels; return what was measured, ranked.
+def tune(config: TuneConfig, *, on_progress: Callable[[Progress], None] | None = None,
+         cancelled: Callable[[], bool] | None = None, client: EngineClient | None = None,
+         bench_out: TextIO | None = None) -> TuneReport:
+    """Measure candidates with ``bench`` until the sweep ends, the budget would be passed or the user cancels;
+    return what was measured, ranked.
 
-    ``plan`` measures exactly these candidates instead of the staged sweep. ``replay`` (greedy only) picks the
-    suffix-drafter setting by replaying the first run's answers and measures only its winner. A cancel that
-    ends the engine worker mid-setting (the window's Cancel) keeps what was measured before it."""
+    ``config.plan`` measures exactly those candidates instead of the staged sweep. ``config.replay`` (greedy
+    only) picks the suffix-drafter setting by replaying the first run's answers and measures only its winner.
+    A cancel that ends the engine worker mid-setting (the window's Cancel) keeps what was measured before it."""
     from app.engine.bench import WATCHDOG_SECONDS
     from app.engine.client import EngineClient
 
-    report = TuneReport(str(base.target), drafter, source, prompts)
-    told: set[str] = set()  # warnings the benches printed (a refused template): once for the whole sweep
+    drafter, plan = config.drafter, config.plan
+    report = TuneReport(config.target, drafter, config.source, len(config.prompts))
+    told: set[str] = set()  # warnings the benches gave (a refused template): once for the whole sweep
     own_client = client is None
-    client = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+    engine = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
     t0 = time.monotonic()
     try:
         has_model = drafter is not None
-        replay = replay and plan is None and float(getattr(base, "temperature", 0.0)) == 0.0
+        replay = config.replay and plan is None and config.sampling.temperature == 0.0
         limit = len(set(plan)) if plan is not None else planned_count(has_model, replay)
         default = Candidate(use_model=has_model, ngram=DEFAULT_NGRAM)
         seen: set[Candidate] = set()
@@ -333,10 +352,16 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
                 return []
             return [report.replayed[0].candidate]
 
+        def planned(_best: Candidate) -> list[Candidate]:
+            return list(plan or ())
+
+        def defaults(_best: Candidate) -> list[Candidate]:
+            return [default]
+
         sweep: list[Callable[[Candidate], list[Candidate]]] = (
-            [lambda _best: list(plan)] if plan is not None
-            else [lambda _best: [default], replayed, *stages(has_model)[3:]] if replay
-            else [lambda _best: [default], *stages(has_model)])
+            [planned] if plan is not None
+            else [defaults, replayed, *stages(has_model)[3:]] if replay
+            else [defaults, *stages(has_model)])
         index = -1
         while index + 1 < len(sweep):
             index += 1
@@ -352,8 +377,8 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
                 if cand in seen:
                     continue
                 seen.add(cand)
-                stop = _measure_one(report, cand, base, drafter, client, bench_out, cancelled, budget_s, t0,
-                                    told, keep_traces=replay and not report.results)
+                stop = _measure_one(report, config.bench_config(cand, keep_traces=replay and not report.results),
+                                    cand, engine, bench_out, cancelled, config.budget_s, t0, told)
                 if stop:
                     report.stopped = stop
                     return report
@@ -361,8 +386,8 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
                     elapsed = time.monotonic() - t0
                     n = len(report.results)
                     left = elapsed / n * max(limit - n, 0)
-                    if budget_s is not None:
-                        left = min(left, max(budget_s - elapsed, 0.0))
+                    if config.budget_s is not None:
+                        left = min(left, max(config.budget_s - elapsed, 0.0))
                     try:
                         on_progress(Progress(n, limit, elapsed, left, report.results[-1]))
                     except KeyboardInterrupt:
@@ -370,30 +395,23 @@ def tune(base: argparse.Namespace, *, drafter: str | None, source: str, prompts:
                         return report
     finally:
         if own_client:
-            client.close()
+            engine.close()
     return report
 
 
-def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, drafter: str | None,
-                 client: Any, bench_out: TextIO | None, cancelled: Callable[[], bool] | None,
-                 budget_s: float | None, t0: float, told: set[str], *, keep_traces: bool = False) -> str | None:
-    """Measure ``cand`` into ``report``; returns why the sweep stops instead (cancelled, budget), or None."""
+def _measure_one(report: TuneReport, bench_config: BenchConfig, cand: Candidate, client: EngineClient,
+                 bench_out: TextIO | None, cancelled: Callable[[], bool] | None, budget_s: float | None,
+                 t0: float, told: set[str]) -> str | None:
+    """Measure ``cand`` (as ``bench_config``) into ``report``; returns why the sweep stops instead (cancelled,
+    budget), or None."""
     if cancelled is not None and cancelled():
         return "cancelled"
     done, elapsed = len(report.results), time.monotonic() - t0
     if budget_s is not None and done and elapsed + elapsed / done > budget_s:
         return "budget"  # the next candidate would most likely end past the budget
-    args = copy.copy(base)
-    args.drafter = drafter if cand.use_model else None
-    args.ngram = cand.ngram
-    args.k = None if cand.adaptive else cand.k
-    args.k_max = cand.k_max
-    args.baseline = True
-    args.raw = False
-    args.keep_traces = keep_traces
     t_cand = time.monotonic()
     try:
-        result = bench(args, bench_out or io.StringIO(), client=client, told=told)
+        result = bench(bench_config, bench_out or io.StringIO(), client=client, told=told)
     except KeyboardInterrupt:
         client.kill()  # mid-answer: its reply would arrive for a request nobody reads any more
         return "cancelled"
@@ -402,9 +420,9 @@ def _measure_one(report: TuneReport, cand: Candidate, base: argparse.Namespace, 
             client.kill()
             return "cancelled"
         raise
-    record_verify_cost(result)
-    if keep_traces:
-        report.traces = list(result.get("traces") or [])
+    record_verify_cost(result.as_json())
+    if bench_config.keep_traces:
+        report.traces = list(result.traces)
     report.results.append(Measured.of(cand, result, time.monotonic() - t_cand))
     return None
 

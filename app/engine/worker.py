@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.errors import AppError
 from app.events import (
@@ -23,11 +23,15 @@ from app.events import (
     LoadProgress,
     Log,
     RawDecode,
+    Request,
     Shutdown,
     Unload,
     Unloaded,
     WorkerReady,
 )
+
+if TYPE_CHECKING:
+    from app.engine.session import EngineSession
 
 
 def _redirect_stderr(log_path: str) -> None:
@@ -41,8 +45,8 @@ def _redirect_stderr(log_path: str) -> None:
 class Worker:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.session: Any = None
-        self.pending: list[Any] = []  # requests that arrived during a generation
+        self.session: EngineSession | None = None
+        self.pending: list[Request] = []  # requests that arrived during a generation
 
     def send(self, event: object) -> None:
         self.conn.send(event)
@@ -52,10 +56,11 @@ class Worker:
         if line:
             print(line, file=sys.stderr, flush=True)
 
-    def next_request(self) -> Any:
+    def next_request(self) -> Request:
         if self.pending:
             return self.pending.pop(0)
-        return self.conn.recv()
+        request: Request = self.conn.recv()  # only the client writes to this pipe
+        return request
 
     def serve(self) -> None:
         while True:
@@ -131,7 +136,7 @@ class Worker:
             nonlocal cancelled
             while not cancelled and self.conn.poll():
                 try:
-                    incoming = self.conn.recv()
+                    incoming: Request = self.conn.recv()
                 except (EOFError, OSError):  # the app is gone: stop now, then exit
                     self.pending.append(Shutdown())
                     cancelled = True

@@ -10,13 +10,24 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.engine.params import DraftSettings
-from app.engine.tune import DEFAULT_K_MAX, DEFAULT_NGRAM, PLAIN, Candidate, Progress, save_winner, tune
+from app.engine.bench import BENCH_SAMPLING
+from app.engine.params import DraftSettings, LoadSettings
+from app.engine.tune import (
+    DEFAULT_K_MAX,
+    DEFAULT_NGRAM,
+    PLAIN,
+    Candidate,
+    Progress,
+    TuneConfig,
+    save_winner,
+    tune,
+)
 from app.library.tuned import TunedSettings, load_tuned, save_tuned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +44,12 @@ def write_prompts(folder: Path) -> Path:
     return path
 
 
-def base_args(target: Path, prompts: Path, repeat: int = 2) -> Any:
-    import argparse
-
-    from app.cli.tune import bench_namespace
-
-    return bench_namespace(target, prompts, argparse.Namespace(max_tokens=24, repeat=repeat, temperature=0.0,
-                                                               threads=1, ctx=512))
+def base_config(target: Path, repeat: int = 2, *, budget_s: float | None = None,
+                replay: bool = True) -> TuneConfig:
+    """A sweep of ``PROMPTS`` on ``target``, with short answers on one thread."""
+    return TuneConfig(LoadSettings(str(target), n_ctx=512, n_threads=1), tuple(p["messages"] for p in PROMPTS),
+                      "test", replace(BENCH_SAMPLING, max_tokens=24), repeat=repeat, budget_s=budget_s,
+                      replay=replay)
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +157,10 @@ def test_tune_records_the_verify_cost_curve(cli_run: tuple[dict[str, Any], Path,
     assert len(curve.widths_ms) > 2
 
 
-def test_cancel_keeps_what_was_measured(tiny_target: Path, tmp_path: Path, specdeck_home: Path) -> None:
+def test_cancel_keeps_what_was_measured(tiny_target: Path, specdeck_home: Path) -> None:
     seen: list[Progress] = []
-    report = tune(base_args(tiny_target, write_prompts(tmp_path)), drafter=None, source="test", prompts=2,
-                  on_progress=seen.append, cancelled=lambda: len(seen) >= 2, replay=False)
+    report = tune(base_config(tiny_target, replay=False), on_progress=seen.append,
+                  cancelled=lambda: len(seen) >= 2)
     assert report.stopped == "cancelled"
     assert len(report.results) == 2
     assert [p.done for p in seen] == [1, 2]
@@ -162,21 +172,17 @@ def test_cancel_keeps_what_was_measured(tiny_target: Path, tmp_path: Path, specd
     assert tuned.speedup == max(m.speedup for m in report.ranked)
 
 
-def test_interrupt_from_progress_keeps_what_was_measured(tiny_target: Path, tmp_path: Path,
-                                                         specdeck_home: Path) -> None:
+def test_interrupt_from_progress_keeps_what_was_measured(tiny_target: Path, specdeck_home: Path) -> None:
     def interrupt(_p: Progress) -> None:
         raise KeyboardInterrupt
 
-    report = tune(base_args(tiny_target, write_prompts(tmp_path), repeat=1), drafter=None, source="test",
-                  prompts=2, on_progress=interrupt)
+    report = tune(base_config(tiny_target, repeat=1), on_progress=interrupt)
     assert report.stopped == "cancelled"
     assert [m.candidate for m in report.results] == [Candidate(use_model=False, ngram=DEFAULT_NGRAM)]
 
 
-def test_budget_stops_before_a_setting_that_would_end_past_it(tiny_target: Path, tmp_path: Path,
-                                                              specdeck_home: Path) -> None:
-    report = tune(base_args(tiny_target, write_prompts(tmp_path), repeat=1), drafter=None, source="test",
-                  prompts=2, budget_s=1e-3, replay=False)
+def test_budget_stops_before_a_setting_that_would_end_past_it(tiny_target: Path, specdeck_home: Path) -> None:
+    report = tune(base_config(tiny_target, repeat=1, budget_s=1e-3, replay=False))
     assert report.stopped == "budget"
     assert len(report.results) == 1  # the first setting always runs: there is no estimate before it
 
@@ -289,21 +295,20 @@ def test_with_a_drafter_the_sweep_tries_each_drafter_choice() -> None:
 
 
 def test_a_missing_chat_template_is_told_once_for_the_whole_sweep(
-        tiny_model_factory: Any, tmp_path: Path, specdeck_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tiny_model_factory: Any, specdeck_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
     from app.engine.bench import bench
 
     base_model = tiny_model_factory("no-template.gguf", chat_template=None)
-    args = base_args(base_model, write_prompts(tmp_path), repeat=1)
-    bench(args, io.StringIO())  # one bench alone names the template's absence
+    config = base_config(base_model, repeat=1, replay=False)
+    bench(config.bench_config(PLAIN), io.StringIO())  # one bench alone names the template's absence
     alone = capsys.readouterr().err
     warnings = [line for line in alone.splitlines() if "chat template" in line]
     assert len(warnings) == 1, alone
 
     seen: list[Progress] = []
-    report = tune(args, drafter=None, source="test", prompts=2, on_progress=seen.append,
-                  cancelled=lambda: len(seen) >= 3, replay=False)
+    report = tune(config, on_progress=seen.append, cancelled=lambda: len(seen) >= 3)
     assert len(report.results) == 3
     err = capsys.readouterr().err
     assert err.count(warnings[0]) == 1, err

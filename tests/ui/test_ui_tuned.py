@@ -4,13 +4,15 @@ user's own drafting settings win; the Tune window runs the sweep on the loaded p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import DraftSettings
-from app.engine.tune import Candidate, TuneReport
+from app.engine.bench import BENCH_SAMPLING
+from app.engine.params import DraftSettings, LoadSettings
+from app.engine.tune import Candidate, TuneConfig, TuneReport
 from app.events import Loaded, ModelSummary
 from app.library.tuned import TunedSettings, load_tuned, save_tuned
 from app.storage.settings import AppSettings, save_settings
@@ -103,6 +105,32 @@ def test_tune_window_sweeps_plots_saves_and_uses_the_winner(
     with qtbot.waitSignal(dialog.use_settings, timeout=5_000) as used:
         dialog.use_button.click()
     assert used.args[0] == saved.draft
+
+
+def test_tune_window_hands_the_sweep_a_typed_config_with_the_prompts_as_data(
+    qtbot: QtBot, specdeck_home: Path, tiny_target: Path, tmp_path: Path,
+) -> None:
+    """No argv and no temporary prompts file: the sweep gets a TuneConfig holding the prompts themselves, the
+    pair's load settings and the chat's sampling defaults, as `specdeck tune` builds it."""
+    from app.storage.history import HistoryStore
+
+    dialog = TuneDialog(TunePair(str(tiny_target), "/m/d.gguf", n_ctx=512, threads=1))
+    qtbot.addWidget(dialog)
+    prompts = write_prompts(tmp_path)
+    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path="/m/d.gguf"), n_ctx=512, n_threads=1)
+    config = dialog.tune_config(str(prompts), 10, 16, 3)
+    assert config == TuneConfig(settings, ([{"role": "user", "content": "Copy: one two three, one two three"}],),
+                                str(prompts), replace(BENCH_SAMPLING, max_tokens=16), repeat=3)
+
+    with HistoryStore() as store:
+        chat = store.new_chat("a chat")
+        store.add_message(chat, "user", "a question")
+        store.add_message(chat, "assistant", "an answer")
+    dialog.plan = [Candidate(use_model=False, ngram=2)]
+    config = dialog.tune_config("history", 5, 32, 1)
+    assert config.prompts == ([{"role": "user", "content": "a question"}],)
+    assert (config.source, config.sampling.max_tokens, config.repeat) == ("history", 32, 1)
+    assert config.plan == (Candidate(use_model=False, ngram=2),)
 
 
 def test_tune_window_cancel_keeps_what_was_measured(

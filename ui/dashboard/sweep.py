@@ -9,15 +9,13 @@ prompts, reports progress and paints. The winner is saved for the pair as the co
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
@@ -39,10 +37,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.params import DraftSettings
-from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneReport
+from app.engine.bench import BENCH_SAMPLING
+from app.engine.params import DraftSettings, LoadSettings
+from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneConfig, TuneReport
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel
+
+if TYPE_CHECKING:
+    from app.engine.client import EngineClient
 
 BLUE = QColor(31, 119, 180)
 ORANGE = QColor(255, 127, 14)
@@ -136,7 +138,7 @@ class TuneDialog(QDialog):
         self.plan: Sequence[Candidate] | None = None  # None: the whole staged sweep of `specdeck tune`
         self._measured: list[Measured] = []
         self._cancel = threading.Event()
-        self._client: Any = None  # the sweep's own engine client, while it runs
+        self._client: EngineClient | None = None  # the sweep's own engine client, while it runs
         self._tasks = TaskRunner(self, max_threads=1)
         self._signals = _SweepSignals(self)
         self._signals.progress.connect(self._on_signals_progress)
@@ -239,32 +241,34 @@ class TuneDialog(QDialog):
                         self._on_sweep_failed)
         return True
 
+    def tune_config(self, source: str, chats: int, max_tokens: int, repeat: int) -> TuneConfig:
+        """The sweep to run: the pair's load settings, the prompts read from ``source`` (a file, or "history":
+        the last ``chats`` chats) and the chat's sampling defaults at ``max_tokens``. Reads files: call it off
+        the GUI thread."""
+        from app.engine.bench import read_prompts
+        from app.engine.tune import history_prompts
+
+        prompts = history_prompts(chats) if source == "history" else read_prompts(Path(source))
+        settings = LoadSettings(self.pair.target, draft=DraftSettings(drafter_path=self.pair.drafter),
+                                n_ctx=self.pair.n_ctx, n_threads=self.pair.threads)
+        return TuneConfig(settings, tuple(prompts), source, replace(BENCH_SAMPLING, max_tokens=max_tokens),
+                          repeat=repeat, plan=None if self.plan is None else tuple(self.plan))
+
     def _sweep(self, source: str, chats: int, max_tokens: int, repeat: int) -> TuneReport:
         """On the task thread: the prompts, then the sweep in an engine worker of its own."""
-        from app.engine.bench import WATCHDOG_SECONDS, read_prompts
+        from app.engine.bench import WATCHDOG_SECONDS
         from app.engine.client import EngineClient
-        from app.engine.tune import history_prompts, save_winner, sweep_args, tune
+        from app.engine.tune import save_winner, tune
 
-        with tempfile.TemporaryDirectory(prefix="specdeck-tune-") as scratch:
-            if source == "history":
-                prompts = history_prompts(chats)
-                prompts_file = Path(scratch) / "history.jsonl"
-                prompts_file.write_text("".join(json.dumps({"messages": p}) + "\n" for p in prompts),
-                                        encoding="utf-8")
-            else:
-                prompts_file = Path(source)
-                prompts = read_prompts(prompts_file)
-            base = sweep_args(self.pair.target, str(prompts_file), max_tokens=max_tokens, repeat=repeat,
-                              threads=self.pair.threads, ctx=self.pair.n_ctx)
-            client = EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
-            self._client = client
-            try:
-                report = tune(base, drafter=self.pair.drafter, source=source, prompts=len(prompts),
-                              on_progress=self._signals.progress.emit, cancelled=self._cancel.is_set,
-                              client=client, plan=self.plan)
-            finally:
-                self._client = None
-                client.close()
+        config = self.tune_config(source, chats, max_tokens, repeat)
+        client = EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+        self._client = client
+        try:
+            report = tune(config, on_progress=self._signals.progress.emit, cancelled=self._cancel.is_set,
+                          client=client)
+        finally:
+            self._client = None
+            client.close()
         save_winner(report)
         return report
 
