@@ -53,7 +53,7 @@ JSON_VERSION = 1
 WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
 
 # The report as `--json` writes it: JSON values all the way down.
-JSONValue: TypeAlias = "str | int | float | bool | None | Sequence[JSONValue] | Mapping[str, JSONValue]"
+JSONValue: TypeAlias = "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None"
 JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 # The bench samples with the sampling settings' own defaults, but from a fixed seed (runs at a temperature

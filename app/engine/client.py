@@ -60,7 +60,7 @@ class EngineClient:
         self.watchdog_seconds = watchdog_seconds
         self.nice = nice  # > 0: the worker runs at a lower CPU priority than this process (the window's choice)
         self._proc: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._conn: Connection[Request, Event] | None = None
         self._log_path: Path | None = None
         self._ids = itertools.count(1)
         self.state = "stopped"  # stopped, idle, load, generate

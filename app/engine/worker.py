@@ -18,6 +18,7 @@ from app.events import (
     BenchRun,
     Cancel,
     EngineError,
+    Event,
     Generate,
     Load,
     LoadProgress,
@@ -43,12 +44,12 @@ def _redirect_stderr(log_path: str) -> None:
 
 
 class Worker:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection[Event, Request]) -> None:
         self.conn = conn
         self.session: EngineSession | None = None
         self.pending: list[Request] = []  # requests that arrived during a generation
 
-    def send(self, event: object) -> None:
+    def send(self, event: Event) -> None:
         self.conn.send(event)
 
     def log(self, line: str) -> None:
@@ -188,7 +189,7 @@ def lower_priority(nice: int, pid: int = 0) -> None:
         psutil.Process(pid or None).nice(psutil.BELOW_NORMAL_PRIORITY_CLASS)
 
 
-def run_worker(conn: Connection, log_path: str, nice: int = 0) -> None:
+def run_worker(conn: Connection[Event, Request], log_path: str, nice: int = 0) -> None:
     """Entry point of the worker process (spawned by ``EngineClient``); ``nice`` > 0: the nice value to run at."""
     if nice > 0:
         lower_priority(nice)

@@ -46,7 +46,7 @@ def test_the_bench_commands_defaults_are_the_configs_own(tmp_path: Path) -> None
 def test_the_bench_samples_with_the_sampling_settings_defaults() -> None:
     """One home for the sampling defaults: the bench changes the seed and the answer length, nothing else."""
     chat = SamplingSettings()
-    assert BENCH_SAMPLING != chat
+    assert chat != BENCH_SAMPLING
     assert replace(BENCH_SAMPLING, seed=chat.seed, max_tokens=chat.max_tokens) == chat
 
 
@@ -81,7 +81,7 @@ def test_a_bad_option_is_named_before_the_prompts_file_is_read(tmp_path: Path) -
     with pytest.raises(SettingsError, match="--repeat must be at least 1, not 0"):
         bench_cli.bench_config(args)
     args = parse(bench_cli.add_arguments, ["--target", "/m/t.gguf", "--prompts", str(missing)])
-    with pytest.raises(SettingsError, match="missing.jsonl"):
+    with pytest.raises(SettingsError, match=r"missing\.jsonl"):
         bench_cli.bench_config(args)
 
 
@@ -151,7 +151,8 @@ def test_the_engine_returns_a_typed_report_that_agrees_with_its_json(tiny_target
     assert report.verify_cost_ms == document["verify_cost_ms"]
     assert "traces" not in document  # the traces are for the tune; the JSON stays as it was
     [trace] = report.traces
-    assert trace["prompt"] and trace["answer"]
+    assert trace["prompt"]
+    assert trace["answer"]
     assert document["target"] == str(tiny_target)
     assert "speedup" in out.getvalue().splitlines()[-1]  # the table and its summary went to the sink
     with pytest.raises(SettingsError, match="no prompt"):
