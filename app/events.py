@@ -365,6 +365,11 @@ class MessageStats:
     speedup_estimate: float
     decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
     end_tokens: int = 0  # see RunCounts
+    # Every pass's suffix proposal in hindsight, drafted or not (see ProposalHindsight): passes asked, and per
+    # position i the passes whose proposal had i + 1 tokens, and those whose first i + 1 the target then emitted.
+    proposal_passes: int = 0
+    proposal_lengths: tuple[int, ...] = ()
+    proposal_matches: tuple[int, ...] = ()
 
     @property
     def counts(self) -> RunCounts:
@@ -415,7 +420,16 @@ def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
         k_history=first.k_history + then.k_history,
         decode_tokens=counts.decode_tokens,
         end_tokens=counts.end_tokens,
+        proposal_passes=first.proposal_passes + then.proposal_passes,
+        proposal_lengths=add_counts(first.proposal_lengths, then.proposal_lengths),
+        proposal_matches=add_counts(first.proposal_matches, then.proposal_matches),
     )
+
+
+def add_counts(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """Two per-position count lists added position by position (the shorter one padded with zeros)."""
+    n = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
 
 
 @dataclass(frozen=True)

@@ -267,17 +267,30 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
+def verify_seconds(verify: Callable[[int], float], k: int, drafted: Sequence[float] = ()) -> float:
+    """The mean cost of a pass of depth k when only the share ``drafted[i]`` of passes has a draft of at least
+    i + 1 tokens to offer (a text match runs out; the rest verify fewer): every pass by default."""
+    if not drafted:
+        return verify(k + 1)
+    seconds = verify(1)
+    for width in range(1, k + 1):
+        share = drafted[width - 1] if width - 1 < len(drafted) else 0.0
+        seconds += share * (verify(width + 1) - verify(width))
+    return seconds
+
+
 def best_depth(rates: Sequence[float], limit: int, verify: Callable[[int], float], *, free: int = 0,
-               draft_step: float = 0.0, rollback: float = 0.0) -> tuple[int, float]:
+               draft_step: float = 0.0, rollback: float = 0.0, drafted: Sequence[float] = ()) -> tuple[int, float]:
     """(k, expected tokens per unit of time) for the depth 0..limit that emits the most tokens per unit of time.
 
     ``verify(width)`` is the cost of a target pass of that width; positions past the first ``free`` cost
-    ``draft_step`` each (a model drafter's step), and a pass that drafts pays ``rollback``. The one rule for
-    the depth policy, the drafter ranking and the roofline: only the rates and the costs differ.
+    ``draft_step`` each (a model drafter's step), and a pass that drafts pays ``rollback``; ``drafted`` as in
+    ``verify_seconds``. The one rule for the depth policy, the drafter ranking and the roofline: only the
+    rates and the costs differ.
     """
     best_k, best = 0, 1.0 / verify(1)
     for k in range(1, limit + 1):
-        seconds = verify(k + 1) + max(0, k - free) * draft_step + rollback
+        seconds = verify_seconds(verify, k, drafted) + max(0, k - free) * draft_step + rollback
         rate = expected_tokens(rates, k) / seconds
         if rate > best * 1.0001:
             best_k, best = k, rate

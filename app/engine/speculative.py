@@ -44,6 +44,51 @@ SPARSE_WIDTHS = (1, 2, 3, 5, 9, 17, 33)
 
 
 @dataclass
+class ProposalHindsight:
+    """Every pass's suffix proposal, drafted or not, scored against what the target went on to emit.
+
+    The depth policy drafts only where it expects a proposal to pay, so the acceptance of drafted tokens says
+    little about the passes it skipped. Scored in hindsight over every pass, the proposals give the share of
+    passes with a proposal of at least i + 1 tokens and the share whose first i + 1 tokens were right: what a
+    prediction of tokens per pass and cost per pass needs, with the clustering of copies kept."""
+
+    passes: int = 0
+    lengths: list[int] = field(default_factory=list)
+    matches: list[int] = field(default_factory=list)
+    _open: list[tuple[list[int], int]] = field(default_factory=list)  # (proposal, tokens matched so far)
+
+    def add(self, proposal: Sequence[int], emitted: Sequence[int]) -> None:
+        """One pass: its proposal (possibly empty), then the tokens the pass emitted."""
+        self.passes += 1
+        _count_up_to(self.lengths, len(proposal))
+        self._open.append((list(proposal), 0))
+        still: list[tuple[list[int], int]] = []
+        for tokens, matched in self._open:
+            for tok in emitted:
+                if matched == len(tokens) or tokens[matched] != tok:
+                    break
+                matched += 1
+            else:
+                if matched < len(tokens):
+                    still.append((tokens, matched))
+                    continue
+            _count_up_to(self.matches, matched)
+        self._open = still
+
+    def close(self) -> None:
+        """The answer ended: the proposals still open matched as far as the answer went."""
+        for _tokens, matched in self._open:
+            _count_up_to(self.matches, matched)
+        self._open = []
+
+
+def _count_up_to(counts: list[int], n: int) -> None:
+    counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
+
+
+@dataclass
 class RunTotals:
     """Running figures for one answer, turned into ``MessageStats`` at the end."""
 
@@ -61,6 +106,7 @@ class RunTotals:
     pos_drafted: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
     k_history: list[int] = field(default_factory=list)
+    hindsight: ProposalHindsight = field(default_factory=ProposalHindsight)
 
     def record_positions(self, accepted: Sequence[bool], drafted: int) -> None:
         while len(self.pos_drafted) < drafted:
@@ -84,6 +130,7 @@ class RunTotals:
 
     def summary(self, plain_tps: float | None) -> MessageStats:
         counts = self.counts()
+        self.hindsight.close()
         decode_tps = counts.decode_tps
         return MessageStats(
             prompt_tokens=self.prompt_tokens,
@@ -104,6 +151,9 @@ class RunTotals:
             speedup_estimate=decode_tps / plain_tps if plain_tps and decode_tps else 1.0,
             decode_tokens=counts.decode_tokens,
             end_tokens=counts.end_tokens,
+            proposal_passes=self.hindsight.passes,
+            proposal_lengths=tuple(self.hindsight.lengths),
+            proposal_matches=tuple(self.hindsight.matches),
         )
 
 
@@ -321,6 +371,8 @@ class SpeculativeDecoder:
                 # is scored against what the target emits: acceptance at every depth stays measured,
                 # also while the policy drafts little or nothing.
                 controller.score_proposal(ng_draft.tokens, ng_draft.match_len, emitted, ng_draft.probs)
+            if self.ngram is not None:
+                totals.hindsight.add(ng_draft.tokens, emitted)
             controller.observe(draft.sources, accepted, ng_draft.match_len, ngram_scored_elsewhere=greedy,
                                probs=ng_draft.probs)
             # A pass of this width costs its decode plus building a distribution per row to accept from.

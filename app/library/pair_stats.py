@@ -6,6 +6,11 @@ reaching position i whose first i + 1 tokens were all accepted, as the engine's 
 clustered (a copy keeps being accepted, a chance match stops), so the ranking predicts from these rather
 than from α alone. A pair is recorded only when one drafter made every draft (a model drafter without the
 n-gram drafter, or the n-gram drafter alone), so the figure belongs to that drafter.
+
+The suffix drafter's pairs also keep ``per_pass``: over every pass, drafted or not, the share with a proposal of
+at least i + 1 tokens (``drafted``) and the share whose first i + 1 proposed tokens the target then emitted
+(``matched``). The depth policy drafts only where a proposal looks likely to pay, so ``per_position`` comes
+mostly from copies; ``per_pass`` is what predicts tokens and cost per pass.
 """
 
 from __future__ import annotations
@@ -52,7 +57,21 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
                 profile = _profile(value.get("per_position"))
                 if profile is not None:
                     out[key]["per_position"] = profile
+                per_pass = _per_pass(value.get("per_pass"))
+                if per_pass is not None:
+                    out[key]["per_pass"] = per_pass
     return out
+
+
+def _per_pass(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    drafted, matched, weight = _profile(value.get("drafted")), _profile(value.get("matched")), value.get("weight")
+    if drafted is None or matched is None or not isinstance(weight, float | int) or isinstance(weight, bool):
+        return None
+    if not weight > 0 or len(matched) > len(drafted) or any(m > d for m, d in zip(matched, drafted, strict=False)):
+        return None
+    return {"drafted": drafted, "matched": matched, "weight": float(weight)}
 
 
 def load_measured(path: Path | None = None) -> dict[tuple[str, str], float]:
@@ -74,6 +93,17 @@ def load_profiles(path: Path | None = None) -> dict[tuple[str, str], tuple[float
     return out
 
 
+def load_pass_profiles(path: Path | None = None) -> dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]]:
+    """{(target path, NGRAM_KEY): (share of passes with a proposal of ≥ i + 1 tokens, share whose first i + 1
+    were right)} for the pairs measured over every pass."""
+    out: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+    for key, value in _read(path or default_path()).items():
+        if "per_pass" in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = (tuple(value["per_pass"]["drafted"]), tuple(value["per_pass"]["matched"]))
+    return out
+
+
 def measured_start(target: str, drafter: str | None) -> float | None:
     """The model drafter's measured acceptance for this pair, to start the depth policy from (None: none)."""
     return load_measured().get((target, drafter)) if drafter else None
@@ -89,32 +119,66 @@ def drafter_key(drafter_path: str | None, ngram: int) -> str | None:
 
 
 def record(target: str, drafter: str, stats: MessageStats, path: Path | None = None) -> float | None:
-    """Fold one answer's acceptance into the pair's running mean; returns the new α (None if not kept).
+    """Fold one answer's acceptance into the pair's running mean; returns the pair's α (None if not kept).
 
-    A full disk only means the figure is not kept: the ranking falls back to its stated default.
+    The per-pass shares are kept from an answer that drafted little too (prose is where the policy drafts
+    least, and leaving it out would flatter the prediction). A full disk only means the figure is not kept:
+    the ranking falls back to its stated default.
     """
-    if stats.drafted < MIN_DRAFTED or not stats.per_position_acceptance:
-        return None
-    alpha = stats.per_position_acceptance[0]
-    if not math.isfinite(alpha):
+    ppa = stats.per_position_acceptance
+    drafts = stats.drafted >= MIN_DRAFTED and bool(ppa) and math.isfinite(ppa[0])
+    passes = stats.proposal_passes >= MIN_DRAFTED and bool(stats.proposal_lengths)
+    if not drafts and not passes:
         return None
     path = path or default_path()
     table = _read(path)
     old = table.get(_key(target, drafter))
-    weight = float(stats.drafted)
-    finite = [math.isfinite(a) for a in stats.per_position_acceptance]
-    profile = _profile(list(stats.per_position_acceptance[: finite.index(False) if False in finite else None])) or []
-    if old is not None:
-        share = weight / (old["weight"] + weight)
-        alpha = old["alpha"] + (alpha - old["alpha"]) * share
-        before = old.get("per_position", [])
-        # Positions measured on both sides move by this answer's share; the rest keep whichever side has them.
-        profile = [b + (a - b) * share for a, b in zip(profile, before, strict=False)] + (
-            profile[len(before):] or before[len(profile):])
-        weight = min(old["weight"] + weight, WEIGHT_CAP)
-    table[_key(target, drafter)] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
+    if drafts:
+        alpha, weight = ppa[0], float(stats.drafted)
+        finite = [math.isfinite(a) for a in ppa]
+        profile = _profile(list(ppa[: finite.index(False) if False in finite else None])) or []
+        if old is not None:
+            share = weight / (old["weight"] + weight)
+            alpha = old["alpha"] + (alpha - old["alpha"]) * share
+            before = old.get("per_position", [])
+            # Positions measured on both sides move by this answer's share; the rest keep whichever side has them.
+            profile = [b + (a - b) * share for a, b in zip(profile, before, strict=False)] + (
+                profile[len(before):] or before[len(profile):])
+            weight = min(old["weight"] + weight, WEIGHT_CAP)
+    elif old is not None:
+        alpha, weight, profile = old["alpha"], old["weight"], old.get("per_position", [])
+    else:  # nothing drafted yet: α is the share of proposals whose first token was right
+        alpha = stats.proposal_matches[0] / stats.proposal_lengths[0] if stats.proposal_matches else 0.0
+        weight, profile = 1.0, []
+    entry: dict[str, Any] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
+    per_pass = _fold_passes(old.get("per_pass") if old is not None else None, stats) if passes else (
+        old.get("per_pass") if old is not None else None)
+    if per_pass is not None:
+        entry["per_pass"] = per_pass
+    table[_key(target, drafter)] = entry
     try:
         atomic_write_json(path, table)
     except StorageError:
         return None
     return alpha
+
+
+def _fold_passes(old: dict[str, Any] | None, stats: MessageStats) -> dict[str, Any] | None:
+    """The pair's per-pass shares with this answer's passes folded in (its passes' share of the weight)."""
+    passes = stats.proposal_passes
+    if passes <= 0:
+        return old
+    drafted = [n / passes for n in stats.proposal_lengths[:MAX_POSITIONS]]
+    matched = [n / passes for n in stats.proposal_matches[:MAX_POSITIONS]]
+    if old is None:
+        return {"drafted": drafted, "matched": matched, "weight": float(passes)}
+    share = passes / (old["weight"] + passes)
+
+    def fold(new: list[float], before: list[float]) -> list[float]:
+        # A position missing on one side had no proposal that long there: its share is 0, not unknown.
+        n = max(len(new), len(before))
+        new, before = new + [0.0] * (n - len(new)), before + [0.0] * (n - len(before))
+        return [b + (a - b) * share for a, b in zip(new, before, strict=True)]
+
+    return {"drafted": fold(drafted, old["drafted"]), "matched": fold(matched, old["matched"]),
+            "weight": min(old["weight"] + passes, WEIGHT_CAP)}

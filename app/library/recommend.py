@@ -45,11 +45,13 @@ def acceptance_rates(alpha: float, profile: Sequence[float], k_max: int) -> tupl
     return [alpha] * k_max, k_max
 
 
-def predict(rates: Sequence[float], limit: int, c: float, curve: VerifyCurve | None = None) -> tuple[int, float, float]:
+def predict(rates: Sequence[float], limit: int, c: float, curve: VerifyCurve | None = None,
+            drafted: Sequence[float] = ()) -> tuple[int, float, float]:
     """(best k, tokens per pass, speedup over plain decoding) with a drafter step costing c target passes, on
-    this machine's measured pass costs when ``curve`` is given, else on a bandwidth-bound device."""
+    this machine's measured pass costs when ``curve`` is given, else on a bandwidth-bound device; ``drafted``:
+    the share of passes with a draft of at least i + 1 tokens to offer (default: every pass)."""
     verify = curve.relative if curve is not None else bandwidth_bound_pass
-    k, rate = best_depth(rates, limit, verify, draft_step=c)
+    k, rate = best_depth(rates, limit, verify, draft_step=c, drafted=drafted)
     return k, expected_tokens(rates, k), rate * verify(1)
 
 
@@ -102,6 +104,7 @@ def recommend_drafters(
     k_max: int = K_MAX,
     verify_curves: Mapping[str, VerifyCurve] | None = None,
     profiles: Mapping[tuple[str, str], Sequence[float]] | None = None,
+    pass_profiles: Mapping[tuple[str, str], tuple[Sequence[float], Sequence[float]]] | None = None,
 ) -> list[Recommendation]:
     """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
     Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
@@ -117,6 +120,10 @@ def recommend_drafters(
         from app.library.pair_stats import load_profiles
 
         profiles = load_profiles()
+    if pass_profiles is None:
+        from app.library.pair_stats import load_pass_profiles
+
+        pass_profiles = load_pass_profiles()
     curve = verify_curves.get(target.path)
     target_vocab = VocabInfo.from_gguf(target)
     models: list[Recommendation] = []
@@ -157,11 +164,17 @@ def recommend_drafters(
     alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, NGRAM_KEY),
                                          NGRAM_DEFAULT_ACCEPTANCE)
     rates, limit = acceptance_rates(alpha, profile, k_max)  # the policy's cap, as the engine drafts
-    k, tau, speedup = predict(rates, limit, 0.0)
+    drafted: Sequence[float] = ()
+    per_pass = pass_profiles.get((target.path, NGRAM_KEY))
+    if per_pass is not None and per_pass[0]:
+        # Measured over every pass, drafted or not: how often the text offers a draft, and how often it is right.
+        drafted, matched = per_pass
+        rates, limit, source = conditional(matched[:k_max]), min(k_max, len(drafted)), "measured per pass"
+    k, tau, speedup = predict(rates, limit, 0.0, drafted=drafted)
     gpu_style = speedup
     note = "free: no second model, no extra memory; gains depend on how much the answer repeats the prompt"
     if curve is not None:
-        k, tau, speedup = predict(rates, limit, 0.0, curve)
+        k, tau, speedup = predict(rates, limit, 0.0, curve, drafted)
         if k == 0:
             note = (f"a pass of 2 tokens costs {curve.relative(2):.2f} of one here: at α = {alpha:.2f} drafting "
                     "does not pay on average (long copies still do; the adaptive depth finds them)")

@@ -3,6 +3,7 @@ share one expected-tokens rule and one best-depth rule, and a clustered profile 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -128,3 +129,75 @@ def test_the_roofline_and_the_ranking_use_the_policys_rule() -> None:
     k, _tau, s = predict([0.8] * 16, 16, 0.05)
     assert s == pytest.approx(max(expected_speedup(0.8, j, 0.05) for j in range(1, 17)), rel=1e-3)
     assert s == pytest.approx(expected_speedup(0.8, k, 0.05))
+
+
+def test_hindsight_scores_every_proposal_against_what_was_emitted() -> None:
+    """Each pass's proposal, drafted or not, is scored against the tokens the target went on to emit, across
+    passes; an empty proposal counts as a pass with nothing to offer."""
+    from app.engine.speculative import ProposalHindsight
+
+    h = ProposalHindsight()
+    h.add([5, 6, 7, 8], [5])  # open: 1 matched so far
+    h.add([], [6])  # the first goes on (2 matched); nothing proposed here
+    h.add([7, 9], [7, 8])  # the first matches whole (4); this one matches 1, then 8 ≠ 9
+    h.add([1, 2, 3], [1, 2])  # still open when the answer ends
+    h.close()
+    assert h.passes == 4
+    assert h.lengths == [3, 3, 2, 1]  # passes with a proposal of at least 1, 2, 3, 4 tokens
+    assert h.matches == [3, 2, 1, 1]  # passes whose first 1, 2, 3, 4 proposed tokens were emitted
+
+
+def _stats_with_passes(passes: int, lengths: tuple[int, ...], matches: tuple[int, ...]) -> MessageStats:
+    return MessageStats(prompt_tokens=10, completion_tokens=100, ttft_seconds=0.1, prefill_tps=100.0,
+                        decode_tps=50.0, decode_seconds=1.0, passes=passes, drafted=0, accepted=0,
+                        acceptance=0.0, tokens_per_pass=1.0, per_position_acceptance=(), k_history=(),
+                        speedup_estimate=1.0, proposal_passes=passes, proposal_lengths=lengths,
+                        proposal_matches=matches)
+
+
+def test_per_pass_shares_are_kept_from_answers_that_drafted_nothing(tmp_path: Path) -> None:
+    """An answer the policy did not draft in still says how often the text offered a draft: prose is kept,
+    so it does not flatter the prediction; two answers fold by their passes."""
+    from app.library.pair_stats import load_pass_profiles
+
+    path = tmp_path / "acceptance.json"
+    record("/t.gguf", NGRAM_KEY, _stats_with_passes(100, (50, 40), (20, 10)), path)
+    drafted, matched = load_pass_profiles(path)[("/t.gguf", NGRAM_KEY)]
+    assert drafted == pytest.approx((0.5, 0.4))
+    assert matched == pytest.approx((0.2, 0.1))
+    record("/t.gguf", NGRAM_KEY, _stats_with_passes(300, (30,), (30,)), path)
+    drafted, matched = load_pass_profiles(path)[("/t.gguf", NGRAM_KEY)]
+    assert drafted == pytest.approx(((50 + 30) / 400, 40 / 400))
+    assert matched == pytest.approx(((20 + 30) / 400, 10 / 400))
+
+
+def test_verify_seconds_charges_only_the_drafts_on_offer() -> None:
+    verify = CPU_CURVE.relative
+    assert best_depth([0.9] * 4, 4, verify) == best_depth([0.9] * 4, 4, verify, drafted=[1.0] * 4)
+    from app.engine.adaptive import verify_seconds
+
+    assert verify_seconds(verify, 3, [1.0, 1.0, 1.0]) == pytest.approx(verify(4))
+    # Half the passes offer no draft at all: they cost a one-token pass.
+    assert verify_seconds(verify, 3, [0.5, 0.5, 0.5]) == pytest.approx((verify(1) + verify(4)) / 2)
+
+
+def test_the_ngram_prediction_uses_the_per_pass_shares(tmp_path: Path) -> None:
+    """A fifth of the passes copy 8 tokens, the rest offer nothing: per pass that is τ 2.6 at depth 8 with
+    four fifths of the passes one token wide; the drafted positions alone (all accepted) would promise τ 9."""
+    path = tmp_path / "acceptance.json"
+    passes = 100
+    stats = dataclasses.replace(_stats_with_passes(passes, (20,) * 8, (20,) * 8), drafted=160, accepted=160,
+                                per_position_acceptance=(1.0,) * 8)
+    record("/t.gguf", NGRAM_KEY, stats, path)
+    from app.library.pair_stats import load_pass_profiles
+
+    target = _info("/t.gguf", 1000)
+    rec = recommend_drafters(target, [], load_measured(path), profiles=load_profiles(path),
+                             pass_profiles=load_pass_profiles(path), verify_curves={"/t.gguf": CPU_CURVE})[-1]
+    assert rec.acceptance_source == "measured per pass"
+    assert rec.tokens_per_pass == pytest.approx(1 + 8 * 0.2)
+    verify = CPU_CURVE.relative
+    assert rec.speedup == pytest.approx(2.6 * verify(1) / (0.8 * verify(1) + 0.2 * verify(9)))
+    drafted_only = recommend_drafters(target, [], load_measured(path), profiles=load_profiles(path),
+                                      pass_profiles={}, verify_curves={"/t.gguf": CPU_CURVE})[-1]
+    assert drafted_only.tokens_per_pass > 2 * rec.tokens_per_pass  # what the drafted positions alone say
