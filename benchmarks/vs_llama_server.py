@@ -214,6 +214,7 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=0, help="0: each engine's own default")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep each SpecDeck bench report here (for oracle_replay.py --bench)")
     args = parser.parse_args()
     binary = find_server()
     if binary is None:
@@ -228,13 +229,16 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs-llama-server-") as scratch:
         logs = Path(scratch)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
         for target in args.target:
             for path in files:
                 prompts = read_prompts(path)
                 print(f"{target.name}, {path.name}: {len(prompts)} prompts, {args.max_tokens} tokens, "
                       f"{args.repeat} repeats", flush=True)
                 ls = llama_server_modes(binary, target, args.drafter, prompt_tokens(target, prompts), args, logs)
-                sd = specdeck_bench(target, args.drafter, path, args, logs / f"{target.stem}-{path.stem}.json")
+                report = (args.keep or logs) / f"{target.stem}-{path.stem}.json"
+                sd = specdeck_bench(target, args.drafter, path, args, report)
                 rows.append({"model": target.stem, "workload": path.stem, "llama_server": ls, "specdeck": sd})
     print()
     print(f"{', '.join(p.name for p in files)} (the same prompt tokens in both engines), greedy, {args.max_tokens} "
