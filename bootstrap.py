@@ -8,6 +8,8 @@
     python3 bootstrap.py test --build avx2 [--cached-only] [pytest args]
     python3 bootstrap.py test --build "-DGGML_NATIVE=OFF -DGGML_AVX2=ON ..." [--venv DIR]
     python3 bootstrap.py --build portable --no-launch   # set up .venv-portable only (any x86-64 CPU, for bundles)
+    python3 bootstrap.py --build portable-vulkan --no-launch   # the same plus the Vulkan module (packaging/vulkan_sdk
+                                                              # first, for its headers)
     python3 bootstrap.py --build cuda --no-launch       # .venv-cuda: the CUDA bundle's build (packaging/gpu_check)
 
 On a machine with an NVIDIA GPU and no nvcc, the CUDA toolkit comes from PyPI (CUDA_PIP_TOOLKIT, into
@@ -85,7 +87,8 @@ CUDA_RUNTIME_LIBS = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")
 # but costs another pass of nvcc over every kernel: more than a 2-core builder can do in an hour.
 CUDA_BUNDLE_ARCHS = "75-virtual"
 # No VMM: the pip toolkit has no libcuda stub to link against (ggml then pools memory with cudaMalloc).
-CUDA_COMMON = ["-DGGML_CUDA=ON", "-DGGML_CUDA_NO_VMM=ON"]
+# $ORIGIN: libggml-cuda finds the CUDA runtime copied beside it (copy_cuda_runtime), also as a module.
+CUDA_COMMON = ["-DGGML_CUDA=ON", "-DGGML_CUDA_NO_VMM=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
 
 
 def say(message: str) -> None:

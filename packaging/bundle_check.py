@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from smoke_test import StepFailed, build_info, executables, log, run  # noqa: E402
+from smoke_test import StepFailed, build_info, executables, log, run
 
 NO_DRIVER = "/nonexistent/specdeck-no-vulkan-driver.json"
 LAYERS = 4
@@ -57,17 +57,17 @@ def check_layout(bundle: Path, kind: str) -> None:
 
 
 def doctor(cli: Path, env: dict[str, str], case: str) -> tuple[dict[str, Any], str]:
-    """(the build info from doctor's JSON, doctor's text) in this environment."""
-    done = run([str(cli), "doctor", "--json"], f"{case}: doctor --json", 300, env)
+    """(the build info from doctor's JSON, doctor's text) in this environment: one run writes both."""
+    out = Path(env["SPECDECK_HOME"]) / "doctor.json"
+    text = run([str(cli), "doctor", "--json", str(out)], f"{case}: doctor", 300, env).stdout
     try:
-        info = build_info(json.loads(done.stdout)) or {}
-    except json.JSONDecodeError as exc:
-        raise StepFailed(f"{case}: doctor --json printed no JSON ({exc})") from exc
-    text = run([str(cli), "doctor"], f"{case}: doctor", 300, env).stdout
+        info = build_info(json.loads(out.read_text())) or {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StepFailed(f"{case}: doctor --json wrote no JSON ({exc})") from exc
     return info, text
 
 
-def expect_cpu_fallback(cli: Path, env: dict[str, str], case: str, says: str) -> None:
+def expect_cpu_fallback(cli: Path, env: dict[str, str], case: str, says: str) -> dict[str, Any]:
     """No GPU device, the app on the CPU, and one line saying why (containing ``says``) in doctor's JSON, its
     text and the log."""
     info, text = doctor(cli, env, case)
@@ -84,6 +84,7 @@ def expect_cpu_fallback(cli: Path, env: dict[str, str], case: str, says: str) ->
     if f"no GPU: {reason}" not in logged:
         raise StepFailed(f"{case}: the log does not have the line 'no GPU: {reason}'")
     log(f"{case}: ok, on the CPU: {lines[0]}")
+    return info
 
 
 def chat(cli: Path, model: Path, env: dict[str, str], case: str) -> tuple[str, str]:
@@ -183,8 +184,7 @@ def main() -> int:
                 expect_gpu(cli, model, case_env("cuda"), "NVIDIA GPU", "CUDA0")
             else:
                 env = case_env("no-nvidia")
-                expect_cpu_fallback(cli, env, "no NVIDIA driver", "CUDA: no NVIDIA driver is installed")
-                info, _ = doctor(cli, env, "no NVIDIA driver")
+                info = expect_cpu_fallback(cli, env, "no NVIDIA driver", "CUDA: no NVIDIA driver is installed")
                 if "libggml-cuda.so" not in (info.get("modules") or []):
                     raise StepFailed(f"no NVIDIA driver: the CUDA module did not load: {info.get('modules')}")
                 answer, _ = chat(cli, model, env, "no NVIDIA driver")

@@ -79,13 +79,15 @@ def test_an_nvidia_gpu_without_nvcc_builds_cuda_with_the_toolkit_from_pypi() -> 
     cuda = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=SMI_QUERY_4090, has_nvcc=False))
     assert cuda.backend == "cuda"
     root = bootstrap.pip_cuda_root()
-    assert root.parent.name == "nvidia" and root.name == f"cu{bootstrap.CUDA_PIP_MAJOR}"
+    assert root.parent.name == "nvidia"
+    assert root.name == f"cu{bootstrap.CUDA_PIP_MAJOR}"
     assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in cuda.cmake_args
     assert f"-DCUDAToolkit_ROOT={root}" in cuda.cmake_args
     # Machine code for this machine's GPU only; no libcuda stub in the wheels, so no VMM.
     assert "-DCMAKE_CUDA_ARCHITECTURES=89-real" in cuda.cmake_args
     assert "-DGGML_CUDA_NO_VMM=ON" in cuda.cmake_args
-    assert "from PyPI" in cuda.reason and "NVIDIA H100 80GB HBM3" in cuda.reason
+    assert "from PyPI" in cuda.reason
+    assert "NVIDIA H100 80GB HBM3" in cuda.reason
     assert bootstrap.pip_toolkit_in(cuda.cmake_args) == root
     assert bootstrap.pip_toolkit_in(["-DGGML_CUDA=ON", "-DCUDAToolkit_ROOT=/usr/local/cuda"]) is None
     # nvcc installed: the system's toolkit, as before.
@@ -104,10 +106,12 @@ def test_the_pypi_toolkit_is_refused_for_old_drivers_and_old_gpus_with_the_reaso
     assert pascal.backend == "cpu"
     assert "compute capability 6.1" in pascal.reason
     unknown = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=None))
-    assert unknown.backend == "cpu" and "compute capability" in unknown.reason
+    assert unknown.backend == "cpu"
+    assert "compute capability" in unknown.reason
     windows = choose_backend(Machine(system="win32", arch="amd64", nvidia_smi_list=SMI_H100,
                                      nvidia_smi_query=SMI_QUERY_4090))
-    assert windows.backend == "cpu" and "only set up on Linux" in windows.reason
+    assert windows.backend == "cpu"
+    assert "only set up on Linux" in windows.reason
 
 
 def test_two_gpu_generations_get_one_architecture_each_blackwell_its_a_variant() -> None:
@@ -119,7 +123,8 @@ def test_two_gpu_generations_get_one_architecture_each_blackwell_its_a_variant()
 def test_the_cuda_bundle_and_vulkan_presets_build_loadable_modules() -> None:
     name, flags = bootstrap.build_flags("cuda")
     assert name == ".venv-cuda"
-    assert "-DGGML_BACKEND_DL=ON" in flags and "-DGGML_CUDA=ON" in flags
+    assert "-DGGML_BACKEND_DL=ON" in flags
+    assert "-DGGML_CUDA=ON" in flags
     assert f"-DCMAKE_CUDA_ARCHITECTURES={bootstrap.CUDA_BUNDLE_ARCHS}" in flags
     assert bootstrap.pip_toolkit_in(flags) == bootstrap.pip_cuda_root()
     name, flags = bootstrap.build_flags("portable-vulkan")
