@@ -8,12 +8,19 @@
     python3 bootstrap.py test --build avx2 [--cached-only] [pytest args]
     python3 bootstrap.py test --build "-DGGML_NATIVE=OFF -DGGML_AVX2=ON ..." [--venv DIR]
     python3 bootstrap.py --build portable --no-launch   # set up .venv-portable only (any x86-64 CPU, for bundles)
+    python3 bootstrap.py --build portable-vulkan --no-launch   # the same plus the Vulkan module (packaging/vulkan_sdk
+                                                              # first, for its headers)
+    python3 bootstrap.py --build cuda --no-launch       # .venv-cuda: the CUDA bundle's build (packaging/gpu_check)
+
+On a machine with an NVIDIA GPU and no nvcc, the CUDA toolkit comes from PyPI (CUDA_PIP_TOOLKIT, into
+~/.cache/specdeck/cuda-13-*), and llama.cpp is built for that machine's GPUs with it.
 
 Only the standard library is used here: this runs before anything is installed.
 Options:
     --no-launch           set up without opening the window (also SPECDECK_NO_LAUNCH=1)
     --venv DIR            set up, or test with, DIR instead of .venv
-    --build FLAGS|PRESET  llama.cpp built with these CMake flags (presets: BUILD_PRESETS) in its own venv
+    --build FLAGS|PRESET  llama.cpp built with these CMake flags (presets: BUILD_PRESETS, MACHINE_PRESETS) in
+                          its own venv
     --cached-only         test --build: skip (exit 0) when that build is not cached yet, never compile (CI)
 Environment:
     SPECDECK_CMAKE_ARGS   replaces the CMake flags chosen for llama.cpp (backend and CPU features)
@@ -60,6 +67,28 @@ ANY_X86_64 = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIA
               "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
 # Named flag sets for `--build NAME`; each gets the venv .venv-NAME.
 BUILD_PRESETS = {"avx2": AVX2_PORTABLE, "portable": ANY_X86_64}
+
+# CUDA from PyPI, for machines with an NVIDIA GPU and no nvcc. CUDA 13.0's wheels hold a whole compiler under
+# nvidia/cu13 (nvcc, fatbinary and ptxas in nvidia-cuda-nvcc, cicc in nvidia-nvvm, the crt headers in
+# nvidia-cuda-crt); CUDA 12's nvidia-cuda-nvcc-cu12 holds only ptxas and libnvvm, no nvcc. CUDA 13 runs on
+# Turing (compute capability 7.5) and newer, with an NVIDIA driver of 580 or newer.
+CUDA_PIP_TOOLKIT = [
+    "nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
+    "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85", "nvidia-cublas==13.1.1.3",
+]
+CUDA_PIP_MAJOR = 13
+CUDA_MIN_DRIVER = 580  # the first driver branch of CUDA 13.0
+CUDA_MIN_COMPUTE = 75  # CUDA 13 dropped Maxwell, Pascal and Volta
+# What libggml-cuda links at run time; copied beside it (its RUNPATH is $ORIGIN) in a venv and in a bundle.
+CUDA_RUNTIME_LIBS = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13")
+# The architectures of the CUDA bundle: PTX for Turing, which the driver compiles for whichever GPU of compute
+# capability 7.5 or newer runs it (RTX 20 to 50, A100, H100), kernel by kernel at first use, and caches. Each
+# real architecture (86-real for RTX 30, 89-real for RTX 40) would spare that first-use compile on its GPUs
+# but costs another pass of nvcc over every kernel: more than a 2-core builder can do in an hour.
+CUDA_BUNDLE_ARCHS = "75-virtual"
+# No VMM: the pip toolkit has no libcuda stub to link against (ggml then pools memory with cudaMalloc).
+# $ORIGIN: libggml-cuda finds the CUDA runtime copied beside it (copy_cuda_runtime), also as a module.
+CUDA_COMMON = ["-DGGML_CUDA=ON", "-DGGML_CUDA_NO_VMM=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
 
 
 def say(message: str) -> None:
@@ -150,6 +179,120 @@ def vulkan_devices(summary: str | None) -> list[tuple[str, str]]:
     return devices
 
 
+def nvidia_compute_caps(smi_query: str | None) -> list[tuple[int, int]]:
+    """(compute capability as 86, driver major as 580) per GPU from `nvidia-smi --query-gpu=compute_cap,
+    driver_version --format=csv,noheader` ("8.6, 580.65.06")."""
+    caps = []
+    for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*,\s*(\d+)[.\d]*\s*$", smi_query or "", re.M):
+        caps.append((int(m.group(1)) * 10 + int(m.group(2)), int(m.group(3))))
+    return caps
+
+
+def pip_cuda_toolkit_dir() -> Path:
+    """Where the CUDA toolkit from PyPI is unpacked, one folder per pinned set; its root is nvidia/cu13 inside."""
+    key = hashlib.sha256("|".join(CUDA_PIP_TOOLKIT).encode()).hexdigest()[:12]
+    return cache_base() / f"cuda-{CUDA_PIP_MAJOR}-{key}"
+
+
+def pip_cuda_root(base: Path | None = None) -> Path:
+    return (base or pip_cuda_toolkit_dir()) / "nvidia" / f"cu{CUDA_PIP_MAJOR}"
+
+
+def toolkit_problems(root: Path) -> list[str]:
+    """What a CUDA toolkit at ``root`` lacks for building ggml's CUDA backend (empty: complete)."""
+    wanted = ["bin/nvcc", "bin/ptxas", "bin/fatbinary", "nvvm/bin/cicc", "include/cuda_runtime.h",
+              "include/crt/host_config.h", "include/cccl/cub/cub.cuh", "include/cublas_v2.h",
+              *(f"lib/{name}" for name in CUDA_RUNTIME_LIBS)]
+    return [name for name in wanted if not (root / name).exists()]
+
+
+def arrange_pip_toolkit(root: Path) -> None:
+    """Give the wheels' nvidia/cuXX the layout CMake and nvcc expect of a toolkit: unversioned library names
+    (the linker's -lcudart), lib64, and targets/x86_64-linux/{include,lib} (nvcc.profile's include path)."""
+    lib = root / "lib"
+    for name in CUDA_RUNTIME_LIBS:
+        link = lib / name.split(".so")[0]
+        link = link.with_name(link.name + ".so")
+        if not link.exists():
+            link.symlink_to(name)
+    if not (root / "lib64").exists():
+        (root / "lib64").symlink_to("lib")
+    target = root / "targets" / "x86_64-linux"
+    target.mkdir(parents=True, exist_ok=True)
+    for sub in ("include", "lib"):
+        if not (target / sub).exists():
+            (target / sub).symlink_to(Path("..", "..", sub))
+
+
+def ensure_pip_cuda_toolkit(python: Path) -> Path:
+    """The CUDA toolkit from PyPI (CUDA_PIP_TOOLKIT), installed once into the cache; returns its root."""
+    base = pip_cuda_toolkit_dir()
+    root = pip_cuda_root(base)
+    if not toolkit_problems(root):
+        return root
+    say(f"installing the CUDA {CUDA_PIP_MAJOR} toolkit from PyPI into {base} (about 1 GB, once)")
+    tmp = base.with_name(base.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), *CUDA_PIP_TOOLKIT])
+    arrange_pip_toolkit(pip_cuda_root(tmp))
+    missing = toolkit_problems(pip_cuda_root(tmp))
+    if missing:
+        sys.exit(f"The CUDA toolkit from PyPI is incomplete (missing {', '.join(missing)}); install the CUDA "
+                 "toolkit (nvcc) instead.")
+    shutil.rmtree(base, ignore_errors=True)
+    tmp.replace(base)
+    return root
+
+
+def cuda_cmake_args(root: Path, archs: str) -> list[str]:
+    """ggml's CUDA backend built with the toolkit at ``root`` for the architectures ``archs`` ("86-real;...")."""
+    return [*CUDA_COMMON, f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}", f"-DCUDAToolkit_ROOT={root}",
+            f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+
+
+def pip_toolkit_in(cmake_args: list[str]) -> Path | None:
+    """The PyPI CUDA toolkit that ``cmake_args`` build with, if any."""
+    for arg in cmake_args:
+        if arg.startswith("-DCUDAToolkit_ROOT="):
+            root = Path(arg.split("=", 1)[1])
+            if root == pip_cuda_root() or root.parent.name == "nvidia":
+                return root
+    return None
+
+
+VULKAN_HEADERS_VERSION = "1.4.309"  # Debian 13's libvulkan-dev and spirv-headers (packaging/vulkan_sdk)
+
+
+def vulkan_loader() -> str:
+    """The system's Vulkan loader (libvulkan.so.1), by path where it is installed."""
+    found = sorted(Path("/usr/lib").glob("*-linux-gnu/libvulkan.so.1")) + sorted(Path("/usr/lib64").glob(
+        "libvulkan.so.1"))
+    return str(found[0]) if found else "libvulkan.so.1"
+
+
+def vulkan_cmake_args() -> list[str]:
+    """ggml's Vulkan backend built against the Vulkan 1.4 and SPIR-V headers that packaging/vulkan_sdk unpacks
+    into the cache (Debian 12's are too old for ggml-vulkan.cpp); the loader and glslc are the system's."""
+    headers = cache_base() / f"vulkan-headers-{VULKAN_HEADERS_VERSION}"
+    return ["-DGGML_VULKAN=ON", f"-DVulkan_INCLUDE_DIR={headers}/usr/include", f"-DVulkan_LIBRARY={vulkan_loader()}",
+            f"-DSPIRV-Headers_DIR={headers}/usr/share/cmake/SPIRV-Headers"]
+
+
+def cuda_bundle_flags() -> list[str]:
+    """llama.cpp for the CUDA bundle: the AVX2 baseline's CPU backend and the CUDA backend, both loadable
+    modules (CUDA's loads where its runtime does and finds no GPU without a driver), built with the PyPI
+    toolkit for CUDA_BUNDLE_ARCHS."""
+    return [*AVX2_PORTABLE, "-DGGML_BACKEND_DL=ON", "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib",
+            *cuda_cmake_args(pip_cuda_root(), CUDA_BUNDLE_ARCHS)]
+
+
+# Presets whose flags name files on this machine (headers, a toolkit), worked out when asked for.
+MACHINE_PRESETS = {
+    "portable-vulkan": lambda: [*ANY_X86_64, *vulkan_cmake_args()],  # the any-x86-64 bundle plus Vulkan
+    "cuda": cuda_bundle_flags,  # the CUDA bundle
+}
+
+
 def has_vulkan_sdk() -> bool:
     return bool(os.environ.get("VULKAN_SDK")) or (
         shutil.which("glslc") is not None and Path("/usr/include/vulkan/vulkan.h").exists()
@@ -164,6 +307,7 @@ class Machine:
     arch: str  # platform.machine().lower()
     cpu_flags: set[str] = field(default_factory=set)
     nvidia_smi_list: str | None = None  # `nvidia-smi -L`, None when missing or failing
+    nvidia_smi_query: str | None = None  # `nvidia-smi --query-gpu=compute_cap,driver_version --format=csv,noheader`
     has_nvcc: bool = False
     vulkaninfo_summary: str | None = None  # `vulkaninfo --summary`, None when missing or failing
     has_vulkan_sdk: bool = False
@@ -172,7 +316,9 @@ class Machine:
     def probe(cls) -> Machine:
         return cls(
             system=sys.platform, arch=platform.machine().lower(), cpu_flags=cpu_flags(),
-            nvidia_smi_list=_probe(["nvidia-smi", "-L"]), has_nvcc=shutil.which("nvcc") is not None,
+            nvidia_smi_list=_probe(["nvidia-smi", "-L"]),
+            nvidia_smi_query=_probe(["nvidia-smi", "--query-gpu=compute_cap,driver_version", "--format=csv,noheader"]),
+            has_nvcc=shutil.which("nvcc") is not None,
             vulkaninfo_summary=_probe(["vulkaninfo", "--summary"]), has_vulkan_sdk=has_vulkan_sdk(),
         )
 
@@ -221,7 +367,14 @@ def choose_backend(machine: Machine, override: str | None = None) -> BackendChoi
         return BackendChoice("cuda", [*cpu, "-DGGML_CUDA=ON"], found,
                              f"nvidia-smi lists {nvidia[0]} and the CUDA toolkit (nvcc) is installed.")
     if nvidia:
-        notes.append("an NVIDIA GPU is present but nvcc is not (install the CUDA toolkit for the CUDA backend)")
+        pip_cuda, why_not = pip_cuda_choice(machine)
+        if pip_cuda is not None:
+            return BackendChoice("cuda", [*cpu, *pip_cuda], found,
+                                 f"nvidia-smi lists {nvidia[0]} and nvcc is not installed, so the CUDA "
+                                 f"{CUDA_PIP_MAJOR} toolkit comes from PyPI ({CUDA_PIP_TOOLKIT[0]}, ...) into "
+                                 f"{pip_cuda_toolkit_dir()}.")
+        notes.append(f"an NVIDIA GPU is present but nvcc is not, and {why_not} (install the CUDA toolkit for the "
+                     "CUDA backend)")
     if vulkan_gpus and machine.has_vulkan_sdk:
         return BackendChoice("vulkan", [*cpu, "-DGGML_VULKAN=ON"], found,
                              f"vulkaninfo lists the GPU {vulkan_gpus[0]} and the Vulkan SDK (glslc, headers) is "
@@ -233,6 +386,27 @@ def choose_backend(machine: Machine, override: str | None = None) -> BackendChoi
     return BackendChoice("cpu", cpu, found, "CPU backend: " + ("; ".join(notes) if notes else "no GPU was found") + ".")
 
 
+def pip_cuda_choice(machine: Machine) -> tuple[list[str] | None, str]:
+    """(CMake flags for CUDA from the PyPI toolkit, built for this machine's GPUs only) or (None, why not)."""
+    if not (machine.system.startswith("linux") and machine.arch in {"x86_64", "amd64"}):
+        return None, "the CUDA toolkit from PyPI is only set up on Linux x86-64"
+    caps = nvidia_compute_caps(machine.nvidia_smi_query)
+    if not caps:
+        return None, "nvidia-smi did not report the GPU's compute capability"
+    old_driver = min(driver for _, driver in caps)
+    if old_driver < CUDA_MIN_DRIVER:
+        return None, (f"the NVIDIA driver {old_driver} is older than CUDA {CUDA_PIP_MAJOR} needs "
+                      f"({CUDA_MIN_DRIVER} or newer)")
+    usable = sorted({cap for cap, _ in caps if cap >= CUDA_MIN_COMPUTE})
+    if not usable:
+        return None, (f"CUDA {CUDA_PIP_MAJOR} does not support compute capability "
+                      f"{caps[0][0] // 10}.{caps[0][0] % 10} (it needs 7.5 or newer)")
+    # Machine code for each GPU here only (one architecture builds in minutes, not hours); Blackwell's
+    # 120 and 121 need their architecture-specific "a" variants (ggml's own CMake rewrites them too).
+    archs = ";".join(f"{cap}a-real" if cap >= 120 else f"{cap}-real" for cap in usable)
+    return cuda_cmake_args(pip_cuda_root(), archs), ""
+
+
 def choose_cmake_args() -> tuple[str, list[str]]:
     """(backend name, CMake flags) for this machine; SPECDECK_CMAKE_ARGS overrides both. Says what it found."""
     choice = choose_backend(Machine.probe(), os.environ.get("SPECDECK_CMAKE_ARGS"))
@@ -241,9 +415,13 @@ def choose_cmake_args() -> tuple[str, list[str]]:
     return choice.backend, choice.cmake_args
 
 
+def cache_base() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdeck"
+
+
 def wheel_cache_dir(cmake_args: list[str]) -> Path:
     """Built wheels live under a key of everything that changes the binary, so reruns are instant."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdeck" / "wheels"
+    base = cache_base() / "wheels"
     key = "|".join([LLAMA_CPP_PYTHON, sys.version.split()[0], platform.platform(), *cmake_args])
     return base / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -259,6 +437,8 @@ def build_llama_wheel(backend: str, cmake_args: list[str]) -> Path:
         say(f"llama.cpp ({backend}) already built: {wheel}")
         return wheel
     out_dir = wheel_cache_dir(cmake_args)
+    if pip_toolkit_in(cmake_args) is not None:
+        ensure_pip_cuda_toolkit(venv_python())
     say(f"building llama.cpp for backend '{backend}' (several minutes, once): {' '.join(cmake_args)}")
     env = dict(os.environ)
     env["CMAKE_ARGS"] = " ".join([*cmake_args, *COMMON_CMAKE])
@@ -318,6 +498,8 @@ def install(backend: str, cmake_args: list[str]) -> None:
     same = marker.exists() and marker.read_text() == stamp
     force = [] if same else ["--force-reinstall", "--no-deps"]
     run([str(venv_python()), "-m", "pip", "install", "-q", *force, str(wheel)])
+    if pip_toolkit_in(cmake_args) is not None:
+        copy_cuda_runtime(ensure_pip_cuda_toolkit(venv_python()))
     run([str(venv_python()), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"])
     info = subprocess.run([str(venv_python()), "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info()"
                            ".decode(errors='replace'))"], capture_output=True, text=True).stdout
@@ -342,6 +524,19 @@ def install(backend: str, cmake_args: list[str]) -> None:
         sys.exit("llama.cpp could not decode one token with this build (see above). The cached build was "
                  "removed; set SPECDECK_CMAKE_ARGS to safer flags (e.g. '-DGGML_NATIVE=OFF -DGGML_AVX2=ON') "
                  "and run this again.")
+
+
+def copy_cuda_runtime(toolkit: Path) -> None:
+    """The CUDA runtime and cuBLAS beside libggml-cuda in the venv's llama_cpp/lib (its RUNPATH is $ORIGIN), so
+    the venv and a bundle made from it run without a CUDA installation; only the NVIDIA driver is the system's."""
+    # Found without importing llama_cpp, which would load libggml-cuda before its runtime is there.
+    where = ("import importlib.util as u, os; "
+             "print(os.path.join(list(u.find_spec('llama_cpp').submodule_search_locations)[0], 'lib'))")
+    lib = Path(subprocess.run([str(venv_python()), "-c", where], capture_output=True, text=True,
+                              check=True).stdout.strip())
+    for name in CUDA_RUNTIME_LIBS:
+        if not (lib / name).exists():
+            shutil.copy2(toolkit / "lib" / name, lib / name)
 
 
 def trapped(check_output: str) -> bool:
@@ -391,8 +586,11 @@ def build_flags(build: str) -> tuple[str, list[str]]:
     """(venv name, CMake flags) for `--build`: a preset's name, or the flags themselves."""
     if build in BUILD_PRESETS:
         return f".venv-{build}", list(BUILD_PRESETS[build])
+    if build in MACHINE_PRESETS:
+        return f".venv-{build}", MACHINE_PRESETS[build]()
     if not build.strip().startswith("-D"):
-        sys.exit(f"--build takes CMake flags (-D...) or a preset name ({', '.join(BUILD_PRESETS)}), not {build!r}.")
+        sys.exit(f"--build takes CMake flags (-D...) or a preset name ({', '.join([*BUILD_PRESETS, *MACHINE_PRESETS])}"
+                 f"), not {build!r}.")
     flags = build.split()
     return ".venv-build-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8], flags
 

@@ -120,6 +120,8 @@ def describe_build(info: BackendInfo) -> str:
     if modules:
         lines.append(modules[0].upper() + modules[1:])
     lines += [f"Device: {d.name} {d.description}".rstrip() for d in info.devices]
+    if info.gpu_fallback:
+        lines.append(f"No GPU: {info.gpu_fallback}")
     return "\n".join(lines)
 
 

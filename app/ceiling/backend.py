@@ -20,6 +20,7 @@ from typing import Any
 
 from app.ceiling.backend_modules import linked_library, load_backend_modules, loaded_modules
 from app.ceiling.child import ProbeFailed, run_probe
+from app.ceiling.gpu_fallback import why_no_gpu
 from app.ceiling.gpus import as_text
 
 _DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
@@ -55,6 +56,8 @@ class BackendInfo:
     error: str | None = None
     # A build with loadable backends (GGML_BACKEND_DL): the modules loaded, e.g. libggml-cpu-haswell.so.
     modules: tuple[str, ...] = ()
+    # Why a build with a GPU backend uses no GPU, in one line (app.ceiling.gpu_fallback); None otherwise.
+    gpu_fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,11 +156,22 @@ def ggml_devices(lib_dir: Path) -> tuple[BackendDevice, ...]:
     return tuple(out)
 
 
-def _backend_name(devices: Iterable[BackendDevice], sections: Iterable[str], offload: bool) -> str:
+def registered_backends(lib_dir: Path) -> tuple[str, ...]:
+    """The names in ggml's backend registry ("CPU", "Vulkan", "CUDA"), after the modules were loaded."""
+    libs = _ggml_libs(lib_dir)
+    count = _fn(libs, "ggml_backend_reg_count", ctypes.c_size_t, [])
+    get = _fn(libs, "ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t])
+    name = _fn(libs, "ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p])
+    return tuple(as_text(name(get(i)) or b"") for i in range(int(count())))
+
+
+def _backend_name(devices: Sequence[BackendDevice], sections: Iterable[str], offload: bool) -> str:
     for dev in devices:
         if dev.type in ("gpu", "igpu"):
             return _BACKEND_NAMES.get((dev.backend or dev.name).rstrip("0123456789").lower(),
                                       (dev.backend or "gpu").lower())
+    if devices:
+        return "cpu"  # a GPU backend without a device (no driver, no GPU) runs nothing: the CPU does
     for section in sections:
         name = _BACKEND_NAMES.get(section.lower())
         if name:
@@ -193,6 +207,14 @@ def probe_backend() -> BackendInfo:
     except (AttributeError, OSError) as exc:
         errors.append(f"could not list llama.cpp's devices: {exc}")
     sections = parse_system_info(system_info)
+    mapped = loaded_modules()
+    fallback = None
+    if not any(d.type in ("gpu", "igpu") for d in devices):
+        try:
+            registered = registered_backends(lib_dir)
+        except (AttributeError, OSError):
+            registered = ()
+        fallback = why_no_gpu(lib_dir, registered, mapped)
     return BackendInfo(
         available=True,
         llama_cpp_python=str(getattr(llama_cpp, "__version__", "")),
@@ -205,7 +227,8 @@ def probe_backend() -> BackendInfo:
         cpu_features=cpu_features_from_system_info(system_info),
         devices=devices,
         error="; ".join(errors) or None,
-        modules=loaded_modules() if modular else (),
+        modules=mapped if modular else (),
+        gpu_fallback=fallback,
     )
 
 
@@ -219,9 +242,12 @@ def backend_name() -> str:
 def probe_backend_isolated(timeout_s: float = 120.0) -> BackendInfo:
     """:func:`probe_backend` in a child process, so a build that traps cannot take this process down."""
     try:
-        return BackendInfo.from_dict(run_probe("backend", timeout_s=timeout_s, what="loading llama.cpp"))
+        info = BackendInfo.from_dict(run_probe("backend", timeout_s=timeout_s, what="loading llama.cpp"))
     except ProbeFailed as exc:
         logging.getLogger(__name__).warning("llama.cpp probe: %s", exc)
         return BackendInfo(available=False, error=str(exc))
     except (TypeError, ValueError) as exc:
         return BackendInfo(available=False, error=f"the llama.cpp probe gave no readable answer ({exc})")
+    if info.gpu_fallback:
+        logging.getLogger(__name__).warning("no GPU: %s", info.gpu_fallback)
+    return info

@@ -95,6 +95,14 @@ def _recurrent_line(m: dict[str, Any]) -> str:
             f"{format_bytes(m['recurrent_state_allocated'])} allocated")
 
 
+def _device_text(d: dict[str, Any]) -> str:
+    """A llama.cpp device with the memory it reports: 'Vulkan0 (llvmpipe ...: 2.15 GB free of 2.15 GB)'."""
+    memory = ""
+    if d.get("memory_total"):
+        memory = f": {format_bytes(d.get('memory_free') or 0)} free of {format_bytes(d['memory_total'])}"
+    return f"{d['name']} ({d['description']}{memory})"
+
+
 def render_text(r: dict[str, Any]) -> str:
     out: list[str] = [f"SpecDeck {r['specdeck']} doctor"]
     add = out.append
@@ -107,7 +115,9 @@ def render_text(r: dict[str, Any]) -> str:
         modules = describe_modules(tuple(b.get("modules") or ()))
         if modules:
             add(f"modules      {modules}")
-        add("devices      " + ", ".join(f"{d['name']} ({d['description']})" for d in b["devices"]))
+        add("devices      " + ", ".join(_device_text(d) for d in b["devices"]))
+        if b.get("gpu_fallback"):
+            add(f"no GPU       {b['gpu_fallback']}")
     else:
         add(f"llama.cpp    not usable: {b.get('error') or 'not probed'}")
     c = r["cpu"]

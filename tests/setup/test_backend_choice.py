@@ -72,6 +72,103 @@ def test_nvidia_needs_both_a_gpu_and_nvcc() -> None:
     assert "nvcc" in no_toolkit.reason
 
 
+SMI_QUERY_4090 = "8.9, 580.65.06\n"
+
+
+def test_an_nvidia_gpu_without_nvcc_builds_cuda_with_the_toolkit_from_pypi() -> None:
+    cuda = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=SMI_QUERY_4090, has_nvcc=False))
+    assert cuda.backend == "cuda"
+    root = bootstrap.pip_cuda_root()
+    assert root.parent.name == "nvidia"
+    assert root.name == f"cu{bootstrap.CUDA_PIP_MAJOR}"
+    assert f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}" in cuda.cmake_args
+    assert f"-DCUDAToolkit_ROOT={root}" in cuda.cmake_args
+    # Machine code for this machine's GPU only; no libcuda stub in the wheels, so no VMM.
+    assert "-DCMAKE_CUDA_ARCHITECTURES=89-real" in cuda.cmake_args
+    assert "-DGGML_CUDA_NO_VMM=ON" in cuda.cmake_args
+    assert "from PyPI" in cuda.reason
+    assert "NVIDIA H100 80GB HBM3" in cuda.reason
+    assert bootstrap.pip_toolkit_in(cuda.cmake_args) == root
+    assert bootstrap.pip_toolkit_in(["-DGGML_CUDA=ON", "-DCUDAToolkit_ROOT=/usr/local/cuda"]) is None
+    # nvcc installed: the system's toolkit, as before.
+    assert bootstrap.pip_toolkit_in(choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=SMI_QUERY_4090,
+                                                         has_nvcc=True)).cmake_args) is None
+
+
+def test_the_pypi_toolkit_is_refused_for_old_drivers_and_old_gpus_with_the_reason() -> None:
+    assert bootstrap.nvidia_compute_caps("8.6, 550.54.14\n12.0, 580.65\n") == [(86, 550), (120, 580)]
+    assert bootstrap.nvidia_compute_caps("[N/A], 580.1\n") == []
+    old_driver = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query="9.0, 550.54.14\n"))
+    assert old_driver.backend == "cpu"
+    assert "driver 550 is older than CUDA 13 needs (580 or newer)" in old_driver.reason
+    pascal = choose_backend(linux(nvidia_smi_list="GPU 0: NVIDIA GeForce GTX 1080 (UUID: GPU-1)\n",
+                                  nvidia_smi_query="6.1, 580.65.06\n"))
+    assert pascal.backend == "cpu"
+    assert "compute capability 6.1" in pascal.reason
+    unknown = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=None))
+    assert unknown.backend == "cpu"
+    assert "compute capability" in unknown.reason
+    windows = choose_backend(Machine(system="win32", arch="amd64", nvidia_smi_list=SMI_H100,
+                                     nvidia_smi_query=SMI_QUERY_4090))
+    assert windows.backend == "cpu"
+    assert "only set up on Linux" in windows.reason
+
+
+def test_two_gpu_generations_get_one_architecture_each_blackwell_its_a_variant() -> None:
+    query = "8.6, 580.65\n12.0, 580.65\n8.6, 580.65\n"
+    choice = choose_backend(linux(nvidia_smi_list=SMI_H100, nvidia_smi_query=query))
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86-real;120a-real" in choice.cmake_args
+
+
+def test_the_cuda_bundle_and_vulkan_presets_build_loadable_modules() -> None:
+    name, flags = bootstrap.build_flags("cuda")
+    assert name == ".venv-cuda"
+    assert "-DGGML_BACKEND_DL=ON" in flags
+    assert "-DGGML_CUDA=ON" in flags
+    assert f"-DCMAKE_CUDA_ARCHITECTURES={bootstrap.CUDA_BUNDLE_ARCHS}" in flags
+    assert bootstrap.pip_toolkit_in(flags) == bootstrap.pip_cuda_root()
+    name, flags = bootstrap.build_flags("portable-vulkan")
+    assert name == ".venv-portable-vulkan"
+    assert flags[:len(bootstrap.ANY_X86_64)] == bootstrap.ANY_X86_64
+    assert "-DGGML_VULKAN=ON" in flags
+    # The default setup is untouched: no GPU, no module build.
+    assert "-DGGML_BACKEND_DL=ON" not in choose_backend(linux()).cmake_args
+
+
+def test_a_pypi_toolkit_gets_the_layout_cmake_and_nvcc_expect(tmp_path: Path) -> None:
+    root = tmp_path / "nvidia" / "cu13"
+    assert "bin/nvcc" in bootstrap.toolkit_problems(root)
+    (root / "lib").mkdir(parents=True)
+    (root / "include").mkdir()
+    for name in bootstrap.CUDA_RUNTIME_LIBS:
+        (root / "lib" / name).write_bytes(b"")
+    bootstrap.arrange_pip_toolkit(root)
+    bootstrap.arrange_pip_toolkit(root)  # a second run changes nothing
+    assert (root / "lib" / "libcudart.so").resolve() == (root / "lib" / "libcudart.so.13").resolve()
+    assert (root / "lib" / "libcublasLt.so").resolve() == (root / "lib" / "libcublasLt.so.13").resolve()
+    assert (root / "lib64").resolve() == (root / "lib").resolve()
+    assert (root / "targets" / "x86_64-linux" / "include").resolve() == (root / "include").resolve()
+
+
+def test_the_installed_pypi_toolkit_compiles_cuda(tmp_path: Path) -> None:
+    """The toolkit bootstrap installs from PyPI (python3 bootstrap.py --build cuda) is a complete compiler: its
+    nvcc (with cicc and the runtime and crt headers of the other wheels) turns a kernel into PTX. Needs no GPU."""
+    root = bootstrap.pip_cuda_root()
+    if bootstrap.toolkit_problems(root):
+        pytest.skip(f"the CUDA toolkit from PyPI is not installed in {root.parent.parent}")
+    nvcc = str(root / "bin" / "nvcc")
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    assert f"release {bootstrap.CUDA_PIP_MAJOR}." in version.stdout
+    kernel = tmp_path / "add.cu"
+    kernel.write_text("#include <cuda_fp16.h>\n"
+                      "__global__ void add(half *x) { x[threadIdx.x] = __hadd(x[threadIdx.x], x[0]); }\n")
+    ptx = tmp_path / "add.ptx"
+    done = subprocess.run([nvcc, "-arch=compute_75", "--ptx", "-o", str(ptx), str(kernel)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert ".target sm_75" in ptx.read_text()
+
+
 def test_metal_only_on_apple_silicon() -> None:
     arm = choose_backend(Machine(system="darwin", arch="arm64"))
     assert arm.backend == "metal"
