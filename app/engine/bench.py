@@ -22,6 +22,8 @@ from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
+from app.ceiling.memory import is_rpc
+from app.ceiling.rpc import parse_rpc_servers
 from app.engine.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
 from app.errors import AppError, SettingsError
@@ -79,6 +81,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "speedups are reported as median, min and max")
     parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
     parser.add_argument("--json", type=Path, help="write the full report here")
+    add_rpc_argument(parser)
+
+
+def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
+    """`--rpc host:port,...` for bench, chat and serve (one wording)."""
+    parser.add_argument("--rpc", default="", metavar="HOST:PORT,...",
+                        help="llama.cpp RPC servers (rpc-server) that take the model's layers, split by their free "
+                        "memory; needs llama.cpp built with RPC (python3 bootstrap.py --build rpc)")
 
 
 class EngineCrashedError(AppError):
@@ -275,12 +285,13 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
     return (False, True) if (prompt_index + repeat) % 2 == 0 else (True, False)
 
 
-def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
-    """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
+def ceiling(target: str, n_ctx: int, network_seconds: float = 0.0) -> dict[str, Any] | None:
+    """The roofline ceiling for this target on this machine (None when it cannot be computed), with the RPC
+    servers' round trips per pass when the layers are on them."""
     from app.ceiling.report import ceiling_summary
 
     try:
-        return ceiling_summary(target, n_ctx)
+        return ceiling_summary(target, n_ctx, network_seconds=network_seconds)
     except AppError:
         return None
 
@@ -302,7 +313,8 @@ def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None =
         model_start=getattr(args, "model_start", None),
     )
     settings = LoadSettings(target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads,
-                            recurrent_rollback=getattr(args, "recurrent_rollback", "auto")).validate()
+                            recurrent_rollback=getattr(args, "recurrent_rollback", "auto"),
+                            rpc_servers=parse_rpc_servers(getattr(args, "rpc", ""))).validate()
     sampling = SamplingSettings(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p).validate()
     repeats = getattr(args, "repeat", 1)
@@ -349,6 +361,8 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
     print(f"target {target_name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
           f"drafter {drafter_name}, n-gram {draft.ngram or 'off'}, "
           f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}"
+          + (f", RPC servers {', '.join(d.description for d in loaded.devices if is_rpc(d))} "
+             f"({loaded.network_seconds * 1000:.2f} ms of round trips per pass)" if loaded.network_seconds else "")
           + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
     print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "
           f"{'τ':>5} {'same':>5}", file=out)
@@ -422,11 +436,13 @@ def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSet
         "max_tokens": sampling.max_tokens,
         "repeat": repeats,
         "backend": loaded.backend,
+        "rpc_servers": [d.description for d in loaded.devices if is_rpc(d)],
+        "network_ms_per_pass": round(loaded.network_seconds * 1000, 3),
         "verify_cost_ms": {str(w): round(t * 1000, 3) for w, t in verify_cost},
         **_drafter_cost(draft_step[0], dict(verify_cost)),
         "prompts": rows,
         "total": total,
-        "ceiling": ceiling(str(args.target), loaded.n_ctx),
+        "ceiling": ceiling(str(args.target), loaded.n_ctx, loaded.network_seconds),
     }
     if getattr(args, "keep_traces", False):  # tune replays them; the bench's own JSON stays as it was
         report["traces"] = traces
