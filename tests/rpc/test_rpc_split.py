@@ -2,7 +2,7 @@
 speculation on top (the suffix drafter), memory per server through llama.cpp's device API, the network's
 round trips measured at load, and a server that refuses or dies mid-answer in one sentence, without a hang.
 
-What llama.cpp placed where is read from its own load log ('RPC0 model buffer size = ...'); that the servers
+What llama.cpp placed where is read from its own load log ('RPC0[host:port] model buffer size = ...'); that the servers
 did the work, from their logs ('Accepted client connection')."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.rpc import rpc_failure
+from app.ceiling.rpc import PROBE_TIMEOUT_S, probe_server, rpc_failure
 from app.engine.client import EngineClient
 from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import BenchResult, Devices, EngineCrashed, EngineError, Event, Finished, Loaded, Token
@@ -80,8 +80,9 @@ def test_a_split_answers_like_a_local_load_and_speculates(client: EngineClient, 
     assert all(d.memory_total and d.memory_free for d in over_rpc.devices)  # through ggml_backend_dev_memory
     assert over_rpc.network_seconds > 0
     log = client.log_path.read_text() if client.log_path else ""
-    assert "RPC0 model buffer size" in log
-    assert "RPC1 model buffer size" in log
+    for server in rpc_servers:  # llama.cpp's own account: "RPC0[127.0.0.1:38427] model buffer size = ..."
+        assert f"[{server.endpoint}] model buffer size" in log
+        assert f"[{server.endpoint}] KV buffer size" in log
     plain_rpc, spec_rpc = answer(client, plain=True), answer(client, plain=False)
 
     local = load(client, replace(settings, rpc_servers=()))  # the same worker: the servers stay registered
@@ -97,6 +98,15 @@ def test_a_split_answers_like_a_local_load_and_speculates(client: EngineClient, 
     assert spec_rpc.stats.accepted > 0
     for server in rpc_servers:
         assert "Accepted client connection" in server.log.read_text()
+
+
+def test_the_probe_speaks_the_servers_protocol(rpc_servers: list[RpcServer]) -> None:
+    """The handshake and the timed requests that SpecDeck sends before ggml, against the real server."""
+    probe = probe_server(rpc_servers[0].endpoint)
+    assert probe.devices == 1  # rpc-server's CPU device
+    assert 0 < probe.round_trip_s < PROBE_TIMEOUT_S
+    again = probe_server(rpc_servers[0].endpoint)  # the server took the next client: the probe let go
+    assert again.devices == 1
 
 
 def test_the_worker_lists_memory_per_server(client: EngineClient, rpc_servers: list[RpcServer]) -> None:
