@@ -1,7 +1,8 @@
 """Plain and speculative decoding, local against a model split over two llama.cpp rpc-server processes.
 
     .venv-rpc/bin/python benchmarks/rpc_vs_local.py [--target MODEL.gguf] [--server PATH/rpc-server]
-        [--prompts FILE.jsonl] [--max-tokens 128] [--repeat 3] [--ngram 3] [--netem-ms 1] [--json OUT.json]
+        [--prompts FILE.jsonl] [--max-tokens 128] [--repeat 3] [--ngram 3] [--k-max 16] [--netem-ms 1]
+        [--json OUT.json]
 
 Needs llama.cpp built with RPC (`python3 bootstrap.py --build rpc`) and rpc-server
 (`python3 packaging/build_rpc_server`). Starts two rpc-server processes on loopback (one thread each), and one
@@ -87,6 +88,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ngram", type=int, default=3)
+    parser.add_argument("--k-max", type=int, default=16, help="largest draft depth (the load times each width)")
     parser.add_argument("--netem-ms", type=float, default=0.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -100,7 +102,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="specdeck-rpc-bench-"))
     servers: list[RpcServer] = [start_server(server, logs) for _ in range(2)]
     endpoints = tuple(s.endpoint for s in servers)
-    base = LoadSettings(target_path=target, n_ctx=4096, n_threads=1, draft=DraftSettings(ngram=args.ngram))
+    base = LoadSettings(target_path=target, n_ctx=4096, n_threads=1, draft=DraftSettings(ngram=args.ngram, k_max=args.k_max))
     conditions: dict[str, LoadSettings] = {"local": base, "rpc": replace(base, rpc_servers=endpoints)}
     if args.netem_ms:
         conditions[f"rpc+{args.netem_ms:g}ms"] = conditions["rpc"]
