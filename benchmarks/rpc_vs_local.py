@@ -102,7 +102,8 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="specdeck-rpc-bench-"))
     servers: list[RpcServer] = [start_server(server, logs) for _ in range(2)]
     endpoints = tuple(s.endpoint for s in servers)
-    base = LoadSettings(target_path=target, n_ctx=4096, n_threads=1, draft=DraftSettings(ngram=args.ngram, k_max=args.k_max))
+    base = LoadSettings(target_path=target, n_ctx=4096, n_threads=1,
+                        draft=DraftSettings(ngram=args.ngram, k_max=args.k_max))
     conditions: dict[str, LoadSettings] = {"local": base, "rpc": replace(base, rpc_servers=endpoints)}
     if args.netem_ms:
         conditions[f"rpc+{args.netem_ms:g}ms"] = conditions["rpc"]
