@@ -131,6 +131,8 @@ def main() -> int:
                             event = await_event(client, BenchResult)
                             assert isinstance(event, BenchResult)
                             rates[(name, mode)].append(RunResult.of(event).decode_tps)
+                            print(f"repeat {r + 1} {name} {mode}: {rates[(name, mode)][-1]:.1f} tok/s",
+                                  file=sys.stderr, flush=True)
                             if name == "local" and mode == "plain":
                                 reference.setdefault(index, event.token_ids)
                             elif index in reference and event.token_ids != reference[index]:
