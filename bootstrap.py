@@ -65,8 +65,10 @@ AVX2_PORTABLE = [
 # where the modules were left behind.
 ANY_X86_64 = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
               "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
-# Named flag sets for `--build NAME`; each gets the venv .venv-NAME.
-BUILD_PRESETS = {"avx2": AVX2_PORTABLE, "portable": ANY_X86_64}
+# Named flag sets for `--build NAME`; each gets the venv .venv-NAME. "rpc": llama.cpp's RPC backend (models
+# split over `rpc-server` processes on other machines), on the AVX2 baseline that packaging/build_rpc_server
+# also builds its server with, so a layer computes the same on either side.
+BUILD_PRESETS = {"avx2": AVX2_PORTABLE, "portable": ANY_X86_64, "rpc": [*AVX2_PORTABLE, "-DGGML_RPC=ON"]}
 
 # CUDA from PyPI, for machines with an NVIDIA GPU and no nvcc. CUDA 13.0's wheels hold a whole compiler under
 # nvidia/cu13 (nvcc, fatbinary and ptxas in nvidia-cuda-nvcc, cicc in nvidia-nvvm, the crt headers in

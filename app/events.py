@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engine.params import LoadSettings, SamplingSettings
+
+if TYPE_CHECKING:
+    from app.ceiling.backend import BackendDevice
 
 # Where an emitted token came from.
 FROM_TARGET = "target"
@@ -72,6 +75,15 @@ class RawDecode:
 
 
 @dataclass(frozen=True)
+class ListDevices:
+    """Ask the worker for llama.cpp's devices, with ``rpc_servers`` probed and registered first. The reply is
+    one ``Devices``."""
+
+    request_id: int
+    rpc_servers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: int
 
@@ -100,6 +112,19 @@ class WorkerReady:
     advice fits the build even when the first load crashes."""
 
     gpu_offload: bool  # llama_supports_gpu_offload() once the backends are loaded
+
+
+@dataclass(frozen=True)
+class Devices:
+    """llama.cpp's devices as the worker sees them (name, kind, memory), and the build's backend. ``error``:
+    why the RPC servers asked for could not be added (the local devices are still listed)."""
+
+    request_id: int
+    devices: tuple[BackendDevice, ...]
+    backend: str
+    gpu_offload: bool
+    rpc_available: bool
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +158,11 @@ class Loaded:
     kv_bytes_total: int  # allocated for n_ctx
     load_seconds: float
     plain_tps: float = 0.0  # one-token passes per second measured at load: the delivered 1-token ceiling
+    # The devices the layers went to, in llama.cpp's order, with their memory after the load (RPC servers'
+    # included: only this worker can ask them while it holds their connection); empty on the CPU alone.
+    devices: tuple[BackendDevice, ...] = ()
+    main_gpu: int | None = None  # the one GPU chosen (``devices`` is then that GPU alone); None: all GPUs
+    network_seconds: float = 0.0  # per pass: the RPC servers' round trips measured at load (0 without RPC)
 
 
 def drafted_by(loaded: Loaded) -> str | None:
@@ -501,6 +531,6 @@ class Unloaded:
 
 Event = (
     Log | WorkerReady | LoadProgress | Loaded | PromptProgress | PromptProcessed | Token | PassStats | Finished
-    | BenchResult | RawDecoded | EngineError | EngineCrashed | Unloaded
+    | BenchResult | RawDecoded | EngineError | EngineCrashed | Unloaded | Devices
 )
-Request = Load | Generate | BenchRun | RawDecode | Cancel | Unload | Shutdown
+Request = Load | Generate | BenchRun | RawDecode | ListDevices | Cancel | Unload | Shutdown

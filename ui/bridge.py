@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app.engine.client import EngineClient
 from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
+    Devices,
     EngineCrashed,
     EngineError,
     Event,
@@ -108,6 +109,7 @@ class EngineBridge(QObject):
     engine_crashed = Signal(EngineCrashed)
     engine_restarting = Signal()  # an automatic restart (and reload) after a crash has begun
     log_received = Signal(Log)
+    devices_listed = Signal(Devices)  # llama.cpp's devices as the worker lists them (list_devices)
 
     def __init__(
         self,
@@ -198,6 +200,13 @@ class EngineBridge(QObject):
     def restart(self) -> None:
         """A fresh worker, reloading the last models when there were any."""
         self._submit(self._do_restart, self._last_load)
+
+    def list_devices(self, rpc_servers: tuple[str, ...] = ()) -> None:
+        """Ask the worker for llama.cpp's devices (with these RPC servers); the answer is ``devices_listed``."""
+        self._submit(self._do_list_devices, rpc_servers)
+
+    def _do_list_devices(self, rpc_servers: tuple[str, ...]) -> None:
+        self._client.list_devices(rpc_servers)
 
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
         self._commands.put((fn, args))
@@ -354,4 +363,6 @@ class EngineBridge(QObject):
             self.engine_restarting.emit()
         elif isinstance(item, Log):
             self.log_received.emit(item)
+        elif isinstance(item, Devices):
+            self.devices_listed.emit(item)
 

@@ -243,6 +243,7 @@ class MainWindow(QMainWindow):
         if start_engine:
             self.bridge.start()
             self._probe_build()
+            self.bridge.list_devices(self.settings.rpc_servers)  # the picker's GPU choice and RPC servers
         self.picker.rescan()
 
     def _open_store(self, *, quiet: bool = False) -> HistoryThread | None:
@@ -396,6 +397,8 @@ class MainWindow(QMainWindow):
         b.engine_crashed.connect(self._on_bridge_engine_crashed)
         b.engine_restarting.connect(self._on_bridge_engine_restarting)
         b.prompt_processed.connect(self._on_bridge_prompt_processed)
+        b.devices_listed.connect(self.picker.show_devices)
+        self.picker.device_choice.devices_wanted.connect(self._on_device_choice_devices_wanted)
         self.picker.load_requested.connect(self._on_picker_load_requested)
         self.picker.cancel_load_requested.connect(self._on_picker_cancel_load_requested)
         self.picker.library_changed.connect(self._on_picker_library_changed)
@@ -730,6 +733,10 @@ class MainWindow(QMainWindow):
         if event.kind == "PromptTooLongError" and event.request_id == self.chat.overflowed_request:
             return  # the chat handled it (asked again without the oldest turns, or said so itself)
         self.notifier.error(event.message)
+
+    @Slot(tuple)
+    def _on_device_choice_devices_wanted(self, rpc_servers: tuple[str, ...]) -> None:
+        self.bridge.list_devices(rpc_servers)
 
     @Slot(EngineCrashed)
     def _on_bridge_engine_crashed(self, event: EngineCrashed) -> None:

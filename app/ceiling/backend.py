@@ -13,7 +13,7 @@ import ctypes
 import functools
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,10 @@ def _fn(libs: Sequence[ctypes.CDLL], name: str, restype: Any, argtypes: list[Any
     raise AttributeError(name)
 
 
-def ggml_devices(lib_dir: Path) -> tuple[BackendDevice, ...]:
-    """ggml's device list, bound with ctypes (llama-cpp-python does not bind ggml_backend_dev_*)."""
+def ggml_devices(lib_dir: Path, rpc_servers: Collection[str] | None = None) -> tuple[BackendDevice, ...]:
+    """ggml's device list, bound with ctypes (llama-cpp-python does not bind ggml_backend_dev_*).
+    ``rpc_servers``: list only these RPC servers' devices (None: all); the others are not asked for their
+    memory, which opens a connection to them, and ggml aborts when a server has gone."""
     libs = _ggml_libs(lib_dir)
     vp = ctypes.c_void_p
     count = _fn(libs, "ggml_backend_dev_count", ctypes.c_size_t, [])
@@ -145,11 +147,14 @@ def ggml_devices(lib_dir: Path) -> tuple[BackendDevice, ...]:
         dev = get(i)
         if not dev:
             continue
+        reg = as_text(reg_name(dev_reg(dev)) or b"") if dev_reg and reg_name else ""
+        description = as_text(dev_desc(dev) or b"")
+        if reg == "RPC" and rpc_servers is not None and description not in rpc_servers:
+            continue
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         dev_mem(dev, ctypes.byref(free), ctypes.byref(total))
-        reg = as_text(reg_name(dev_reg(dev)) or b"") if dev_reg and reg_name else ""
         out.append(BackendDevice(
-            name=as_text(dev_name(dev) or b""), description=as_text(dev_desc(dev) or b""),
+            name=as_text(dev_name(dev) or b""), description=description,
             type=_DEVICE_TYPES.get(int(dev_type(dev)), "unknown"), backend=reg,
             memory_free=int(free.value) or None, memory_total=int(total.value) or None,
         ))
@@ -167,7 +172,7 @@ def registered_backends(lib_dir: Path) -> tuple[str, ...]:
 
 def _backend_name(devices: Sequence[BackendDevice], sections: Iterable[str], offload: bool) -> str:
     for dev in devices:
-        if dev.type in ("gpu", "igpu"):
+        if dev.type in ("gpu", "igpu") and dev.backend != "RPC":  # an RPC server's backend is its own
             return _BACKEND_NAMES.get((dev.backend or dev.name).rstrip("0123456789").lower(),
                                       (dev.backend or "gpu").lower())
     if devices:
@@ -179,9 +184,9 @@ def _backend_name(devices: Sequence[BackendDevice], sections: Iterable[str], off
     return "gpu" if offload else "cpu"
 
 
-def probe_backend() -> BackendInfo:
+def probe_backend(rpc_servers: Collection[str] | None = None) -> BackendInfo:
     """The llama.cpp build in this process. Loads llama.cpp: call it from doctor or the engine worker,
-    or use :func:`probe_backend_isolated` from the GUI process."""
+    or use :func:`probe_backend_isolated` from the GUI process. ``rpc_servers``: as for ``ggml_devices``."""
     try:
         import llama_cpp
     except Exception as exc:  # missing, or a shared library that fails to load
@@ -203,7 +208,7 @@ def probe_backend() -> BackendInfo:
         pass  # older ggml has no version functions
     devices: tuple[BackendDevice, ...] = ()
     try:
-        devices = ggml_devices(lib_dir)
+        devices = ggml_devices(lib_dir, rpc_servers)
     except (AttributeError, OSError) as exc:
         errors.append(f"could not list llama.cpp's devices: {exc}")
     sections = parse_system_info(system_info)
@@ -235,8 +240,9 @@ def probe_backend() -> BackendInfo:
 
 @functools.cache
 def backend_name() -> str:
-    """This process's llama.cpp backend ("cpu", "cuda", "vulkan", ...), probed once."""
-    return probe_backend().backend
+    """This process's llama.cpp backend ("cpu", "cuda", "vulkan", ...), probed once (RPC servers are not asked:
+    their devices are another machine's backend)."""
+    return probe_backend(rpc_servers=()).backend
 
 
 def probe_backend_isolated(timeout_s: float = 120.0) -> BackendInfo:

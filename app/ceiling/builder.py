@@ -72,7 +72,7 @@ def pair_fit(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, *, kv_type:
 
 def this_process_backend() -> BackendInfo:
     """llama.cpp's backend, asked here when this process already holds llama.cpp, else in a child."""
-    return probe_backend() if "llama_cpp" in sys.modules else probe_backend_isolated()
+    return probe_backend(rpc_servers=()) if "llama_cpp" in sys.modules else probe_backend_isolated()
 
 
 def _checked(model: str | Path | GGUFInfo, role: str) -> GGUFInfo:
@@ -82,7 +82,7 @@ def _checked(model: str | Path | GGUFInfo, role: str) -> GGUFInfo:
 def ceiling_model(
     target_path: str | Path | GGUFInfo, *, drafter_path: str | Path | GGUFInfo | None = None,
     kv_type: str = "f16", n_gpu_layers: int = -1, gpu_bandwidth_override: float | None = None,
-    backend: BackendInfo | None = None, devices: Sequence[Device] | None = None,
+    backend: BackendInfo | None = None, devices: Sequence[Device] | None = None, network_seconds: float = 0.0,
 ) -> CeilingModel:
     """The ceiling of a model on this machine (or on ``devices``), ready to ask at any context. The models
     are files (checked here: ModelFileError for one llama.cpp must not be given) or headers already checked."""
@@ -93,7 +93,7 @@ def ceiling_model(
                                    gpu_bandwidth_override=gpu_bandwidth_override)
     return CeilingModel(
         target=ModelShape.from_gguf(target), devices=tuple(devices), type_k=kv_type, n_gpu_layers=n_gpu_layers,
-        drafter=ModelShape.from_gguf(drafter) if drafter is not None else None,
+        drafter=ModelShape.from_gguf(drafter) if drafter is not None else None, network_seconds=network_seconds,
     )
 
 
@@ -170,7 +170,10 @@ def ceiling_for_loaded(
         n_gpu_layers = 0
         devices = [d for d in devices if d.kind == "cpu"] or devices
     try:
-        model = ceiling_model(loaded.target.path, kv_type=kv_type, n_gpu_layers=n_gpu_layers, devices=devices)
+        # Layers on RPC servers: their memory's speed is not known here, so the roof counts them as this
+        # machine's devices, plus the round trips every pass makes to them (measured at load).
+        model = ceiling_model(loaded.target.path, kv_type=kv_type, n_gpu_layers=n_gpu_layers, devices=devices,
+                              network_seconds=loaded.network_seconds)
     except (AppError, OSError):
         return None
     contexts = tuple(int(c) for c in np.linspace(0, max(loaded.n_ctx, 1), max(grid, 2)).round())

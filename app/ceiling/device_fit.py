@@ -20,10 +20,11 @@ from app.units import format_bytes
 
 def device_fit_error(target: GGUFInfo, n_gpu_layers: int, n_ctx: int, devices: Sequence[BackendDevice],
                      *, kv_type: str = "f16", drafter: GGUFInfo | None = None,
-                     main_gpu: int | None = None) -> str | None:
+                     main_gpu: int | None = None, rpc_servers: Sequence[str] | None = None) -> str | None:
     """Why these weights cannot go on these GPUs (one sentence), or None when they can or there is no GPU.
-    ``main_gpu``: the one GPU chosen (an index into llama.cpp's GPUs), else all of them share the layers."""
-    gpus = list(offload_devices(devices))
+    ``main_gpu``: the one GPU chosen (an index into llama.cpp's GPUs), else all of them share the layers.
+    ``rpc_servers``: the RPC servers of this load (their devices come first, as llama.cpp orders them)."""
+    gpus = list(offload_devices(devices, rpc_servers))
     if main_gpu is not None:
         gpus = gpus[main_gpu:main_gpu + 1] if main_gpu >= 0 else []
     gpus = [d for d in gpus if d.memory_total]
@@ -46,3 +47,20 @@ def device_fit_error(target: GGUFInfo, n_gpu_layers: int, n_ctx: int, devices: S
                     f"{format_bytes(total[d.device])} of memory in all: load at most about {layers} GPU layers, "
                     "or a smaller model.")
     return None
+
+
+def fit_devices(devices: Sequence[BackendDevice], main_gpu: int | None = None,
+                rpc_servers: Sequence[str] | None = None) -> list[Device]:
+    """The fit estimate's devices for a load on llama.cpp's devices as the engine worker listed them: the CPU
+    (system RAM available now) and the devices the layers would go to (``offload_devices``; the one GPU chosen,
+    or all of them, RPC servers first), each with the free memory llama.cpp reports (bandwidths do not matter
+    to a fit)."""
+    import psutil
+
+    chosen = offload_devices(devices, rpc_servers)
+    if main_gpu is not None:
+        chosen = chosen[main_gpu:main_gpu + 1]
+    return [Device("cpu", "CPU", "cpu", 1.0, free_bytes=int(psutil.virtual_memory().available))] + [
+        Device(d.name, f"{d.name} ({d.description})" if d.description else d.name, "gpu", 1.0,
+               free_bytes=d.memory_free) for d in chosen
+    ]

@@ -51,14 +51,35 @@ class MemoryReading:
     process_rss: int
 
 
-def offload_devices(devices: Sequence[BackendDevice]) -> tuple[BackendDevice, ...]:
-    """The devices llama.cpp offloads layers to, in its order (``main_gpu`` indexes these): the discrete GPUs,
-    or, when there is none, the integrated ones of the first backend that has one (llama.cpp's default)."""
-    gpus = tuple(d for d in devices if d.type == "gpu")
+def offload_devices(devices: Sequence[BackendDevice], rpc_servers: Sequence[str] | None = None,
+                    ) -> tuple[BackendDevice, ...]:
+    """The devices llama.cpp offloads layers to, in its order (``main_gpu`` indexes these): RPC servers first,
+    then the discrete GPUs, or, when there is none, the integrated ones of the first backend that has one
+    (llama.cpp's default). ``rpc_servers``: only these servers' devices, in this order (None: every one)."""
+    rpc = [d for d in devices if is_rpc(d)]
+    if rpc_servers is not None:
+        rpc = [d for server in rpc_servers for d in rpc if d.description == server]
+    gpus = tuple(d for d in devices if d.type == "gpu" and not is_rpc(d))
     if gpus:
-        return gpus
+        return (*rpc, *gpus)
     igpus = [d for d in devices if d.type == "igpu"]
-    return tuple(d for d in igpus if d.backend == igpus[0].backend)
+    return (*rpc, *(d for d in igpus if d.backend == igpus[0].backend))
+
+
+def is_rpc(device: BackendDevice) -> bool:
+    """A device of llama.cpp's RPC backend: a server's ("RPC0", described by its endpoint host:port)."""
+    return device.backend == "RPC"
+
+
+def placement(devices: Sequence[BackendDevice], one_gpu: bool = False) -> str:
+    """Where a load puts its layers, in words: the devices it offloads to (none: the CPU), ``one_gpu`` when
+    that one was chosen alone."""
+    if not devices:
+        return "layers on the CPU"
+    names = ", ".join(f"{d.name} ({d.description})" if d.description else d.name for d in devices)
+    if one_gpu:
+        return f"layers on {names} alone (one GPU chosen)"
+    return f"layers split by free memory over {names}" if len(devices) > 1 else f"layers on {names}"
 
 
 def match_backend_gpus(nvidia: Sequence[GPUInfo], devices: Sequence[BackendDevice]) -> dict[int, int]:
@@ -102,13 +123,16 @@ def device_memory(nvidia: Sequence[GPUInfo], devices: Sequence[BackendDevice]) -
 
 
 def placed_bytes(target: str, drafter: str | None, n_ctx: int, kv_bytes_total: int, gpu_offload: bool,
-                 devices: Sequence[GpuMemory]) -> dict[str, int]:
+                 devices: Sequence[GpuMemory], used: Sequence[str] | None = None) -> dict[str, int]:
     """Weights + KV cache of the loaded models per llama.cpp device name, as the roofline's fit places them
-    (all layers offloaded when the engine offloads), with the KV cache llama.cpp really allocated."""
+    (all layers offloaded when the engine offloads), with the KV cache llama.cpp really allocated.
+    ``used``: the names of the devices the load offloaded to (None: every GPU)."""
     from app.ceiling.roofline import Device, ModelShape, fit_estimate
     from app.library.gguf_reader import read_gguf_info
 
-    gpus = [d for d in devices if d.kind != "cpu" and d.device]
+    gpus = [d for d in devices if d.kind != "cpu" and d.device and (used is None or d.device in used)]
+    if used is not None:
+        gpus.sort(key=lambda d: list(used).index(d.device))  # llama.cpp's order: RPC servers first
     roof = [Device("CPU", "CPU", "cpu", 1.0)] + [
         Device(d.device, d.name, "gpu", 1.0, free_bytes=d.free) for d in gpus]
     layers = -1 if gpu_offload and gpus else 0
@@ -139,11 +163,20 @@ class LoadedModels:
     n_ctx: int
     kv_bytes_total: int
     gpu_offload: bool
+    # The devices the layers went to, as the worker listed them after the load (an RPC server's memory can
+    # be asked only by the worker that holds its connection, so its figures are those of the load).
+    devices: tuple[BackendDevice, ...] = ()
+    main_gpu: int | None = None
 
     @classmethod
     def from_loaded(cls, loaded: Loaded) -> LoadedModels:
         return cls(loaded.target.path, loaded.drafter.path if loaded.drafter is not None else None,
-                   loaded.n_ctx, loaded.kv_bytes_total, loaded.gpu_offload)
+                   loaded.n_ctx, loaded.kv_bytes_total, loaded.gpu_offload, loaded.devices, loaded.main_gpu)
+
+    @property
+    def placement(self) -> str:
+        """Where the layers are, in words (the dashboard's memory chart says it)."""
+        return placement(self.devices, self.main_gpu is not None)
 
 
 class MemoryProbe:
@@ -209,7 +242,8 @@ class MemoryProbe:
         if self._gpu_ok:
             nvidia = self._nvidia()
             self._gpu_ok = bool(nvidia)
-        found = device_memory(nvidia, self._llama)
+        servers = tuple(d for d in models.devices if is_rpc(d)) if models is not None else ()
+        found = device_memory(nvidia, (*self._llama, *servers))
         placed = self._placed_for(found)
         if not placed:
             return found
@@ -224,7 +258,7 @@ class MemoryProbe:
             return self._placed[2]
         try:
             placed = placed_bytes(models.target, models.drafter, models.n_ctx, models.kv_bytes_total,
-                                  models.gpu_offload, found)
+                                  models.gpu_offload, found, [d.name for d in models.devices] or None)
         except Exception:  # a model file gone or unreadable: no share shown, the rest still is
             placed = {}
         self._placed = (models, names, placed)

@@ -99,6 +99,7 @@ def pass_block(est: PassEstimate) -> dict[str, Any]:
         "drafter_bytes": est.drafter_bytes,
         "flops_per_pass": est.flops,
         "seconds_per_pass": est.seconds,
+        "network_seconds": est.network_seconds,
         "memory_seconds": est.memory_seconds,
         "compute_seconds": est.compute_seconds,
         "passes_per_second": est.passes_per_second,
@@ -230,9 +231,10 @@ def build_report(args: DoctorOptions,
 
 
 def ceiling_summary(target_path: str | Path, n_ctx: int, *, kv_type: str = "f16",
-                    n_gpu_layers: int = -1) -> dict[str, Any]:
+                    n_gpu_layers: int = -1, network_seconds: float = 0.0) -> dict[str, Any]:
     """Plain decoding's ceiling at this context as JSON values (the pass fields of `doctor --json`'s
     "ceiling", plus the devices), for `specdeck bench`. Probes llama.cpp in this process when it is
-    loaded here (the engine worker), else in a child."""
-    model = ceiling_model(target_path, kv_type=kv_type, n_gpu_layers=n_gpu_layers)
+    loaded here (the engine worker), else in a child. ``network_seconds``: RPC round trips per pass."""
+    model = ceiling_model(target_path, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
+                          network_seconds=network_seconds)
     return {**pass_block(model.plain(n_ctx)), "devices": [asdict(d) for d in model.devices]}

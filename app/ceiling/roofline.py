@@ -336,6 +336,8 @@ class PassEstimate:
     drafter_bytes: float  # drafter weights + its KV, times draft steps
     flops: float
     parts: tuple[RoofTime, ...]
+    # Round trips to RPC servers in this pass (the target's and each drafter step's), measured at load.
+    network_seconds: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -343,7 +345,7 @@ class PassEstimate:
 
     @property
     def seconds(self) -> float:
-        return sum(p.seconds for p in self.parts)
+        return sum(p.seconds for p in self.parts) + self.network_seconds
 
     @property
     def passes_per_second(self) -> float:
@@ -411,9 +413,11 @@ def estimate_pass(
     drafter: ModelShape | None = None,
     draft_steps: int = 0,
     drafter_gpu_layers: int = -1,
+    network_seconds: float = 0.0,
 ) -> PassEstimate:
     """The ceiling of one pass at this context: the target verifying `tokens` tokens in one decode,
-    after `draft_steps` single-token drafter decodes (each a full pass over the drafter's weights)."""
+    after `draft_steps` single-token drafter decodes (each a full pass over the drafter's weights).
+    ``network_seconds``: the RPC servers' round trips of one decode (each drafter step is a decode too)."""
     if tokens < 1:
         raise ValueError("a pass verifies at least one token")
     context = max(context, 0)
@@ -430,8 +434,9 @@ def estimate_pass(
                                   p.memory_seconds * draft_steps, p.compute_seconds * draft_steps))
         drafter_bytes = (dw + dkv) * draft_steps
         flops += sum(p.flops for p in d_parts) * draft_steps
-    return PassEstimate(tokens, draft_steps if drafter is not None else 0, context, w, kv, drafter_bytes,
-                        flops, tuple(parts))
+    steps = draft_steps if drafter is not None else 0
+    return PassEstimate(tokens, steps, context, w, kv, drafter_bytes, flops, tuple(parts),
+                        network_seconds * (1 + steps))
 
 
 def ceiling(
@@ -453,18 +458,20 @@ class CeilingModel:
     n_gpu_layers: int = -1
     drafter: ModelShape | None = None
     drafter_gpu_layers: int = -1
+    network_seconds: float = 0.0  # per decode: the RPC servers' round trips measured at load
 
     def plain(self, context: int) -> PassEstimate:
         """Plain decoding at this context (one token per pass)."""
         return estimate_pass(self.target, self.devices, context, type_k=self.type_k, type_v=self.type_v,
-                             n_gpu_layers=self.n_gpu_layers)
+                             n_gpu_layers=self.n_gpu_layers, network_seconds=self.network_seconds)
 
     def speculative(self, context: int, k: int, *, with_drafter: bool = True) -> PassEstimate:
         """A verify pass of k + 1 tokens after k drafter steps (n-gram drafting: with_drafter=False)."""
         drafter = self.drafter if with_drafter else None
         return estimate_pass(self.target, self.devices, context, tokens=k + 1, type_k=self.type_k,
                              type_v=self.type_v, n_gpu_layers=self.n_gpu_layers, drafter=drafter,
-                             draft_steps=k, drafter_gpu_layers=self.drafter_gpu_layers)
+                             draft_steps=k, drafter_gpu_layers=self.drafter_gpu_layers,
+                             network_seconds=self.network_seconds)
 
 
 # --- speculation (Leviathan et al. 2023) --------------------------------------------------------

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from app.ceiling.rpc import parse_rpc_servers
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
 from app.engine.params import RECURRENT_ROLLBACKS, DraftSettings, LoadSettings
 from app.errors import AppError
@@ -57,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "speedups are reported as median, min and max")
     parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
     parser.add_argument("--json", type=Path, help="write the full report here")
+    add_rpc_argument(parser)
+
+
+def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
+    """`--rpc host:port,...` for bench, chat and serve (one wording)."""
+    parser.add_argument("--rpc", default="", metavar="HOST:PORT,...",
+                        help="llama.cpp RPC servers (rpc-server) that take the model's layers, split by their free "
+                        "memory; needs llama.cpp built with RPC (python3 bootstrap.py --build rpc)")
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
@@ -66,7 +75,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
                     mtp=args.mtp, adaptive=not fixed, k=args.k if fixed else DRAFT.k,
                     k_max=max(args.k, 1) if fixed else args.k_max, model_start=args.model_start)
     settings = replace(LOAD, target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads,
-                       recurrent_rollback=args.recurrent_rollback)
+                       recurrent_rollback=args.recurrent_rollback, rpc_servers=parse_rpc_servers(args.rpc))
     sampling = replace(BENCH_SAMPLING, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     config = BenchConfig(settings, (), sampling, baseline=args.baseline, repeat=args.repeat, raw=args.raw)

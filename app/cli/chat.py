@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from app.ceiling.memory import placement
+from app.ceiling.rpc import parse_rpc_servers
+from app.cli.bench import add_rpc_argument
 from app.engine.client import EngineClient
 from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--stats", action="store_true", help="print speed and acceptance after each answer")
+    add_rpc_argument(parser)
 
 
 def say(text: str, stream: TextIO | None = None) -> None:
@@ -63,7 +67,9 @@ class TerminalChat:
                 return False
             if isinstance(event, Loaded):
                 name = terminal_safe(event.target.name, one_line=True)
-                print(f"[{name} loaded; empty line or Ctrl+D to quit]", file=sys.stderr, flush=True)
+                where = f", {placement(event.devices, event.main_gpu is not None)}" if event.devices else ""
+                print(f"[{name} loaded{terminal_safe(where, one_line=True)}; empty line or Ctrl+D to quit]",
+                      file=sys.stderr, flush=True)
                 note = self.settings.context_note(event.n_ctx)
                 if note:
                     say(note)
@@ -140,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             draft=DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp,
                                 model_start=measured_start(target, drafter)),
             n_ctx=args.ctx,
+            rpc_servers=parse_rpc_servers(args.rpc),
         ).validate()
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens).validate()
     except AppError as exc:

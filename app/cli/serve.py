@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from app.ceiling.rpc import parse_rpc_servers
+from app.cli.bench import add_rpc_argument
 from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
 from app.library.pair_stats import measured_start
@@ -31,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="largest request body in bytes")
     parser.add_argument("--queue", type=int, default=4, help="requests that may wait while one is answered")
     parser.add_argument("--no-history", action="store_true", help="do not save API requests to the chat history")
+    add_rpc_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         draft = DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp, adaptive=args.k is None,
                               k=args.k if args.k is not None else 4, model_start=measured_start(target, drafter))
-        settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx).validate()
+        settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx,
+                                rpc_servers=parse_rpc_servers(args.rpc)).validate()
         options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                limits=Limits(body_bytes=max(args.body_limit, 1024),
                                              max_tokens=args.max_tokens or args.ctx),

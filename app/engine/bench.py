@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
 
 import numpy as np
 
+from app.ceiling.memory import is_rpc
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.prompts import Prompt
 from app.engine.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
@@ -350,12 +351,13 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
     return (False, True) if (prompt_index + repeat) % 2 == 0 else (True, False)
 
 
-def ceiling(target: str, n_ctx: int) -> JSONObject | None:
-    """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
+def ceiling(target: str, n_ctx: int, network_seconds: float = 0.0) -> JSONObject | None:
+    """The roofline ceiling for this target on this machine (None when it cannot be computed), with the RPC
+    servers' round trips per pass when the layers are on them."""
     from app.ceiling.report import ceiling_summary
 
     try:
-        return ceiling_summary(target, n_ctx)
+        return ceiling_summary(target, n_ctx, network_seconds=network_seconds)
     except AppError:
         return None
 
@@ -412,6 +414,8 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
     print(f"target {target_name} ({loaded.target.size_bytes / 1e6:.0f} MB), "
           f"drafter {drafter_name}, n-gram {draft.ngram or 'off'}, "
           f"k {'adaptive ≤ ' + str(draft.k_max) if draft.adaptive else draft.k}, backend {loaded.backend}"
+          + (f", RPC servers {', '.join(d.description for d in loaded.devices if is_rpc(d))} "
+             f"({loaded.network_seconds * 1000:.2f} ms of round trips per pass)" if loaded.network_seconds else "")
           + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
     print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "
           f"{'τ':>5} {'same':>5}", file=out)
@@ -495,11 +499,13 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
         "max_tokens": sampling.max_tokens,
         "repeat": repeats,
         "backend": loaded.backend,
+        "rpc_servers": [d.description for d in loaded.devices if is_rpc(d)],
+        "network_ms_per_pass": round(loaded.network_seconds * 1000, 3),
         "verify_cost_ms": verify_cost_ms,
         **drafter_cost,
         "prompts": rows,
         "total": total_json,
-        "ceiling": ceiling(target, loaded.n_ctx),
+        "ceiling": ceiling(target, loaded.n_ctx, loaded.network_seconds),
     }
     if config.raw:
         report["raw"] = _raw(client, config.prompts[0], sampling.max_tokens, out)

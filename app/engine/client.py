@@ -17,16 +17,19 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from app.ceiling.rpc import rpc_failure
 from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
     BenchResult,
     BenchRun,
     Cancel,
+    Devices,
     EngineCrashed,
     EngineError,
     Event,
     Finished,
     Generate,
+    ListDevices,
     Load,
     Loaded,
     LoadProgress,
@@ -171,6 +174,14 @@ class EngineClient:
         self._send(RawDecode(request_id, n_tokens, text, tuple(messages)))
         return request_id
 
+    def list_devices(self, rpc_servers: Sequence[str] = ()) -> int:
+        """Ask the worker for llama.cpp's devices (RPC servers probed and added first); the reply is one
+        ``Devices``. Answered between requests, so the window may ask while a model is loaded."""
+        request_id = next(self._ids)
+        self.start()
+        self._send(ListDevices(request_id, tuple(rpc_servers)))
+        return request_id
+
     def cancel(self, request_id: int) -> None:
         if self.alive:
             self._send(Cancel(request_id))
@@ -205,12 +216,14 @@ class EngineClient:
         sig = _signal_name(code)
         if during == "load":
             self.crashes_on_load += 1
+        tail = self.log_tail()
         event = EngineCrashed(
             exit_code=code,
             signal_name=sig,
             during=during,
-            last_log_lines=self.log_tail(),
-            message=message or self._explain(code, sig, during, self._gpu_in_play(during)),
+            last_log_lines=tail,
+            message=message or rpc_failure(tail, during) or self._explain(code, sig, during,
+                                                                          self._gpu_in_play(during)),
         )
         self.kill()
         return event
@@ -277,7 +290,7 @@ class EngineClient:
 
     def events(self, timeout: float = 600.0) -> Iterator[Event]:
         """Events until the current request ends (Loaded, Finished, BenchResult, RawDecoded, EngineError,
-        EngineCrashed, Unloaded)."""
+        EngineCrashed, Unloaded, Devices)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             event = self.poll(0.1)
@@ -285,7 +298,7 @@ class EngineClient:
                 continue
             yield event
             if isinstance(event, Loaded | Finished | BenchResult | RawDecoded | EngineError | EngineCrashed
-                          | Unloaded):
+                          | Unloaded | Devices):
                 return
         raise TimeoutError(f"no answer from the engine within {timeout:.0f} s")
 

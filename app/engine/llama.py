@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.ceiling.backend_modules import load_backend_modules
+from app.ceiling.rpc import model_devices
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError
 
 Logits = npt.NDArray[np.float32]
@@ -74,12 +75,16 @@ def physical_cores() -> int:
 
 
 def model_params(*, n_gpu_layers: int = -1, main_gpu: int | None = None,
-                 vocab_only: bool = False, load_mtp: bool = False) -> lc.llama_model_params:
+                 vocab_only: bool = False, load_mtp: bool = False,
+                 devices: ctypes.Array[ctypes.c_void_p] | None = None) -> lc.llama_model_params:
     """llama.cpp's load parameters. ``main_gpu`` None: llama.cpp's default, layers spread over every GPU it
-    uses; an index into those GPUs: that GPU alone (split mode NONE, the only mode that reads main_gpu)."""
+    uses; an index into those GPUs: that GPU alone (split mode NONE, the only mode that reads main_gpu).
+    ``devices``: the devices to offload to (app.ceiling.rpc.model_devices), which must outlive the load."""
     load_backend_modules()  # a module build has no GPU backend, so no offload, until its modules are loaded
     params = lc.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers if lc.llama_supports_gpu_offload() else 0
+    if devices is not None:
+        params.devices = ctypes.cast(devices, ctypes.c_void_p).value
     if main_gpu is not None:
         params.split_mode = lc.LLAMA_SPLIT_MODE_NONE
         params.main_gpu = main_gpu
@@ -100,13 +105,15 @@ class Model:
         vocab_only: bool = False,
         progress: Callable[[float], bool] | None = None,
         load_mtp: bool = False,
+        rpc_servers: Sequence[str] = (),
     ) -> None:
         self.path = str(path)
         p = Path(path)
         if not p.is_file():
             raise ModelFileError(f"{p} is not a file; choose a .gguf model file.")
+        self._devices = model_devices(rpc_servers)  # kept: llama.cpp reads the array during the load
         params = model_params(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, vocab_only=vocab_only,
-                              load_mtp=load_mtp)
+                              load_mtp=load_mtp, devices=self._devices)
         self.load_mtp = load_mtp
         if main_gpu is not None and params.n_gpu_layers != 0:
             _check_main_gpu(main_gpu)
@@ -235,7 +242,7 @@ def _check_main_gpu(main_gpu: int) -> None:
     from app.ceiling.memory import offload_devices
 
     try:
-        gpus = offload_devices(ggml_devices(llama_lib_dir()))
+        gpus = offload_devices(ggml_devices(llama_lib_dir(), rpc_servers=()), rpc_servers=())  # one GPU: no RPC
     except (AttributeError, OSError):
         return  # the device list cannot be read here: llama.cpp checks the index itself
     if not 0 <= main_gpu < len(gpus):

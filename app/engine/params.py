@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from app.ceiling.rpc import parse_rpc_servers
 from app.errors import SettingsError
 
 KV_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16")
@@ -134,6 +135,8 @@ class LoadSettings:
     # How a recurrent or hybrid target takes back rejected drafts: "auto" uses llama.cpp's state snapshots
     # where its architecture has them and checkpoints elsewhere; "checkpoints" always saves a checkpoint.
     recurrent_rollback: str = "auto"
+    # llama.cpp RPC servers ("host:port") that take the layers, split by their free memory (app.ceiling.rpc).
+    rpc_servers: tuple[str, ...] = ()
 
     def validate(self) -> LoadSettings:
         if not self.target_path:
@@ -151,6 +154,11 @@ class LoadSettings:
         if self.recurrent_rollback not in RECURRENT_ROLLBACKS:
             raise SettingsError(f"Recurrent rollback must be one of {', '.join(RECURRENT_ROLLBACKS)}, "
                                 f"not {self.recurrent_rollback!r}.")
+        if parse_rpc_servers(self.rpc_servers) != tuple(self.rpc_servers):
+            raise SettingsError("RPC servers are written host:port, each once.")
+        if self.rpc_servers and self.main_gpu is not None:
+            raise SettingsError("With RPC servers the layers are split over every device: choose all GPUs, not "
+                                "one GPU.")
         if self.kv_type in ("q8_0", "q4_0") and self.flash_attn == "off":
             raise SettingsError("A quantized KV cache needs flash attention: set it to auto or on.")
         self.draft.validate()  # first: an out-of-range depth is named with its own limit
@@ -165,6 +173,28 @@ class LoadSettings:
             return None
         return (f"The context was raised from the {self.n_ctx} tokens asked for to {loaded_n_ctx}, the "
                 "smallest size llama.cpp allocates for it.")
+
+
+UNQUANTIZED_KV = ("f16", "f32", "bf16")
+
+
+def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> str:
+    """The flash-attention setting as llama.cpp gets it: "auto" is "off" where layers go to a Vulkan device.
+
+    The vendored llama.cpp's Vulkan flash attention crashes (SIGSEGV) on a pass after a rollback of the KV
+    cache (SmolLM2-135M on Mesa's llvmpipe: 8 tokens, +1, rolled back, +3), and speculative decoding rolls
+    back after every rejected draft; "auto" turns it on there. "on" stays the user's choice, and a quantized
+    KV cache keeps "auto" (llama.cpp refuses a quantized V cache without flash attention).
+    """
+    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and kv_type in UNQUANTIZED_KV:
+        return "off"
+    return setting
+
+
+def fit_flash_attention(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> bool:
+    """Whether the fit estimate counts flash attention on: as the load will run it (``flash_attention_mode``;
+    llama.cpp's "auto" turns it on wherever the layers' device supports it, as every backend here does)."""
+    return flash_attention_mode(setting, backend, n_gpu_layers, kv_type) != "off"
 
 
 def threads_beside_window() -> int:

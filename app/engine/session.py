@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
+from app.ceiling.memory import offload_devices
 from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes, mtp_refusal
 from app.ceiling.roofline import (
     ModelShape,
@@ -22,6 +23,7 @@ from app.ceiling.roofline import (
     recurrent_rollback,
     recurrent_state_allocated,
 )
+from app.ceiling.rpc import ROUND_TRIPS, connect_servers, network_seconds_per_pass
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, render_chat, warm_renderer
 from app.engine.dflash import DFLASH_ARCH, DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
@@ -29,7 +31,7 @@ from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
-from app.engine.params import LoadSettings, SamplingSettings
+from app.engine.params import LoadSettings, SamplingSettings, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
@@ -120,22 +122,6 @@ def summarize(model: Model) -> ModelSummary:
     )
 
 
-UNQUANTIZED_KV = ("f16", "f32", "bf16")
-
-
-def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> str:
-    """The flash-attention setting as llama.cpp gets it: "auto" is "off" where layers go to a Vulkan device.
-
-    The vendored llama.cpp's Vulkan flash attention crashes (SIGSEGV) on a pass after a rollback of the KV
-    cache (SmolLM2-135M on Mesa's llvmpipe: 8 tokens, +1, rolled back, +3), and speculative decoding rolls
-    back after every rejected draft; "auto" turns it on there. "on" stays the user's choice, and a quantized
-    KV cache keeps "auto" (llama.cpp refuses a quantized V cache without flash attention).
-    """
-    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and kv_type in UNQUANTIZED_KV:
-        return "off"
-    return setting
-
-
 def chat_prompt_tokens(model: Model, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
     """Render the chat with the model's template and tokenize it; the warning says what was replaced.
 
@@ -182,8 +168,18 @@ class EngineSession:
         def stage(name: str) -> Callable[[float], bool]:
             return lambda f: progress(name, f) if progress else True
 
-        too_big = device_fit_error(self.target_info, settings.n_gpu_layers, settings.n_ctx, probe_backend().devices,
-                                   kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu)
+        # RPC servers: probed first (ggml aborts on one that refuses, hangs or speaks another version) and their
+        # round trips timed, then registered with ggml, where they are devices like any GPU.
+        rpc_probes = connect_servers(settings.rpc_servers)
+        self.network_seconds = network_seconds_per_pass(rpc_probes)
+        if log is not None:
+            for probe in rpc_probes:
+                log(f"RPC server {probe.endpoint}: {probe.devices} device(s), round trip "
+                    f"{probe.round_trip_s * 1e3:.2f} ms (median of {ROUND_TRIPS})")
+        too_big = device_fit_error(self.target_info, settings.n_gpu_layers, settings.n_ctx,
+                                   probe_backend(settings.rpc_servers).devices,
+                                   kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu,
+                                   rpc_servers=settings.rpc_servers)
         if too_big:
             raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
         if draft.mtp:
@@ -191,7 +187,8 @@ class EngineSession:
             if refusal:
                 raise IncompatibleDrafterError(refusal)  # before llama.cpp, whose MTP graph asserts its shapes
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
-                            main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp)
+                            main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp,
+                            rpc_servers=settings.rpc_servers)
         flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
                                           settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
@@ -214,7 +211,8 @@ class EngineSession:
                 self.drafter_model = self.target  # never load the same file twice
             else:
                 self.drafter_model = Model(draft.drafter_path, n_gpu_layers=settings.n_gpu_layers,
-                                           main_gpu=settings.main_gpu, progress=stage("drafter"))
+                                           main_gpu=settings.main_gpu, progress=stage("drafter"),
+                                           rpc_servers=settings.rpc_servers)
                 verdict = check_drafter(self.target, self.drafter_model)
                 if not verdict.ok:
                     raise IncompatibleDrafterError(
@@ -276,6 +274,12 @@ class EngineSession:
         self.plain_decoder.kv_bytes_per_token = self.kv_per_token
         self.plain_decoder.state_bytes = self.state_bytes
         self.plain_decoder.plain_tps = self.decoder.plain_tps
+        # The devices the layers went to, with their memory now that the models are on them (an RPC server's
+        # is asked over this process's own connection: no other process can ask it while it serves this one).
+        self.devices = offload_devices(probe_backend(settings.rpc_servers).devices, settings.rpc_servers) \
+            if self.target.n_gpu_layers else ()
+        if settings.main_gpu is not None:
+            self.devices = self.devices[settings.main_gpu:settings.main_gpu + 1]
         self.load_seconds = time.perf_counter() - t0
 
     def loaded_event(self) -> Loaded:
@@ -286,11 +290,14 @@ class EngineSession:
             ngram=self.settings.draft.ngram,
             n_ctx=self.ctx.n_ctx,
             backend=backend_name(),
-            gpu_offload=backend_name() != "cpu" and self.settings.n_gpu_layers != 0,
+            gpu_offload=bool(self.devices),
             kv_bytes_per_token=per_token,
             kv_bytes_total=self.kv_bytes_total,
             load_seconds=self.load_seconds,
             plain_tps=self.decoder.plain_tps or 0.0,
+            devices=self.devices,
+            main_gpu=self.settings.main_gpu,
+            network_seconds=self.network_seconds,
         )
 
     # --- prompts --------------------------------------------------------------------------------

@@ -17,9 +17,11 @@ from app.errors import AppError
 from app.events import (
     BenchRun,
     Cancel,
+    Devices,
     EngineError,
     Event,
     Generate,
+    ListDevices,
     Load,
     LoadProgress,
     Log,
@@ -79,6 +81,8 @@ class Worker:
                     self.generate(request)
                 elif isinstance(request, BenchRun | RawDecode):
                     self.measure(request)
+                elif isinstance(request, ListDevices):
+                    self.list_devices(request)
                 elif isinstance(request, Unload):
                     self.unload()
                     self.send(Unloaded())
@@ -108,6 +112,23 @@ class Worker:
 
         self.session = EngineSession(request.settings, log=self.log, progress=progress)
         self.send(self.session.loaded_event())
+
+    def list_devices(self, request: ListDevices) -> None:
+        """llama.cpp's devices, the RPC servers asked for included (probed, then registered). A server the
+        loaded model uses is not probed again: it serves this worker's own connection, which answers."""
+        from app.ceiling.backend import probe_backend
+        from app.ceiling.rpc import connect_servers, registered_servers, rpc_available
+
+        in_use = set(self.session.settings.rpc_servers) if self.session is not None else set()
+        error = None
+        try:
+            connect_servers([s for s in request.rpc_servers if s not in in_use])
+        except AppError as exc:
+            error = str(exc)
+        listed = [s for s in request.rpc_servers if s in registered_servers()]
+        info = probe_backend(listed)
+        self.send(Devices(request.request_id, info.devices, info.backend, info.gpu_offload,
+                          rpc_available(), error))
 
     def unload(self) -> None:
         if self.session is not None:

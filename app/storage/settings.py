@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from app.ceiling.rpc import parse_rpc_servers
 from app.engine.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
@@ -54,6 +55,8 @@ class AppSettings:
     n_gpu_layers: int = _LOAD.n_gpu_layers
     kv_type: str = _LOAD.kv_type
     flash_attn: str = _LOAD.flash_attn
+    main_gpu: int | None = _LOAD.main_gpu  # the one GPU chosen; None: all GPUs, split by free memory
+    rpc_servers: tuple[str, ...] = _LOAD.rpc_servers  # llama.cpp RPC servers that take the layers
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     system_prompt: str = ""
     model_folders: tuple[str, ...] = ()  # extra folders the user added to model discovery
@@ -81,6 +84,8 @@ class AppSettings:
             n_gpu_layers=self.n_gpu_layers,
             kv_type=self.kv_type,
             flash_attn=self.flash_attn,
+            main_gpu=self.main_gpu,
+            rpc_servers=self.rpc_servers,
         )
 
     def validate(self) -> AppSettings:
@@ -152,6 +157,12 @@ def _folders(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))  # drop repeats, keep order
 
 
+def _rpc_servers(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise SettingsError(f"RPC servers must be a list of host:port, not {value!r}.")
+    return parse_rpc_servers(value)
+
+
 def _model_paths(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(
         isinstance(v, str) and v and "\x00" not in v for v in value
@@ -204,6 +215,8 @@ _FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     "n_gpu_layers": _via(_load("n_gpu_layers"), int),
     "kv_type": _via(_load("kv_type"), str),
     "flash_attn": _via(_load("flash_attn"), str),
+    "main_gpu": _via(_load("main_gpu"), lambda v: None if v is None else int(v)),
+    "rpc_servers": _rpc_servers,
     "system_prompt": _text,
     "model_folders": _folders,
     "reload_last_pair_on_start": _bool("Reload the last models on start"),

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
-from app.ceiling.memory import LoadedModels, MemoryProbe, MemoryReading
+from app.ceiling.memory import LoadedModels, MemoryProbe, MemoryReading, placement
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
 from app.events import TRAINED_DRAFTERS, EngineCrashed, Finished, Loaded, PassStats
 from app.units import format_bytes
@@ -720,5 +720,7 @@ class DashboardPanel(QWidget):
             text.append(f"RAM: {format_bytes(m.ram_used, 'GB')} of {format_bytes(m.ram_total, 'GB')} used")
         ld = self.metrics.loaded
         if ld is not None:
+            where = placement(ld.devices, ld.main_gpu is not None)
+            text.insert(0, where[0].upper() + where[1:])  # which device(s) the bars are about
             text.append(f"context {self.metrics.current().context_text}")
         self.mem_label.setText(" · ".join(text))

@@ -28,10 +28,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.ceiling.backend import BackendDevice
 from app.engine.chat_template import fallback_name
-from app.engine.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.engine.params import (
+    HISTORY_TOKENS,
+    KV_TYPES,
+    MAX_CTX,
+    NGRAM_KEY_LENGTH,
+    DraftSettings,
+    LoadSettings,
+    fit_flash_attention,
+)
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
-from app.events import Loaded, LoadProgress, drafted_by
+from app.events import Devices, Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
@@ -44,6 +53,7 @@ from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout
+from ui.models.devices import DeviceChoice
 from ui.plain_text import plain_tooltip
 from ui.tasks import TaskRunner
 
@@ -54,8 +64,9 @@ REMOTE_NOTE = ("Speculation on a remote server is the server's own, configured t
 
 
 FIT_READING = "Reading the model file for a fit estimate…"
-# What a fit estimate is asked for: target and drafter paths, then context, KV type, GPU layers, flash attention.
-FitAsk = tuple[str, str | None, int, str, int, bool]
+# What a fit estimate is asked for: target and drafter paths, then context, KV type, GPU layers, flash attention,
+# and the devices the worker listed (None: not yet; the machine is probed instead), the GPU and the RPC servers.
+FitAsk = tuple[str, str | None, int, str, int, bool, tuple[BackendDevice, ...] | None, int | None, tuple[str, ...]]
 
 
 def base_model_note(architecture: str) -> str:
@@ -73,13 +84,18 @@ def describe_model(info: GGUFInfo) -> str:
 
 
 def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
-             flash_attn: bool) -> str:
-    """The ceiling package's fit estimate (weights + KV + compute buffers per device) in words."""
+             flash_attn: bool, devices: Sequence[BackendDevice] | None = None, main_gpu: int | None = None,
+             rpc_servers: Sequence[str] = ()) -> str:
+    """The ceiling package's fit estimate (weights + KV + compute buffers per device) in words. ``devices``:
+    llama.cpp's devices as the engine worker listed them (the fit then names each GPU and RPC server with its
+    free memory); None: this machine's devices as the hardware probe sees them."""
     from app.ceiling.builder import pair_fit
+    from app.ceiling.device_fit import fit_devices
 
     try:
         estimate = pair_fit(target, drafter, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
-                            flash_attn=flash_attn)
+                            flash_attn=flash_attn,
+                            devices=fit_devices(devices, main_gpu, rpc_servers) if devices is not None else None)
     except (ValueError, ZeroDivisionError) as exc:
         return f"No fit estimate: {exc}"
     parts = "; ".join(
@@ -116,6 +132,7 @@ class ModelPicker(QWidget):
         self.scanning = False
         self.loading = False
         self.gpu_offload_available: bool | None = None  # None: not known yet
+        self.backend = "cpu"  # llama.cpp's backend, from the worker's device list: the fit's flash attention
         self.remote_models: tuple[RemoteModel, ...] = ()  # a connected server's, listed after the local ones
         self._chosen_remote: RemoteModel | None = None
         # The fit estimate parses the model's tensor table (a second or more for a large file on a busy
@@ -250,8 +267,11 @@ class ModelPicker(QWidget):
         self.gpu_note = QLabel(load)
         self.gpu_note.setWordWrap(True)
         self.gpu_note.setVisible(False)
+        self.device_choice = DeviceChoice(load)
+        self.device_choice.choice_changed.connect(self._on_setting_changed)
         lform.addRow("GPU layers", self.gpu_layers_spin)
         lform.addRow(self.gpu_note)
+        lform.addRow(self.device_choice)
         lform.addRow("Context size", self.ctx_spin)
         lform.addRow("KV cache type", self.kv_combo)
         lform.addRow("Flash attention", self.flash_combo)
@@ -315,6 +335,8 @@ class ModelPicker(QWidget):
             "n_ctx": (self.ctx_spin.value, lambda v: self.ctx_spin.setValue(max(self.ctx_spin.minimum(), v))),
             "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
             "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
+            "main_gpu": (self.device_choice.main_gpu, self.device_choice.show_main_gpu),
+            "rpc_servers": (self.device_choice.saved_rpc_servers, self.device_choice.show_rpc_servers),
             "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
             "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
         }
@@ -434,6 +456,7 @@ class ModelPicker(QWidget):
         return LoadSettings(
             target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
             flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
+            main_gpu=v["main_gpu"], rpc_servers=self.device_choice.rpc_servers(),
         ).validate()
 
     # --- library ------------------------------------------------------------------------------------
@@ -717,9 +740,11 @@ class ModelPicker(QWidget):
             return
         if drafter is None or drafter.info is None:
             drafter = None
-        ask: FitAsk = (target.path, drafter.path if drafter else None, self.ctx_spin.value(),
-                       self.kv_combo.currentText(), self.gpu_layers_spin.value(),
-                       self.flash_combo.currentText() != "off")
+        layers, kv_type = self.gpu_layers_spin.value(), self.kv_combo.currentText()
+        choice = self.device_choice
+        ask: FitAsk = (target.path, drafter.path if drafter else None, self.ctx_spin.value(), kv_type, layers,
+                       fit_flash_attention(self.flash_combo.currentText(), self.backend, layers, kv_type),
+                       choice.devices(), choice.main_gpu(), choice.saved_rpc_servers())
         if self._fit_wanted is not None and self._fit_wanted[0] == ask:
             return
         self._fit_wanted = (ask, target.info, drafter.info if drafter else None)
@@ -733,9 +758,10 @@ class ModelPicker(QWidget):
         if self._fit_wanted is None:
             return
         ask, target, drafter = self._fit_wanted
-        n_ctx, kv_type, n_gpu_layers, flash_attn = ask[2:]
+        n_ctx, kv_type, n_gpu_layers, flash_attn, devices, main_gpu, servers = ask[2:]
         self._fit_running = True
-        self._fit_tasks.run(lambda: fit_text(target, drafter, n_ctx, kv_type, n_gpu_layers, flash_attn),
+        self._fit_tasks.run(lambda: fit_text(target, drafter, n_ctx, kv_type, n_gpu_layers, flash_attn, devices,
+                                             main_gpu, servers),
                             lambda text: self._on_fit_done(ask, text),
                             lambda exc: self._on_fit_done(ask, f"No fit estimate: {exc}"))
 
@@ -808,6 +834,13 @@ class ModelPicker(QWidget):
             + (f" with {Path(drafts).name}" if drafts else " (no drafter)")
             + f" on {event.backend}, context {event.n_ctx}, in {event.load_seconds:.1f} s."
         )
+
+    def show_devices(self, event: Devices) -> None:
+        """llama.cpp's devices as the engine worker listed them: the GPU choice, the RPC servers' memory, and
+        the backend whose flash-attention rule the fit follows."""
+        self.backend = event.backend
+        self.set_gpu_offload_available(event.gpu_offload)
+        self.device_choice.show_devices(event.devices, event.error)
 
     def set_gpu_offload_available(self, available: bool) -> None:
         """On a CPU-only llama.cpp build, say that "GPU layers" offloads nothing."""
