@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 
 # Where an emitted token came from.
 FROM_TARGET = "target"

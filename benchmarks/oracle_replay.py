@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
+from app.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
 from app.engine.replay import (  # noqa: E402
     CostCurve,
     Replayed,
@@ -57,7 +57,7 @@ def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int
         cached = json.loads(cache.read_text())
         if isinstance(cached, dict) and "traces" in cached:
             return cached
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
     from app.engine.session import EngineSession
     from app.events import Token
 

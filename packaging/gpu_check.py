@@ -216,7 +216,7 @@ def check_exactness(model: Any, params: Any, prompt: list[int], n_tokens: int, k
     from app.engine.adaptive import DepthController
     from app.engine.drafters import ModelDrafter
     from app.engine.llama import Context
-    from app.engine.params import SamplingSettings
+    from app.params import SamplingSettings
     from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
     from app.events import Token
 

@@ -21,7 +21,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.engine.client import EngineClient
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 from app.events import (
     EngineCrashed,
     EngineError,

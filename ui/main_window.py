@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
 import app
 from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.ceiling.backend_modules import describe_modules
-from app.engine.params import LoadSettings, threads_beside_window
+from app.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry

@@ -43,7 +43,7 @@ def decode_check(path: Path, gpu_layers: int = -1, timeout_s: float = CHECK_TIME
     """Load the model in the engine worker and time CHECK_TOKENS greedy one-token decodes after a short
     prompt. Never raises for the model's sake: a refusal, an error or a crash is the result's message."""
     from app.engine.client import EngineClient
-    from app.engine.params import DraftSettings, LoadSettings
+    from app.params import DraftSettings, LoadSettings
     from app.errors import AppError
     from app.events import EngineCrashed, EngineError, Loaded, RawDecoded
 

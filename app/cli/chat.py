@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.engine.client import EngineClient
-from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
 from app.library.pair_stats import measured_start

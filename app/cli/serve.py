@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
 from app.library.pair_stats import measured_start
 from app.safe_text import terminal_safe

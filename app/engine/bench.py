@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
-from app.engine.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
+from app.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
 from app.errors import AppError, SettingsError
 from app.events import (

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 from app.events import (
     BenchResult,
     BenchRun,

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.engine import sampling
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.engine.sampling import Dist
 from app.events import FROM_MODEL
 

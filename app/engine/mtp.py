@@ -37,7 +37,7 @@ from app.engine.llama import (
     Model,
     llama_context_params,
 )
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_reader import GGUFInfo
 

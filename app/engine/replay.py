@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.engine.adaptive import DepthController
-from app.engine.params import K_MAX
+from app.params import K_MAX
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_NGRAM
 

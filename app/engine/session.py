@@ -29,7 +29,7 @@ from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError

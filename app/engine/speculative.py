@@ -22,7 +22,7 @@ from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.mtp import MTPDrafter
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import PromptTooLongError
 from app.events import (

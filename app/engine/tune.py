@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from app.engine.bench import add_bench_arguments, bench
-from app.engine.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
+from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
 from app.errors import AppError, SettingsError
 from app.library.tuned import TunedSettings, save_tuned
 from app.library.verify_cost import record_report as record_verify_cost
 
 JSON_VERSION = 1
-# The shared drafting defaults (app.engine.params) with the n-gram drafter on: the first setting measured, so
+# The shared drafting defaults (app.params) with the n-gram drafter on: the first setting measured, so
 # the winner is never a setting measured slower than what the user gets untuned.
 DEFAULT_NGRAM = NGRAM_KEY_LENGTH
 DEFAULT_K_MAX = K_MAX

@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens_per_pass
 from app.engine.adaptive import best_depth, conditional, expected_tokens
-from app.engine.params import K_MAX
+from app.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
 from app.library.verify_cost import VerifyCurve

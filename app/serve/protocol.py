@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.params import JSON_OBJECT, SamplingSettings
+from app.params import JSON_OBJECT, SamplingSettings
 from app.errors import SettingsError
 from app.events import MessageStats
 

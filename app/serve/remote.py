@@ -21,7 +21,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.errors import AppError
 from app.events import Finished, MessageStats, PromptProcessed, Token
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.client import EngineClient
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import (
     EngineCrashed,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
+from app.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
@@ -98,7 +98,7 @@ class AppSettings:
 
 
 def _via(factory: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Check a value with app.engine.params's own validate(), so the rules and messages live in one place."""
+    """Check a value with app.params's own validate(), so the rules and messages live in one place."""
 
     def check(value: Any) -> Any:
         factory(value).validate()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError, SettingsError
 from app.events import EngineCrashed, EngineError, Event, Finished, Loaded, Token

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.errors import TemplateError
 from app.events import Finished, Token

@@ -23,7 +23,7 @@ import pytest
 from app.engine.adaptive import DepthController
 from app.engine.dflash import DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter

@@ -21,7 +21,7 @@ import pytest
 from app.engine.adaptive import DepthController
 from app.engine.eagle3 import Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter

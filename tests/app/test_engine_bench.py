@@ -199,7 +199,7 @@ def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: P
     answer would be, not with the BOS token alone (which made the engine look 21 % slower on SmolLM2)."""
     from app.engine.bench import _await
     from app.engine.client import EngineClient
-    from app.engine.params import LoadSettings
+    from app.params import LoadSettings
     from app.engine.session import EngineSession
     from app.events import Loaded, RawDecoded
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.llama import Detokenizer, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, chat_prompt_tokens
 from app.errors import IncompatibleDrafterError, PromptTooLongError
 from app.events import Finished, Token

@@ -23,7 +23,7 @@ from app.engine import speculative
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter

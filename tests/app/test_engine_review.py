@@ -15,7 +15,7 @@ import pytest
 from app.engine.adaptive import PROBE_K, CostModel, DepthController
 from app.engine.drafters import MAX_STEP_CATCH_UP, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter

@@ -18,7 +18,7 @@ import pytest
 from app.engine.adaptive import DepthController
 from app.engine.drafters import ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder, StopReason
 from app.events import PassStats, Token
 

@@ -30,7 +30,7 @@ from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import PassStats, Token

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import EngineCrashed, Event, Finished, Loaded, LoadProgress, PassStats, Token
 from tests.gguf_fixtures import write_tiny_model
 

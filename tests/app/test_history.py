@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.errors import StorageError
 from app.events import MessageStats
 from app.storage.history import SCHEMA_VERSION, HistoryStore

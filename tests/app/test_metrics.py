@@ -209,7 +209,7 @@ def test_memory_probe_reads_ram_and_injected_gpus() -> None:
 def test_the_dashboards_counts_are_the_answers_own(tiny_target: Path) -> None:
     """One definition: the dashboard's acceptance and τ for an answer equal the Finished stats that the
     chat's stats line and `specdeck bench` report, computed from the same PassStats."""
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
     from app.engine.session import EngineSession
 
     settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, adaptive=False, k=3, k_max=4), n_ctx=512,

@@ -22,7 +22,7 @@ from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
 from app.engine.adaptive import DepthController
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter

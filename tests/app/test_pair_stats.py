@@ -58,7 +58,7 @@ def test_a_loaded_pair_starts_its_model_drafter_from_the_measured_acceptance(
         specdeck_home: Path, tiny_target: Path, tiny_drafter_same: Path) -> None:
     """What the window, chat and serve do: look the pair up and pass it in the load settings."""
     from app.engine.adaptive import MODEL_PRIOR
-    from app.engine.params import DraftSettings, LoadSettings
+    from app.params import DraftSettings, LoadSettings
     from app.engine.session import EngineSession
     from app.library.pair_stats import measured_start
 

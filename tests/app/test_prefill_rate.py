@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.events import Finished, PromptProcessed
 

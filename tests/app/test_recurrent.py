@@ -27,7 +27,7 @@ from app.engine.llama import (
     Model,
     init_backend,
 )
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.client import EngineClient
 from app.engine.llama import Model
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import SettingsError
 from app.events import Finished, PromptProcessed, Token
 from app.serve.metrics import ServeMetrics

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.events import PassStats, Token
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.params import DraftSettings
+from app.params import DraftSettings
 from app.engine.tune import DEFAULT_K_MAX, DEFAULT_NGRAM, PLAIN, Candidate, Progress, save_winner, tune
 from app.library.tuned import TunedSettings, load_tuned, save_tuned
 

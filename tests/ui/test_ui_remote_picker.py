@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import DraftSettings, LoadSettings
+from app.params import DraftSettings, LoadSettings
 from app.events import MessageStats
 from app.serve.metrics import ServeMetrics
 from app.serve.remote import RemoteModel

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import DraftSettings
+from app.params import DraftSettings
 from app.engine.tune import Candidate, TuneReport
 from app.events import Loaded, ModelSummary
 from app.library.tuned import TunedSettings, load_tuned, save_tuned

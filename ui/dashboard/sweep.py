@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.params import DraftSettings
+from app.params import DraftSettings
 from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneReport
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel

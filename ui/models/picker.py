@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.chat_template import fallback_name
-from app.engine.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult

@@ -17,7 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
