@@ -277,7 +277,7 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
 
 def ceiling(target: str, n_ctx: int) -> dict[str, Any] | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed)."""
-    from app.ceiling.report import ceiling_summary
+    from app.engine.doctor_report import ceiling_summary
 
     try:
         return ceiling_summary(target, n_ctx)

@@ -12,7 +12,7 @@ from typing import Any
 from app import __version__
 from app.ceiling.backend import probe_backend_isolated
 from app.ceiling.builder import ceiling_model, probe_machine
-from app.ceiling.decode_check import calibrate, decode_check, one_line
+from app.engine.decode_check import calibrate, decode_check, one_line
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
 from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
