@@ -28,11 +28,11 @@ from app.engine.adaptive import best_depth, conditional, expected_tokens
 from app.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
+from app.library.pair_stats import NGRAM_KEY
 from app.library.verify_cost import VerifyCurve
 
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
-NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"
 
