@@ -127,7 +127,7 @@ def choose_curve(args: argparse.Namespace, bench: dict[str, Any] | None, recorde
         return parse_curve(args.curve), "--curve"
     if bench is not None and bench.get("verify_cost_ms"):
         return {int(w): float(ms) for w, ms in bench["verify_cost_ms"].items()}, "the bench report"
-    from app.library.verify_cost import load_curve
+    from app.storage.verify_cost import load_curve
 
     measured = load_curve(str(args.target))
     if measured is not None:

@@ -45,8 +45,8 @@ from app.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry
-from app.library.pair_stats import drafter_key
-from app.library.pair_stats import record as record_acceptance
+from app.storage.pair_stats import drafter_key
+from app.storage.pair_stats import record as record_acceptance
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.engine.bench import EngineCrashedError, add_bench_arguments, bench
 from app.errors import AppError
-from app.library.verify_cost import record_report as record_verify_cost
+from app.storage.verify_cost import record_report as record_verify_cost
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
 

@@ -16,7 +16,7 @@ from app.engine.client import EngineClient
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
-from app.library.pair_stats import measured_start
+from app.storage.pair_stats import measured_start
 from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1  # bad arguments, or the model could not be loaded

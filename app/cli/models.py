@@ -13,7 +13,7 @@ from app.errors import ModelFileError
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
 from app.library.model_file import DRAFTER_HEADS, check_model_file
-from app.library.pair_stats import load_measured
+from app.storage.pair_stats import load_measured
 from app.library.recommend import Recommendation
 from app.safe_text import terminal_safe
 from app.units import format_bytes, format_count

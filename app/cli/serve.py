@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
-from app.library.pair_stats import measured_start
+from app.storage.pair_stats import measured_start
 from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT

@@ -327,8 +327,8 @@ def bench(args: Any, out: TextIO, *, client: Any = None, told: set[str] | None =
 def _measure(client: Any, args: Any, draft: DraftSettings, sampling: SamplingSettings,
              prompts: list[list[dict[str, str]]], repeats: int, loaded: Loaded, out: TextIO,
              told: set[str]) -> dict[str, Any]:
-    from app.library.pair_stats import drafter_key
-    from app.library.pair_stats import record as record_acceptance
+    from app.storage.pair_stats import drafter_key
+    from app.storage.pair_stats import record as record_acceptance
 
     verify_cost: list[tuple[int, float]] = []
     draft_step = [0.0]  # the latest run's model-drafter step, kept through runs without one

@@ -9,7 +9,7 @@ in seconds, and the replay's winner is confirmed with one real bench run. Where 
 (sampling, or no answer recorded) the sweep moves one dimension at a time from the best setting so far: the
 suffix drafter's shortest match, k_max, fixed against adaptive depth. With a model drafter, the drafter choice
 (none, n-gram, model, both) is measured last, for real. The winner is saved per (target, drafter) pair
-(``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
+(``app.storage.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
 ``cancelled``) keeps every setting measured so far, and the best of them is still saved.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, TextIO
 from app.engine.bench import add_bench_arguments, bench
 from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
 from app.errors import AppError, SettingsError
-from app.library.tuned import TunedSettings, save_tuned
-from app.library.verify_cost import record_report as record_verify_cost
+from app.storage.tuned import TunedSettings, save_tuned
+from app.storage.verify_cost import record_report as record_verify_cost
 
 JSON_VERSION = 1
 # The shared drafting defaults (app.params) with the n-gram drafter on: the first setting measured, so

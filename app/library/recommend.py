@@ -4,13 +4,13 @@ On a bandwidth-bound device a drafter step costs about its weight bytes over the
 of depth k yields 1 + Σ_{i≤k} Π_{j≤i} a_j tokens on average, a_j being the chance that position j is accepted
 given the earlier ones were, and costs k·c + 1 target-step times; the speedup is the ratio and the best k
 maximises it. Both are the depth policy's own (``app.engine.adaptive.expected_tokens``, ``best_depth``).
-The rates are the pair's acceptance measured per position in earlier runs (``app.library.pair_stats``):
+The rates are the pair's acceptance measured per position in earlier runs (``app.storage.pair_stats``):
 acceptance is clustered, so the i.i.d. rule (1 − α^(k+1)) / (1 − α) from one α misjudges both the tokens and
 the depth. Without a profile, the pair's measured α (or a stated default) is used at every position, i.i.d.
 The suffix drafter (text match) costs nothing to run and is always listed as the free option.
 
 A CPU is not bandwidth-bound: a pass of k + 1 tokens can cost several one-token passes. Where this machine's
-verify-cost curve for the target was measured (``app.library.verify_cost``, kept by bench and tune), the
+verify-cost curve for the target was measured (``app.storage.verify_cost``, kept by bench and tune), the
 prediction divides by that measured cost instead, and says so; the bandwidth-bound (GPU-style) figure is
 kept beside it, labelled as such.
 """
@@ -28,8 +28,8 @@ from app.engine.adaptive import best_depth, conditional, expected_tokens
 from app.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
-from app.library.pair_stats import NGRAM_KEY
-from app.library.verify_cost import VerifyCurve
+from app.storage.pair_stats import NGRAM_KEY
+from app.storage.verify_cost import VerifyCurve
 
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
@@ -110,11 +110,11 @@ def recommend_drafters(
     ``verify_curves`` ({model path: measured curve}) and ``profiles`` ({pair: acceptance per position})
     default to what was measured on this machine."""
     if verify_curves is None:
-        from app.library.verify_cost import load_curves
+        from app.storage.verify_cost import load_curves
 
         verify_curves = load_curves()
     if profiles is None:
-        from app.library.pair_stats import load_profiles
+        from app.storage.pair_stats import load_profiles
 
         profiles = load_profiles()
     curve = verify_curves.get(target.path)

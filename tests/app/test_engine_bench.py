@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
-from app.library.pair_stats import MIN_DRAFTED, load_measured
+from app.storage.pair_stats import MIN_DRAFTED, load_measured
 from app.library.recommend import NGRAM_KEY
 from tests.gguf_fixtures import write_tiny_model
 

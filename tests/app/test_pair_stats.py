@@ -9,7 +9,7 @@ import pytest
 
 from app.events import MessageStats
 from app.library.gguf_reader import read_gguf_info
-from app.library.pair_stats import drafter_key, load_measured, record
+from app.storage.pair_stats import drafter_key, load_measured, record
 from app.library.recommend import NGRAM_KEY, recommend_drafters
 
 
@@ -60,7 +60,7 @@ def test_a_loaded_pair_starts_its_model_drafter_from_the_measured_acceptance(
     from app.engine.adaptive import MODEL_PRIOR
     from app.params import DraftSettings, LoadSettings
     from app.engine.session import EngineSession
-    from app.library.pair_stats import measured_start
+    from app.storage.pair_stats import measured_start
 
     target, drafter = str(tiny_target), str(tiny_drafter_same)
 

@@ -11,9 +11,9 @@ import pytest
 from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
 from app.engine.adaptive import CostModel, DepthController, best_depth, conditional, expected_tokens
 from app.events import MessageStats
-from app.library.pair_stats import load_measured, load_profiles, record
+from app.storage.pair_stats import load_measured, load_profiles, record
 from app.library.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
-from app.library.verify_cost import VerifyCurve
+from app.storage.verify_cost import VerifyCurve
 from tests.app.test_compat import _info
 
 # A quiet CPU's verify cost (ms by width; the README's AMD EPYC curve for SmolLM2).

@@ -12,7 +12,7 @@ from pytestqt.qtbot import QtBot
 from app.params import DraftSettings
 from app.engine.tune import Candidate, TuneReport
 from app.events import Loaded, ModelSummary
-from app.library.tuned import TunedSettings, load_tuned, save_tuned
+from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 from app.storage.settings import AppSettings, save_settings
 from ui.dashboard.sweep import TuneDialog, TunePair
 

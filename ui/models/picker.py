@@ -36,9 +36,9 @@ from app.library.compat import CompatResult
 from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
-from app.library.pair_stats import load_measured, measured_start
+from app.storage.pair_stats import load_measured, measured_start
 from app.library.recommend import Recommendation
-from app.library.tuned import TunedSettings, load_tuned
+from app.storage.tuned import TunedSettings, load_tuned
 from app.serve.remote import RemoteModel
 from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
