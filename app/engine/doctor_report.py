@@ -15,7 +15,7 @@ from app.ceiling.builder import ceiling_model, probe_machine
 from app.engine.decode_check import calibrate, decode_check, one_line
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
-from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
+from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
 from app.ceiling.roofline import (
     CeilingModel,
     Device,
@@ -31,6 +31,7 @@ from app.ceiling.roofline import (
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
 
 SCHEMA = 1

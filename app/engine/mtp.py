@@ -28,7 +28,7 @@ import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
-from app.ceiling.mtp_heads import mtp_refusal
+from app.library.heads import mtp_refusal
 from app.engine.drafters import Draft, draft_step
 from app.engine.llama import (
     ROLLBACK_KV,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
-from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes, mtp_refusal
+from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes
 from app.ceiling.roofline import (
     ModelShape,
     kv_bytes_per_token,
@@ -36,6 +36,7 @@ from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, Prom
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
+from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
 
 ProgressFn = Callable[[str, float], bool]

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
+from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
+from app.library.heads import mtp_refusal
 from app.engine.adaptive import DepthController
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter
