@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens_per_pass
 from app.engine.adaptive import best_depth, conditional, expected_tokens
 from app.params import K_MAX
-from app.library.compat import VocabInfo, check_compatible
+from app.library.compat import CompatResult, VocabInfo, check_compatible
+from app.library.discovery import LibraryEntry, compatible_drafters, head_offers
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import HeadOffer
 from app.storage.pair_stats import NGRAM_KEY
 from app.storage.verify_cost import VerifyCurve
 
@@ -181,7 +183,29 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class DrafterReport:
+    recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
+    refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
+    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files
+
+
+def drafters_for(
+    target: GGUFInfo,
+    entries: Sequence[LibraryEntry],
+    measured_acceptance: Mapping[tuple[str, str], float] | None = None,
+    *,
+    confirm: bool = True,
+) -> DrafterReport:
+    """Rank the library's models as drafters for `target` (which need not be in the library); with `confirm`,
+    what the fingerprints leave open is decided on the real token texts (``compatible_drafters``)."""
+    ok, refused = compatible_drafters(target, entries, confirm=confirm)
+    recs = recommend_drafters(target, ok, measured_acceptance or {})
+    return DrafterReport(recs, refused, head_offers(target, entries))
+
+
 __all__ = [
-    "BANDWIDTH_BOUND", "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "Recommendation",
-    "acceptance_rates", "best_k", "expected_tokens_per_pass", "predict", "recommend_drafters",
+    "BANDWIDTH_BOUND", "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "DrafterReport",
+    "Recommendation", "acceptance_rates", "best_k", "drafters_for", "expected_tokens_per_pass", "predict",
+    "recommend_drafters",
 ]

@@ -33,11 +33,11 @@ from app.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, Draf
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
-from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
+from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
 from app.storage.pair_stats import load_measured, measured_start
-from app.library.recommend import Recommendation
+from app.library.recommend import DrafterReport, Recommendation, drafters_for
 from app.storage.tuned import TunedSettings, load_tuned
 from app.serve.remote import RemoteModel
 from app.storage.settings import AppSettings
