@@ -14,7 +14,7 @@ from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.model_file import DRAFTER_HEADS, check_model_file
 from app.storage.pair_stats import load_measured
-from app.library.recommend import DrafterReport, Recommendation, drafters_for
+from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.safe_text import terminal_safe
 from app.units import format_bytes, format_count
 

@@ -12,7 +12,7 @@ import pytest
 from app.ceiling.roofline import expected_speedup
 from app.library.compat import VocabInfo, check_compatible, vocab_type_name
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
-from app.library.recommend import (
+from app.engine.recommend import (
     DEFAULT_ACCEPTANCE,
     NGRAM_KEY,
     best_k,

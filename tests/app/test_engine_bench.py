@@ -13,7 +13,7 @@ import pytest
 
 from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
 from app.storage.pair_stats import MIN_DRAFTED, load_measured
-from app.library.recommend import NGRAM_KEY
+from app.engine.recommend import NGRAM_KEY
 from tests.gguf_fixtures import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

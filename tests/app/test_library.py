@@ -27,7 +27,7 @@ from app.library.discovery import (
     discover,
 )
 from app.library.header_cache import CACHE_FILE
-from app.library.recommend import drafters_for
+from app.engine.recommend import drafters_for
 from tests.gguf_fixtures import write_tiny_model
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64

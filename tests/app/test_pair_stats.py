@@ -10,7 +10,7 @@ import pytest
 from app.events import MessageStats
 from app.library.gguf_reader import read_gguf_info
 from app.storage.pair_stats import drafter_key, load_measured, record
-from app.library.recommend import NGRAM_KEY, recommend_drafters
+from app.engine.recommend import NGRAM_KEY, recommend_drafters
 
 
 def stats(alpha: float, drafted: int) -> MessageStats:

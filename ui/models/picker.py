@@ -37,7 +37,7 @@ from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
 from app.storage.pair_stats import load_measured, measured_start
-from app.library.recommend import DrafterReport, Recommendation, drafters_for
+from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.storage.tuned import TunedSettings, load_tuned
 from app.serve.remote import RemoteModel
 from app.storage.settings import AppSettings
