@@ -19,7 +19,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine.adaptive import expected_tokens
 from app.library.gguf_reader import GGUFInfo
 from app.units import format_bytes
 
@@ -470,9 +469,19 @@ class CeilingModel:
 # --- speculation (Leviathan et al. 2023) --------------------------------------------------------
 
 
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens a pass of depth k emits on average: 1 + Σ_{i≤k} Π_{j≤i} rates[j], with rates[j] the chance that
+    position j is accepted given every earlier one was (equal rates give Leviathan's (1 − α^(k+1))/(1 − α))."""
+    total, run = 1.0, 1.0
+    for a in rates[:k]:
+        run *= a
+        total += run
+    return total
+
+
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.): the depth
-    policy's ``expected_tokens`` with every position's rate equal, (1 − α^(k+1)) / (1 − α). A measured
+    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.):
+    ``expected_tokens`` with every position's rate equal, (1 − α^(k+1)) / (1 − α). A measured
     acceptance per position is clustered, not i.i.d.; where one is known, use ``expected_tokens`` on it."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError("alpha must lie in [0, 1]")

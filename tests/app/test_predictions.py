@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
-from app.engine.adaptive import CostModel, DepthController, best_depth, conditional, expected_tokens
+from app.ceiling.roofline import expected_speedup, expected_tokens, expected_tokens_per_pass
+from app.engine.adaptive import CostModel, DepthController, best_depth, conditional
 from app.events import MessageStats
 from app.storage.pair_stats import load_measured, load_profiles, record
 from app.engine.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
