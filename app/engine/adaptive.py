@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.ceiling.roofline import expected_tokens
+from app.ceiling.speculation import expected_tokens
 
 DECAY = 0.92  # weight of the old estimate per observation: recent text matters most, but one miss in a
 # copy must not talk the policy out of it (0.85 lost 3 % on a short answer in the replay)

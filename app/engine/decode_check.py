@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from app.ceiling.child import describe_exit
-from app.ceiling.roofline import CeilingModel, make_calibration
+from app.ceiling.calibration import make_calibration
+from app.ceiling.roofline import CeilingModel
 
 CHECK_CTX = 512
 CHECK_TOKENS = 16  # timed single-token decodes after the prompt, for the calibration

@@ -3,7 +3,7 @@
 On a bandwidth-bound device a drafter step costs about its weight bytes over the target's, c. A verify pass
 of depth k yields 1 + Σ_{i≤k} Π_{j≤i} a_j tokens on average, a_j being the chance that position j is accepted
 given the earlier ones were, and costs k·c + 1 target-step times; the speedup is the ratio and the best k
-maximises it. Both are the depth policy's own (``app.ceiling.roofline.expected_tokens``, which the policy
+maximises it. Both are the depth policy's own (``app.ceiling.speculation.expected_tokens``, which the policy
 uses too, and ``app.engine.adaptive.best_depth``).
 The rates are the pair's acceptance measured per position in earlier runs (``app.storage.pair_stats``):
 acceptance is clustered, so the i.i.d. rule (1 − α^(k+1)) / (1 − α) from one α misjudges both the tokens and
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
+from app.ceiling.speculation import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
 from app.engine.adaptive import best_depth, conditional
 from app.params import K_MAX
 from app.library.compat import CompatResult, VocabInfo, check_compatible

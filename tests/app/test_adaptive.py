@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.ceiling.roofline import expected_tokens
+from app.ceiling.speculation import expected_tokens
 from app.engine.adaptive import (
     EXPLORE_DEPTH,
     PROBE_BUDGET,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.roofline import expected_speedup
+from app.ceiling.speculation import expected_speedup
 from app.library.compat import VocabInfo, check_compatible, vocab_type_name
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.engine.recommend import (

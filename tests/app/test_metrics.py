@@ -11,7 +11,8 @@ import pytest
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import MemoryProbe
 from app.ceiling.metrics import LiveMetrics, leviathan_curve
-from app.ceiling.roofline import Device, make_calibration
+from app.ceiling.calibration import make_calibration
+from app.ceiling.roofline import Device
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
 
 

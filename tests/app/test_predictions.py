@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.roofline import expected_speedup, expected_tokens, expected_tokens_per_pass
+from app.ceiling.speculation import expected_speedup, expected_tokens, expected_tokens_per_pass
 from app.engine.adaptive import CostModel, DepthController, best_depth, conditional
 from app.events import MessageStats
 from app.storage.pair_stats import load_measured, load_profiles, record
