@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.events import Finished, PromptProcessed, Token
-from app.serve.remote import (
+from app.remote.client import (
     RemoteEngine,
     RemoteError,
     RemoteModel,

@@ -22,7 +22,7 @@ from pytestqt.qtbot import QtBot
 from app.params import DraftSettings, LoadSettings
 from app.events import MessageStats
 from app.serve.metrics import ServeMetrics
-from app.serve.remote import RemoteModel
+from app.remote.client import RemoteModel
 from app.serve.runner import EngineRunner
 from app.serve.server import ServeOptions, Server
 from tests.ui.conftest import set_sampling

@@ -39,7 +39,7 @@ from app.library.heads import OWN_MTP_HEADS
 from app.storage.pair_stats import load_measured, measured_start
 from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.storage.tuned import TunedSettings, load_tuned
-from app.serve.remote import RemoteModel
+from app.remote.client import RemoteModel
 from app.storage.settings import AppSettings
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair

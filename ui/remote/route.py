@@ -29,7 +29,7 @@ from app.events import (
     PromptProgress,
     Token,
 )
-from app.serve.remote import RemoteEngine, RemoteModel, sampling_options
+from app.remote.client import RemoteEngine, RemoteModel, sampling_options
 from ui.bridge import PAINT_INTERVAL_MS, coalesce
 
 CANCEL_GRACE_MS = 3000
