@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from app.events import Finished, Token
-from app.remote.client import RemoteEngine, rates, reported
+from app.remote.client import RemoteEngine
+from app.remote.scrape import rates, reported
 
 pytestmark = pytest.mark.llama_server
 

@@ -382,7 +382,8 @@ def test_api_key_is_required_when_set(tiny_target: Path, tmp_path: Path) -> None
 
 
 def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_target: Path) -> None:
-    from app.remote.client import RemoteEngine, rates
+    from app.remote.client import RemoteEngine
+    from app.remote.scrape import rates
 
     with RemoteEngine(served[0].base_url) as remote:
         info = remote.discover()
