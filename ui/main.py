@@ -12,7 +12,7 @@ from app.paths import APP_NAME
 
 
 def run_app(argv: list[str] | None = None) -> int:
-    from ui.autopilot import start_if_requested
+    from ui.soak.autopilot import start_if_requested
     from ui.main_window import MainWindow
     from ui.notifier import Notifier
 

@@ -16,7 +16,7 @@ model (Model → Serve), watch it in the Remote engine dock and send the prompts
 screenshot, "reopen" opens another chat and the first one again (a reopened chat, as a later start shows it);
 "message_menu" opens the newest answer's message menu (the screenshot is then the screen's, menu included).
 The report then also holds what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI
-thread's stacks behind each late tick (``ui/stall_watch.py``), for the soak's checks.
+thread's stacks behind each late tick (``ui/soak/stall_watch.py``), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -38,7 +38,7 @@ from PySide6.QtWidgets import QMenu
 
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
-from ui.stall_watch import StallWatch
+from ui.soak.stall_watch import StallWatch
 
 ENV = "SPECDECK_AUTOPILOT"
 
