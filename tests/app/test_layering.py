@@ -123,6 +123,7 @@ import sys
 from ui.launch import main
 code = main([])
 print("gui-process llama_cpp loaded:", "llama_cpp" in sys.modules, flush=True)
+print("soak modules:", sorted(m for m in sys.modules if m.startswith("ui.soak.")), flush=True)
 sys.exit(code)
 """
 
@@ -145,3 +146,17 @@ def test_the_gui_process_never_loads_llama_cpp(tiny_target: Path, tmp_path: Path
     assert "autopilot: loaded tiny-target" in out, out[-3000:]
     assert "autopilot: finished" in out, out[-3000:]
     assert "gui-process llama_cpp loaded: False" in out
+    assert "soak modules: ['ui.soak.autopilot', 'ui.soak.stall_watch']" in out  # asked for, so loaded
+
+
+def test_a_plain_start_never_loads_the_soak_harness(tmp_path: Path) -> None:
+    """The window opens and closes without SPECDECK_AUTOPILOT: the autopilot and the stall watch stay unloaded
+    (the test above sees them load when the variable asks)."""
+    pytest.importorskip("PySide6")
+    env = {k: v for k, v in os.environ.items() if k != "SPECDECK_AUTOPILOT"}
+    env.update(SPECDECK_HOME=str(tmp_path / "home"), SPECDECK_MODELS_DIR=str(tmp_path / "models"),
+               QT_QPA_PLATFORM="offscreen", SPECDECK_QUIT_AFTER_MS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", GUI_RUN], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "soak modules: []" in done.stdout, done.stdout[-3000:]

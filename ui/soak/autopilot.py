@@ -38,9 +38,8 @@ from PySide6.QtWidgets import QMenu
 
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
+from ui.soak import AUTOPILOT_ENV
 from ui.soak.stall_watch import StallWatch
-
-ENV = "SPECDECK_AUTOPILOT"
 
 
 def say(line: str) -> None:
@@ -285,7 +284,7 @@ class Autopilot(QObject):
 
 
 def start_if_requested(window: MainWindow) -> Autopilot | None:
-    raw = os.environ.get(ENV)
+    raw = os.environ.get(AUTOPILOT_ENV)
     if not raw:
         return None
     try:
@@ -293,6 +292,6 @@ def start_if_requested(window: MainWindow) -> Autopilot | None:
         if not isinstance(spec, dict) or "target" not in spec:
             raise ValueError("it needs an object with a target")
     except ValueError as exc:
-        print(f"{ENV} is not usable: {exc}", file=sys.stderr)
+        print(f"{AUTOPILOT_ENV} is not usable: {exc}", file=sys.stderr)
         return None
     return Autopilot(window, spec)
