@@ -21,7 +21,8 @@ import pytest
 from app.params import SamplingSettings
 from app.errors import StorageError
 from app.events import MessageStats
-from app.storage.history import SCHEMA_VERSION, HistoryStore
+from app.storage.history import HistoryStore
+from app.storage.history_rows import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
