@@ -9,9 +9,9 @@ from pathlib import Path
 
 from app.engine.bench import EngineCrashedError, add_bench_arguments, bench
 from app.errors import AppError
-from app.storage.verify_cost import record_report as record_verify_cost
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
+from app.storage.verify_cost import record_report as record_verify_cost
 
 EXIT_ERROR = 1  # bad input or a refused model: the message says what to change
 EXIT_ENGINE_CRASHED = 3  # llama.cpp died in the worker: the message names the signal and the phase

@@ -16,8 +16,8 @@ from typing import Any
 from app.ceiling.backend_modules import describe_modules
 from app.engine.decode_check import one_line
 from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
-from app.params import K_MAX, KV_TYPES
 from app.errors import AppError
+from app.params import K_MAX, KV_TYPES
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
-from app.storage.pair_stats import measured_start
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
+from app.storage.pair_stats import measured_start
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,6 @@ from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
-from app.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import read_prompts as read_prompts  # re-exported: tune and benchmarks/ import it here
 from app.errors import AppError, SettingsError
 from app.events import (
@@ -41,6 +40,7 @@ from app.events import (
     Token,
     source_counts,
 )
+from app.params import K_MAX, RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, SamplingSettings
 from app.safe_text import terminal_safe
 
 JSON_VERSION = 1

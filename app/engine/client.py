@@ -17,7 +17,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from app.params import LoadSettings, SamplingSettings
 from app.events import (
     BenchResult,
     BenchRun,
@@ -39,6 +38,7 @@ from app.events import (
     WorkerReady,
 )
 from app.logs import engine_log_path_or_fallback
+from app.params import LoadSettings, SamplingSettings
 
 TAIL_LINES = 20
 

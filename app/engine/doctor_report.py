@@ -12,11 +12,10 @@ from typing import Any
 from app import __version__
 from app.ceiling.backend import probe_backend_isolated
 from app.ceiling.builder import ceiling_model, probe_machine
-from app.engine.decode_check import calibrate, decode_check, one_line
+from app.ceiling.fit import fit_estimate
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
 from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
-from app.ceiling.fit import fit_estimate
 from app.ceiling.roofline import (
     CeilingModel,
     Device,
@@ -28,6 +27,7 @@ from app.ceiling.roofline import (
     recurrent_rollback,
 )
 from app.ceiling.speculation import expected_tokens_per_pass
+from app.engine.decode_check import calibrate, decode_check, one_line
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo

@@ -26,11 +26,11 @@ from types import MappingProxyType
 
 from app.ceiling.speculation import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
 from app.engine.adaptive import best_depth, conditional
-from app.params import K_MAX
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.discovery import LibraryEntry, compatible_drafters, head_offers
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import HeadOffer
+from app.params import K_MAX
 from app.storage.pair_stats import NGRAM_KEY
 from app.storage.verify_cost import VerifyCurve
 

@@ -29,7 +29,6 @@ from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
-from app.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
@@ -38,6 +37,7 @@ from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
 from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
+from app.params import LoadSettings, SamplingSettings
 
 ProgressFn = Callable[[str, float], bool]
 

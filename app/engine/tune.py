@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from app.engine.bench import add_bench_arguments, bench
-from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
 from app.errors import AppError, SettingsError
+from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, SamplingSettings
 from app.storage.tuned import TunedSettings, save_tuned
 from app.storage.verify_cost import record_report as record_verify_cost
 

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, SSEError
 
-from app.params import SamplingSettings
 from app.events import Finished, MessageStats, PromptProcessed, Token
+from app.params import SamplingSettings
 from app.remote.scrape import ENGINE_NAMES, NOT_REPORTED, RemoteError, Scrape, kv_usage_from_slots, read_scrape
 
 MAX_METRICS_BYTES = 4 << 20

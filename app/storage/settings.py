@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
+from app.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
 

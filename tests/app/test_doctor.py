@@ -18,9 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
-from app.engine import decode_check, doctor_report
 from app.ceiling.child import SIGILL_MESSAGE
 from app.cli import doctor
+from app.engine import decode_check, doctor_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

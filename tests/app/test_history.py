@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from app.params import SamplingSettings
 from app.errors import StorageError
 from app.events import MessageStats
+from app.params import SamplingSettings
 from app.storage.history import HistoryStore
 from app.storage.history_rows import SCHEMA_VERSION
 

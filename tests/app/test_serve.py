@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.client import EngineClient
 from app.engine.llama import Model
-from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import SettingsError
 from app.events import Finished, PromptProcessed, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import Limits
 from app.serve.runner import EngineRunner

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.params import SamplingSettings
 from app.errors import SettingsError, StorageError
+from app.params import SamplingSettings
 from app.storage import settings as settings_module
 from app.storage.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings
 

@@ -267,8 +267,8 @@ def test_template_status_for_doctor(tmp_path: Path) -> None:
 
 def test_a_refused_template_is_announced_before_the_answer(tmp_path: Path) -> None:
     from app.engine.client import EngineClient
-    from app.params import DraftSettings, LoadSettings, SamplingSettings
     from app.events import PromptProcessed
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
 
     model = write_tiny_model(tmp_path / "hang.gguf", chat_template=(
         "{% set a=[0]*4000000 %}{% set b=[a]*4000000 %}{% set c=[0]*3999999+[1] %}{{ c in b }}"))

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from app.params import DraftSettings
 from app.engine.tune import DEFAULT_K_MAX, DEFAULT_NGRAM, PLAIN, Candidate, Progress, save_winner, tune
+from app.params import DraftSettings
 from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 from pytestqt.qtbot import QtBot
 
-from app.params import DraftSettings
 from app.engine.tune import Candidate, TuneReport
 from app.events import Loaded, ModelSummary
-from app.storage.tuned import TunedSettings, load_tuned, save_tuned
+from app.params import DraftSettings
 from app.storage.settings import AppSettings, save_settings
+from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 from ui.dashboard.sweep import TuneDialog, TunePair
 
 SWEEP_TIMEOUT_MS = 300_000

@@ -39,8 +39,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.params import DraftSettings
 from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneReport
+from app.params import DraftSettings
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel
 

@@ -29,18 +29,18 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.chat_template import fallback_name
-from app.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
+from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
-from app.storage.pair_stats import load_measured, measured_start
-from app.engine.recommend import DrafterReport, Recommendation, drafters_for
-from app.storage.tuned import TunedSettings, load_tuned
+from app.params import HISTORY_TOKENS, KV_TYPES, MAX_CTX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.remote.client import RemoteModel
+from app.storage.pair_stats import load_measured, measured_start
 from app.storage.settings import AppSettings
+from app.storage.tuned import TunedSettings, load_tuned
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout

@@ -17,7 +17,6 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.params import SamplingSettings
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -29,6 +28,7 @@ from app.events import (
     PromptProgress,
     Token,
 )
+from app.params import SamplingSettings
 from app.remote.client import RemoteEngine, RemoteModel, sampling_options
 from ui.bridge import PAINT_INTERVAL_MS, coalesce
 
