@@ -11,12 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.engine.params import LoadSettings, SamplingSettings
+from app.params import LoadSettings, SamplingSettings
 
-if TYPE_CHECKING:
-    from app.ceiling.backend import BackendDevice
+
+@dataclass(frozen=True)
+class BackendDevice:
+    """One of llama.cpp's devices, as the worker reports it."""
+
+    name: str  # llama.cpp's device name: "CPU", "CUDA0", "Vulkan0", "Metal"
+    description: str  # usually the hardware's name: "NVIDIA GeForce RTX 4090", "AMD EPYC"
+    type: str  # "cpu", "gpu", "igpu", "accel"
+    backend: str  # the registry it belongs to: "CPU", "CUDA", "Vulkan", ...
+    memory_free: int | None
+    memory_total: int | None
+
 
 # Where an emitted token came from.
 FROM_TARGET = "target"

@@ -32,7 +32,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
 from app.engine.replay import (  # noqa: E402
     CostCurve,
     Replayed,
@@ -43,6 +42,7 @@ from app.engine.replay import (  # noqa: E402
     replay_specdeck,
     total,
 )
+from app.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
 
 
 def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int) -> dict[str, Any]:
@@ -57,9 +57,9 @@ def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int
         cached = json.loads(cache.read_text())
         if isinstance(cached, dict) and "traces" in cached:
             return cached
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
     from app.engine.session import EngineSession
     from app.events import Token
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
 
     # The drafter on, so the load times every width up to K_MAX + 1 (the curve when no other is given).
     session = EngineSession(LoadSettings(str(target), DraftSettings(ngram=NGRAM_KEY_LENGTH), n_threads=threads))
@@ -127,7 +127,7 @@ def choose_curve(args: argparse.Namespace, bench: dict[str, Any] | None, recorde
         return parse_curve(args.curve), "--curve"
     if bench is not None and bench.get("verify_cost_ms"):
         return {int(w): float(ms) for w, ms in bench["verify_cost_ms"].items()}, "the bench report"
-    from app.library.verify_cost import load_curve
+    from app.storage.verify_cost import load_curve
 
     measured = load_curve(str(args.target))
     if measured is not None:

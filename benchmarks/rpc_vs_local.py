@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import WATCHDOG_SECONDS, RunResult, read_prompts  # noqa: E402
 from app.engine.client import EngineClient  # noqa: E402
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 from app.events import BenchResult, EngineCrashed, EngineError, Event, Loaded  # noqa: E402
+from app.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 from tests.rpc.conftest import RpcServer, start_server  # noqa: E402
 
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench, read_prompts  # noqa: E402
-from app.engine.params import DraftSettings, LoadSettings  # noqa: E402
+from app.params import DraftSettings, LoadSettings  # noqa: E402
 from app.serve.metrics import ServeMetrics  # noqa: E402
 from app.serve.protocol import Limits  # noqa: E402
 from app.serve.runner import EngineRunner  # noqa: E402

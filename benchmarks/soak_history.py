@@ -122,7 +122,7 @@ class Chaos:
 
     @staticmethod
     def kind(stall: dict[str, Any]) -> str:
-        """What held the GUI thread, from its CPU and run-queue shares over the stall (ui/stall_watch.py)."""
+        """What held the GUI thread, from its CPU and run-queue shares over the stall (ui/soak/stall_watch.py)."""
         cpu, queued = stall.get("gui_cpu"), stall.get("gui_runqueue")
         if cpu is None or queued is None:
             return "too short to tell"

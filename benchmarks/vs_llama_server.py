@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import read_prompts  # noqa: E402
 from app.engine.llama import Model, init_backend  # noqa: E402
-from app.engine.params import NGRAM_KEY_LENGTH  # noqa: E402
 from app.engine.session import chat_prompt_tokens  # noqa: E402
+from app.params import NGRAM_KEY_LENGTH  # noqa: E402
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 PROMPTS_DIR = ROOT / "resources" / "prompts"

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from app.engine.bench import WATCHDOG_SECONDS, RunResult, bench_run, read_prompts  # noqa: E402
 from app.engine.client import EngineClient  # noqa: E402
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 from app.engine.session import EngineSession  # noqa: E402
 from app.events import BenchResult, BenchRun, Loaded  # noqa: E402
+from app.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 
 
 def await_event(client: EngineClient, kind: type) -> object:

@@ -216,9 +216,9 @@ def check_exactness(model: Any, params: Any, prompt: list[int], n_tokens: int, k
     from app.engine.adaptive import DepthController
     from app.engine.drafters import ModelDrafter
     from app.engine.llama import Context
-    from app.engine.params import SamplingSettings
     from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
     from app.events import Token
+    from app.params import SamplingSettings
 
     greedy = SamplingSettings(temperature=0.0, max_tokens=n_tokens)
     target_ctx, draft_ctx = Context(model, params), Context(model, params)

@@ -21,7 +21,6 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.engine.client import EngineClient
-from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
     Devices,
     EngineCrashed,
@@ -37,6 +36,7 @@ from app.events import (
     Token,
     Unloaded,
 )
+from app.params import LoadSettings, SamplingSettings
 from app.paths import logs_dir
 
 PAINT_INTERVAL_MS = 33  # ~30 Hz

@@ -9,10 +9,10 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.paths import APP_NAME
+from ui.soak import AUTOPILOT_ENV
 
 
 def run_app(argv: list[str] | None = None) -> int:
-    from ui.autopilot import start_if_requested
     from ui.main_window import MainWindow
     from ui.notifier import Notifier
 
@@ -26,7 +26,10 @@ def run_app(argv: list[str] | None = None) -> int:
     notifier.install_hooks()
     window = MainWindow(notifier=notifier)
     window.show()
-    start_if_requested(window)  # the window owns it
+    if os.environ.get(AUTOPILOT_ENV):  # the soak harness loads only when a script asks for it
+        from ui.soak.autopilot import start_if_requested
+
+        start_if_requested(window)  # the window owns it
     quit_after = os.environ.get("SPECDECK_QUIT_AFTER_MS")
     if quit_after and quit_after.isdigit():  # smoke tests: show the window, then close it cleanly
         QTimer.singleShot(int(quit_after), window.close)

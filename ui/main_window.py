@@ -41,15 +41,15 @@ from PySide6.QtWidgets import (
 import app
 from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.ceiling.backend_modules import describe_modules
-from app.engine.params import LoadSettings, threads_beside_window
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry
-from app.library.pair_stats import drafter_key
-from app.library.pair_stats import record as record_acceptance
+from app.params import LoadSettings, threads_beside_window
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread
+from app.storage.pair_stats import drafter_key
+from app.storage.pair_stats import record as record_acceptance
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel

@@ -22,21 +22,12 @@ from app.ceiling.backend_modules import linked_library, load_backend_modules, lo
 from app.ceiling.child import ProbeFailed, run_probe
 from app.ceiling.gpu_fallback import why_no_gpu
 from app.ceiling.gpus import as_text
+from app.events import BackendDevice as BackendDevice  # re-exported: the ceiling's callers name it here
 
 _DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 _BACKEND_NAMES = {"cuda": "cuda", "vulkan": "vulkan", "metal": "metal", "mtl": "metal", "rocm": "rocm",
                   "hip": "rocm", "sycl": "sycl", "opencl": "opencl", "musa": "musa", "cann": "cann",
                   "kompute": "kompute", "webgpu": "webgpu", "zdnn": "zdnn"}
-
-
-@dataclass(frozen=True)
-class BackendDevice:
-    name: str  # llama.cpp's device name: "CPU", "CUDA0", "Vulkan0", "Metal"
-    description: str  # usually the hardware's name: "NVIDIA GeForce RTX 4090", "AMD EPYC"
-    type: str  # "cpu", "gpu", "igpu", "accel"
-    backend: str  # the registry it belongs to: "CPU", "CUDA", "Vulkan", ...
-    memory_free: int | None
-    memory_total: int | None
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from app.ceiling.backend import BackendInfo, probe_backend, probe_backend_isolated
+from app.ceiling.calibration import Calibration
+from app.ceiling.fit import FitEstimate, fit_estimate
 from app.ceiling.hardware import HardwareReport, probe_hardware, roofline_devices
-from app.ceiling.roofline import Calibration, CeilingModel, Device, FitEstimate, ModelShape, fit_estimate
+from app.ceiling.roofline import CeilingModel, Device, ModelShape
 from app.errors import AppError
 from app.events import Loaded
 from app.library.gguf_reader import GGUFInfo

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.ceiling.backend import BackendDevice
+from app.ceiling.fit import fit_estimate
 from app.ceiling.memory import offload_devices
-from app.ceiling.roofline import Device, ModelShape, fit_estimate
+from app.ceiling.roofline import Device, ModelShape
 from app.library.gguf_reader import GGUFInfo
 from app.units import format_bytes
 

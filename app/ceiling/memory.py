@@ -127,7 +127,8 @@ def placed_bytes(target: str, drafter: str | None, n_ctx: int, kv_bytes_total: i
     """Weights + KV cache of the loaded models per llama.cpp device name, as the roofline's fit places them
     (all layers offloaded when the engine offloads), with the KV cache llama.cpp really allocated.
     ``used``: the names of the devices the load offloaded to (None: every GPU)."""
-    from app.ceiling.roofline import Device, ModelShape, fit_estimate
+    from app.ceiling.fit import fit_estimate
+    from app.ceiling.roofline import Device, ModelShape
     from app.library.gguf_reader import read_gguf_info
 
     gpus = [d for d in devices if d.kind != "cpu" and d.device and (used is None or d.device in used)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from app.ceiling import roofline
+from app.ceiling import speculation
 from app.ceiling.builder import CeilingInfo
 from app.events import (
     FROM_MODEL,
@@ -55,7 +55,7 @@ def leviathan_curve(alpha: float, k_max: int) -> tuple[FloatArray, FloatArray]:
     """(k, expected tokens per pass) for k = 0..k_max at acceptance probability alpha."""
     a = min(max(alpha, 0.0), 1.0)
     ks = np.arange(k_max + 1, dtype=np.float64)
-    taus = np.array([roofline.expected_tokens_per_pass(a, int(k)) for k in ks], dtype=np.float64)
+    taus = np.array([speculation.expected_tokens_per_pass(a, int(k)) for k in ks], dtype=np.float64)
     return ks, taus
 
 

@@ -1,5 +1,6 @@
-"""A target's own multi-token-prediction (MTP, NextN) heads, from its GGUF alone: whether SpecDeck can draft
-with them, and the memory they take (their weights, and the KV cache of the second context that runs them)."""
+"""A target's own multi-token-prediction (MTP, NextN) heads, from its GGUF alone: the memory they take (their
+weights, and the KV cache of the second context that runs them). Whether SpecDeck can draft with them is the
+library's answer (``app.library.heads.mtp_refusal``)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,6 @@ from dataclasses import replace
 
 from app.ceiling.roofline import ModelShape, kv_cache_bytes
 from app.library.gguf_reader import GGUFInfo
-
-# Architectures whose MTP graph the vendored llama.cpp runs with a single block (src/models/*.cpp, graph_mtp).
-# Qwen3.5's graph asserts one block: a file claiming more would abort the process, so it is refused first.
-MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next"))
-MAX_MTP_BLOCKS = 1
-
-
-def mtp_refusal(info: GGUFInfo) -> str | None:
-    """Why this target's MTP heads cannot draft here (one sentence), or None when they can."""
-    name = info.name or info.path
-    if info.mtp_layers <= 0:
-        return f"{name} has no MTP heads ({info.architecture}.nextn_predict_layers is absent or 0)."
-    if info.architecture not in MTP_ARCHS:
-        return (f"{name} has {info.mtp_layers} MTP heads, but SpecDeck drafts with MTP heads only for "
-                f"{', '.join(sorted(MTP_ARCHS))}, not {info.architecture}.")
-    if info.mtp_layers > MAX_MTP_BLOCKS:
-        return (f"{name} has {info.mtp_layers} MTP heads, but llama.cpp runs the {info.architecture} MTP graph "
-                f"with exactly {MAX_MTP_BLOCKS}.")
-    return None
 
 
 def mtp_heads_shape(info: GGUFInfo) -> ModelShape:

@@ -9,8 +9,9 @@ ceiling is a true upper bound on the measured rate, never an estimate of it.
 
 The one read is ``ModelShape.from_gguf``'s look at the model's tensor table (``app.ceiling.tensor_split``),
 for the bytes llama.cpp places per layer. Sizes in bytes, rates in bytes/s and FLOP/s, times in seconds.
-Over 450 lines because the pass estimate, the fit and the KV-cache arithmetic share one model of what a pass
-reads: split, they would drift.
+The memory fit (``app.ceiling.fit``) and the calibration against a measured rate (``app.ceiling.calibration``)
+build on this module's one model of what a pass reads and where its layers run; what drafting gains per pass
+is ``app.ceiling.speculation``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine.adaptive import expected_tokens
 from app.library.gguf_reader import GGUFInfo
-from app.units import format_bytes
 
 # Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
 KV_TYPE_BYTES: dict[str, float] = {
@@ -43,7 +42,8 @@ MEMORY = "memory"
 COMPUTE = "compute"
 
 
-def _pad(n: int, to: int) -> int:
+def padded(n: int, to: int) -> int:
+    """n rounded up to a multiple of `to` (llama.cpp's GGML_PAD)."""
     return (n + to - 1) // to * to
 
 
@@ -164,9 +164,9 @@ def kv_cache_bytes(
     pad(min(n_ctx, window + n_ubatch), 256) cells unless ``swa_full`` (llama.cpp's default, which the
     high-level ``Llama`` keeps) gives them the full context.
     """
-    kv_size = _pad(n_ctx, KV_PAD)
+    kv_size = padded(n_ctx, KV_PAD)
     ubatch = min(n_ubatch, n_batch, n_ctx)
-    swa_size = kv_size if swa_full else _pad(min(kv_size, shape.sliding_window + ubatch), KV_PAD)
+    swa_size = kv_size if swa_full else padded(min(kv_size, shape.sliding_window + ubatch), KV_PAD)
     per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
     total = 0
     for il in range(shape.n_layer):
@@ -222,7 +222,7 @@ def compute_buffer_bytes(shape: ModelShape, n_ctx: int, *, n_ubatch: int = 512, 
     ubatch = min(n_ubatch, n_batch, n_ctx)
     per_token = shape.n_vocab + 2 * shape.n_embd
     if not flash_attn:
-        per_token = max(per_token, shape.n_head * _pad(n_ctx, KV_PAD) + 2 * shape.n_embd)
+        per_token = max(per_token, shape.n_head * padded(n_ctx, KV_PAD) + 2 * shape.n_embd)
     return 4 * ubatch * per_token + 4 * shape.n_vocab  # + the output buffer for one row of logits
 
 
@@ -472,198 +472,3 @@ class CeilingModel:
                              type_v=self.type_v, n_gpu_layers=self.n_gpu_layers, drafter=drafter,
                              draft_steps=k, drafter_gpu_layers=self.drafter_gpu_layers,
                              network_seconds=self.network_seconds)
-
-
-# --- speculation (Leviathan et al. 2023) --------------------------------------------------------
-
-
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.): the depth
-    policy's ``expected_tokens`` with every position's rate equal, (1 − α^(k+1)) / (1 − α). A measured
-    acceptance per position is clustered, not i.i.d.; where one is known, use ``expected_tokens`` on it."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError("alpha must lie in [0, 1]")
-    if k < 0:
-        raise ValueError("k must be >= 0")
-    return expected_tokens([alpha] * k, k)
-
-
-def bandwidth_bound_pass(width: int) -> float:
-    """A pass's cost in one-token passes where reading the weights dominates: any width costs one."""
-    return 1.0
-
-
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan's walltime improvement: c is a drafter step's cost relative to a target pass."""
-    if c < 0:
-        raise ValueError("c must be >= 0")
-    return expected_tokens_per_pass(alpha, k) / (bandwidth_bound_pass(k + 1) + k * c)
-
-
-# --- fit ----------------------------------------------------------------------------------------
-
-
-def share_weight_bytes(shape: ModelShape, share: Share) -> int:
-    """The weights llama.cpp allocates on a share's device: its layers' tensors, and the output layer's (with
-    its copy of tied token embeddings off the CPU). The input layer is not in any share: it stays in host
-    memory (see ``fit_estimate``). Without the tensor table, weights are spread evenly over the layers."""
-    if len(shape.layer_bytes) != shape.n_layer:
-        return round(shape.weight_bytes * share.weight_fraction(shape.n_layer))
-    weights = sum(shape.layer_bytes[i] for i in share.layers)
-    if share.output:
-        weights += shape.output_bytes + (shape.tied_output_bytes if share.device.kind != "cpu" else 0)
-    return weights
-
-
-@dataclass(frozen=True)
-class DeviceFit:
-    device: str  # Device.key
-    name: str
-    weights: int
-    kv: int
-    compute: int
-    free: int | None
-
-    @property
-    def need(self) -> int:
-        return self.weights + self.kv + self.compute
-
-    @property
-    def fits(self) -> bool:
-        return self.free is None or self.need <= self.free
-
-    @property
-    def short_by(self) -> int:
-        return 0 if self.free is None else max(0, self.need - self.free)
-
-
-@dataclass(frozen=True)
-class FitEstimate:
-    devices: tuple[DeviceFit, ...]
-
-    @property
-    def fits(self) -> bool:
-        return all(d.fits for d in self.devices)
-
-    @property
-    def message(self) -> str:
-        short = [d for d in self.devices if not d.fits]
-        b = format_bytes
-        if not short:
-            return "Fits: " + "; ".join(
-                f"{d.name} needs {b(d.need)}" + (f" of {b(d.free)} free" if d.free is not None else "")
-                for d in self.devices
-            ) + "."
-        return " ".join(
-            f"Does not fit on {d.name}: needs {b(d.need)} (weights {b(d.weights)}, KV {b(d.kv)}, "
-            f"compute {b(d.compute)}) with {b(d.free or 0)} free, {b(d.short_by)} short."
-            for d in short
-        )
-
-
-def fit_estimate(
-    target: ModelShape,
-    devices: Sequence[Device],
-    n_ctx: int,
-    *,
-    type_k: str = "f16",
-    type_v: str | None = None,
-    n_gpu_layers: int = -1,
-    drafter: ModelShape | None = None,
-    drafter_n_ctx: int | None = None,
-    drafter_gpu_layers: int = -1,
-    swa_full: bool = True,
-    n_ubatch: int = 512,
-    flash_attn: bool = True,
-    state_copies: int = 1,
-    mtp_kv_bytes: int = 0,
-) -> FitEstimate:
-    """Weights + both KV caches + compute buffers per device, against each device's free memory.
-
-    A recurrent state counts ``state_copies`` times for the target (the state, its snapshots, a checkpoint)
-    and once for the drafter, spread over the devices as its layers are. ``mtp_kv_bytes``: the KV cache of the
-    context that runs the target's own MTP heads, on the device of its last layers (the MTP blocks)."""
-    need: dict[str, list[int]] = {d.key: [0, 0, 0] for d in devices}
-    by_key = {d.key: d for d in devices}
-    host = next((d.key for d in devices if d.kind == "cpu"), None)
-
-    def add(shape: ModelShape, ctx: int, layers_on_gpu: int, copies: int = 1) -> None:
-        shares = place(shape, devices, layers_on_gpu)
-        per_cell = shape.kv_layer_bytes_per_cell(type_k, type_v)
-        total_kv = kv_cache_bytes(shape, ctx, type_k, type_v, swa_full=swa_full, n_ubatch=n_ubatch)
-        full_kv = _pad(ctx, KV_PAD) * per_cell * shape.n_layer
-        for share in shares:
-            slot = need[share.device.key]
-            slot[0] += share_weight_bytes(shape, share)
-            layer_kv = _pad(ctx, KV_PAD) * per_cell * len(share.layers)
-            # SWA layers hold less: scale this device's share of the full-size cache down alike.
-            slot[1] += round(layer_kv * (total_kv / full_kv)) if full_kv else 0
-            if shape.n_layer:
-                slot[1] += round(shape.state_bytes * copies * len(share.layers) / shape.n_layer)
-        if host is not None:  # llama.cpp keeps the input layer (token embeddings) in host memory
-            need[host][0] += shape.input_bytes
-        # The compute buffer lives on the device that runs the output layer.
-        main = next((s.device.key for s in shares if s.output), shares[-1].device.key)
-        need[main][2] += compute_buffer_bytes(shape, ctx, n_ubatch=n_ubatch, flash_attn=flash_attn)
-
-    add(target, n_ctx, n_gpu_layers, state_copies)
-    if mtp_kv_bytes:
-        last = place(target, devices, n_gpu_layers)[-1].device.key
-        need[last][1] += mtp_kv_bytes
-    if drafter is not None:
-        add(drafter, drafter_n_ctx or n_ctx, drafter_gpu_layers)
-    fits = tuple(
-        DeviceFit(key, by_key[key].name, w, kv, comp, by_key[key].free_bytes)
-        for key, (w, kv, comp) in need.items()
-        if w or kv or comp
-    )
-    return FitEstimate(fits)
-
-
-# --- calibration --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What a measured plain decode delivered, beside what the spec sheet promises."""
-
-    passes_per_second: float
-    bytes_per_pass: float
-    flops_per_pass: float
-    delivered_bandwidth: float  # bytes/s
-    delivered_flops: float  # FLOP/s
-    ceiling_passes_per_second: float | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.passes_per_second  # plain decoding emits one token per pass
-
-    @property
-    def efficiency(self) -> float | None:
-        """Measured over ceiling (0..1 when the ceiling is honest)."""
-        if not self.ceiling_passes_per_second:
-            return None
-        return self.passes_per_second / self.ceiling_passes_per_second
-
-
-def make_calibration(
-    passes_per_second: float, bytes_per_pass: float, flops_per_pass: float,
-    ceiling_passes_per_second: float | None = None,
-) -> Calibration:
-    """Turn a measured plain-decode rate into delivered bytes/s and FLOP/s."""
-    if not (math.isfinite(passes_per_second) and passes_per_second >= 0):
-        raise ValueError("passes per second must be a finite number >= 0")
-    return Calibration(
-        passes_per_second=passes_per_second,
-        bytes_per_pass=bytes_per_pass,
-        flops_per_pass=flops_per_pass,
-        delivered_bandwidth=passes_per_second * bytes_per_pass,
-        delivered_flops=passes_per_second * flops_per_pass,
-        ceiling_passes_per_second=ceiling_passes_per_second,
-    )
-
-
-def calibrate(measured_passes_per_second: float, estimate: PassEstimate) -> Calibration:
-    """The calibration of a measured rate against the pass estimate for the same model and context."""
-    return make_calibration(measured_passes_per_second, estimate.bytes, estimate.flops,
-                            estimate.passes_per_second)

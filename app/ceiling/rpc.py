@@ -14,17 +14,16 @@ Standard library only at import: the window parses and probes without loading ll
 from __future__ import annotations
 
 import ctypes
-import re
 import socket
 import statistics
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import EngineLoadError, SettingsError
+from app.errors import EngineLoadError
 
 # ggml-rpc's wire protocol (ggml/src/ggml-rpc/ggml-rpc.cpp): | cmd (1 byte) | size (u64) | data |, answered
 # with | size (u64) | data |. The first command on a connection must be HELLO.
@@ -34,37 +33,8 @@ _CMD_HELLO = 14
 _CMD_DEVICE_COUNT = 15
 _CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE: all zero, no RDMA
 _HELLO_ANSWER = 4 + _CONN_CAPS
-MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS
 ROUND_TRIPS = 20  # timed at load; the median is the figure
 PROBE_TIMEOUT_S = 5.0
-
-# A host name or an IPv4 address: ggml-rpc splits an endpoint at its first colon and resolves IPv4 only.
-_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
-_PORT = re.compile(r"[0-9]{1,5}")
-
-
-def parse_rpc_servers(value: str | Iterable[str]) -> tuple[str, ...]:
-    """"host:port,host:port" (or a list of them) as a tuple of endpoints; SettingsError names a bad one."""
-    parts = value.split(",") if isinstance(value, str) else list(value)
-    servers: list[str] = []
-    for raw in parts:
-        if not isinstance(raw, str):
-            raise SettingsError(f"An RPC server is written host:port, not {raw!r}.")
-        endpoint = raw.strip()
-        if not endpoint:
-            continue
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not _HOST.fullmatch(host) or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
-            shown = endpoint if len(endpoint) <= 80 else endpoint[:80] + "…"
-            raise SettingsError(f"An RPC server is written host:port, such as 192.168.1.20:50052, not {shown!r}.")
-        endpoint = f"{host}:{int(port)}"
-        if endpoint in servers:
-            raise SettingsError(f"The RPC server {endpoint} is listed twice.")
-        servers.append(endpoint)
-    if len(servers) > MAX_SERVERS:
-        raise SettingsError(f"llama.cpp takes at most {MAX_SERVERS} RPC servers; {len(servers)} are listed.")
-    return tuple(servers)
-
 
 @dataclass(frozen=True)
 class ServerProbe:

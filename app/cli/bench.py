@@ -9,13 +9,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from app.ceiling.rpc import parse_rpc_servers
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
-from app.engine.params import RECURRENT_ROLLBACKS, DraftSettings, LoadSettings
 from app.errors import AppError
-from app.library.verify_cost import record_report as record_verify_cost
+from app.params import RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
+from app.storage.verify_cost import record_report as record_verify_cost
 
 EXIT_ERROR = 1  # bad input or a refused model: the message says what to change
 EXIT_ENGINE_CRASHED = 3  # llama.cpp died in the worker: the message names the signal and the phase

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import TextIO
 
 from app.ceiling.memory import placement
-from app.ceiling.rpc import parse_rpc_servers
 from app.cli.bench import add_rpc_argument
 from app.engine.client import EngineClient
-from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
-from app.library.pair_stats import measured_start
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
+from app.storage.pair_stats import measured_start
 
 EXIT_ERROR = 1  # bad arguments, or the model could not be loaded
 EXIT_ENGINE_LOST = 3  # the engine crashed and could not be brought back

@@ -1,6 +1,6 @@
 """`specdeck doctor`: the backend, the devices and their bandwidth, and the ceiling for a model.
 
-Argument parsing and printing only: the report is built by ``app.ceiling.report`` (llama.cpp runs in child
+Argument parsing and printing only: the report is built by ``app.engine.doctor_report`` (llama.cpp runs in child
 processes there, so a build that traps or aborts gives a sentence instead of killing doctor).
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from app.ceiling.backend_modules import describe_modules
-from app.ceiling.decode_check import one_line
-from app.ceiling.report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
-from app.engine.params import K_MAX, KV_TYPES
+from app.engine.decode_check import one_line
+from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.errors import AppError
+from app.params import K_MAX, KV_TYPES
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.errors import ModelFileError
-from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
+from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.model_file import DRAFTER_HEADS, check_model_file
-from app.library.pair_stats import load_measured
-from app.library.recommend import Recommendation
 from app.safe_text import terminal_safe
+from app.storage.pair_stats import load_measured
 from app.units import format_bytes, format_count
 
 MAX_LISTED_ERRORS = 50  # past this, the unusable files are summarised (all of them are in --json)

@@ -7,14 +7,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from app.ceiling.rpc import parse_rpc_servers
 from app.cli.bench import add_rpc_argument
-from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
-from app.library.pair_stats import measured_start
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
+from app.storage.pair_stats import measured_start
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

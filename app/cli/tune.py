@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.engine.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
-from app.engine.params import DraftSettings, LoadSettings
 from app.engine.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.errors import AppError
+from app.params import DraftSettings, LoadSettings
 from app.safe_text import terminal_safe
 
 EXIT_ERROR = 1

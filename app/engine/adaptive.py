@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.ceiling.speculation import expected_tokens
+
 DECAY = 0.92  # weight of the old estimate per observation: recent text matters most, but one miss in a
 # copy must not talk the policy out of it (0.85 lost 3 % on a short answer in the replay)
 PRIOR_WEIGHT = 2.0  # the prior counts as this many observations: the first few outcomes move a rate fast
@@ -255,16 +257,6 @@ def conditional(probs: Sequence[float]) -> list[float]:
         out.append(min(1.0, p / before) if before > 0 else 0.0)
         before = p
     return out
-
-
-def expected_tokens(rates: Sequence[float], k: int) -> float:
-    """Tokens a pass of depth k emits on average: 1 + Σ_{i≤k} Π_{j≤i} rates[j], with rates[j] the chance that
-    position j is accepted given every earlier one was (equal rates give Leviathan's (1 − α^(k+1))/(1 − α))."""
-    total, run = 1.0, 1.0
-    for a in rates[:k]:
-        run *= a
-        total += run
-    return total
 
 
 def verify_seconds(verify: Callable[[int], float], k: int, drafted: Sequence[float] = ()) -> float:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
 import numpy as np
 
 from app.ceiling.memory import is_rpc
-from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.prompts import Prompt
 from app.engine.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
 from app.errors import AppError, SettingsError
@@ -44,6 +43,7 @@ from app.events import (
     Token,
     source_counts,
 )
+from app.params import LoadSettings, SamplingSettings
 from app.safe_text import terminal_safe
 
 if TYPE_CHECKING:
@@ -354,7 +354,7 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
 def ceiling(target: str, n_ctx: int, network_seconds: float = 0.0) -> JSONObject | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed), with the RPC
     servers' round trips per pass when the layers are on them."""
-    from app.ceiling.report import ceiling_summary
+    from app.engine.doctor_report import ceiling_summary
 
     try:
         return ceiling_summary(target, n_ctx, network_seconds=network_seconds)
@@ -390,8 +390,8 @@ def bench(config: BenchConfig, out: TextIO, *, client: EngineClient | None = Non
 
 def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: TextIO, told: set[str],
              note: Callable[[str], None]) -> BenchReport:
-    from app.library.pair_stats import drafter_key
-    from app.library.pair_stats import record as record_acceptance
+    from app.storage.pair_stats import drafter_key
+    from app.storage.pair_stats import record as record_acceptance
 
     draft, target = config.settings.draft, config.settings.target_path
     sampling, repeats = config.sampling, config.repeat

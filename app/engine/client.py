@@ -18,7 +18,6 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from app.ceiling.rpc import rpc_failure
-from app.engine.params import LoadSettings, SamplingSettings
 from app.events import (
     BenchResult,
     BenchRun,
@@ -42,6 +41,7 @@ from app.events import (
     WorkerReady,
 )
 from app.logs import engine_log_path_or_fallback
+from app.params import LoadSettings, SamplingSettings
 
 TAIL_LINES = 20
 

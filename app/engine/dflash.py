@@ -31,11 +31,11 @@ from app.engine.drafters import Draft, draft_step
 from app.engine.eagle3 import _api, target_layer_ids
 from app.engine.llama import Context, ContextParams, Model
 from app.engine.mtp import _F32P, MTPContext
-from app.engine.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_format import read_header
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import head_refusal
+from app.params import SamplingSettings
 
 DFLASH_ARCH = "dflash"
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the file names none

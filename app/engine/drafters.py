@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.engine import sampling
-from app.engine.params import SamplingSettings
 from app.engine.sampling import Dist
 from app.events import FROM_MODEL
+from app.params import SamplingSettings
 
 if TYPE_CHECKING:  # only the model drafter drives llama.cpp
     from app.engine.llama import Context, Model

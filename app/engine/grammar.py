@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.engine.params import JSON_OBJECT
 from app.errors import SettingsError
+from app.params import JSON_OBJECT
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 

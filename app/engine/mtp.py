@@ -28,7 +28,6 @@ import llama_cpp as lc
 import numpy as np
 import numpy.typing as npt
 
-from app.ceiling.mtp_heads import mtp_refusal
 from app.engine.drafters import Draft, draft_step
 from app.engine.llama import (
     ROLLBACK_KV,
@@ -37,9 +36,10 @@ from app.engine.llama import (
     Model,
     llama_context_params,
 )
-from app.engine.params import SamplingSettings
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import mtp_refusal
+from app.params import SamplingSettings
 
 LLAMA_CONTEXT_TYPE_MTP = 1
 H_ROWS_KEPT = 256  # target hidden rows kept by position: a rollback within this reach still finds its row

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.engine.adaptive import DepthController
-from app.engine.params import K_MAX
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_NGRAM
+from app.params import K_MAX
 
 # llama.cpp's defaults (common/common.h, the vendored build): ngram-simple size_n / size_m, ngram-mod
 # n_match / n_min / n_max, and ngram-mod's table size, chunk and reset rules (common/speculative.cpp).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 
 FLOOR_LOG = math.log(1e-12)
 IntArray = npt.NDArray[np.int64]

@@ -15,7 +15,7 @@ from pathlib import Path
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import device_fit_error
 from app.ceiling.memory import offload_devices
-from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes, mtp_refusal
+from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes
 from app.ceiling.roofline import (
     ModelShape,
     kv_bytes_per_token,
@@ -31,14 +31,15 @@ from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
-from app.engine.params import LoadSettings, SamplingSettings, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.gguf_reader import fingerprint_texts
+from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
+from app.params import LoadSettings, SamplingSettings, flash_attention_mode
 
 ProgressFn = Callable[[str, float], bool]
 

@@ -22,7 +22,6 @@ from app.engine.drafters import Draft, ModelDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.mtp import MTPDrafter
-from app.engine.params import SamplingSettings
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import PromptTooLongError
 from app.events import (
@@ -37,6 +36,7 @@ from app.events import (
     acceptance,
     decode_rate,
 )
+from app.params import SamplingSettings
 
 # A pass slower than this: the load times fewer widths, once each (the cost model interpolates between them).
 SLOW_PASS_SECONDS = 0.1

@@ -9,7 +9,7 @@ in seconds, and the replay's winner is confirmed with one real bench run. Where 
 (sampling, or no answer recorded) the sweep moves one dimension at a time from the best setting so far: the
 suffix drafter's shortest match, k_max, fixed against adaptive depth. With a model drafter, the drafter choice
 (none, n-gram, model, both) is measured last, for real. The winner is saved per (target, drafter) pair
-(``app.library.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
+(``app.storage.tuned``); the window offers it for that pair. Cancelling (Ctrl-C, or
 ``cancelled``) keeps every setting measured so far, and the best of them is still saved. The command and
 the window's Tune describe a sweep with a ``TuneConfig``; each setting is one ``BenchConfig``.
 """
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TextIO
 
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, BenchReport, JSONObject, Trace, bench
-from app.engine.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.engine.prompts import Prompt
 from app.errors import AppError, SettingsError
-from app.library.tuned import TunedSettings, save_tuned
-from app.library.verify_cost import record_report as record_verify_cost
+from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
+from app.storage.tuned import TunedSettings, save_tuned
+from app.storage.verify_cost import record_report as record_verify_cost
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
 
 JSON_VERSION = 1
-# The shared drafting defaults (app.engine.params) with the n-gram drafter on: the first setting measured, so
+# The shared drafting defaults (app.params) with the n-gram drafter on: the first setting measured, so
 # the winner is never a setting measured slower than what the user gets untuned.
 DEFAULT_NGRAM = NGRAM_KEY_LENGTH
 DEFAULT_K_MAX = K_MAX

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import StorageError
@@ -26,7 +26,6 @@ from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.library.header_cache import HeaderCache, stat_sig
 from app.library.heads import HeadOffer, heads_for
 from app.library.model_file import DRAFTER_HEADS, ensure_complete
-from app.library.recommend import Recommendation, recommend_drafters
 from app.paths import models_dir
 from app.storage.atomic import read_regular_bytes
 
@@ -425,23 +424,12 @@ def compat_matrix(entries: Sequence[LibraryEntry], *, confirm: bool = True
     return out
 
 
-@dataclass(frozen=True)
-class DrafterReport:
-    recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
-    refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
-    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files
-
-
-def drafters_for(
-    target: GGUFInfo,
-    entries: Sequence[LibraryEntry],
-    measured_acceptance: Mapping[tuple[str, str], float] | None = None,
-    *,
-    confirm: bool = True,
-) -> DrafterReport:
-    """Rank the library's models as drafters for `target` (which need not be in the library). With
-    `confirm`, what the fingerprints leave open is decided on the real token texts (as compat_matrix does);
-    equal fingerprints of equal-size vocabularies are sha256 of the very texts, so they decide alone."""
+def compatible_drafters(target: GGUFInfo, entries: Sequence[LibraryEntry], *, confirm: bool = True
+                        ) -> tuple[list[GGUFInfo], list[tuple[LibraryEntry, CompatResult]]]:
+    """The library's models that can draft for `target` (which need not be in the library), and those that
+    cannot, with why. With `confirm`, what the fingerprints leave open is decided on the real token texts (as
+    compat_matrix does); equal fingerprints of equal-size vocabularies are sha256 of the very texts, so they
+    decide alone."""
     texts = _Texts()
     tv = VocabInfo.from_gguf(target)
     ok: list[GGUFInfo] = []
@@ -457,7 +445,10 @@ def drafters_for(
             ok.append(e.info)
         else:
             refused.append((e, result))
-    recs = recommend_drafters(target, ok, measured_acceptance or {})
-    heads = heads_for(target, [(e.label, e.info) for e in entries
-                               if e.usable and e.info is not None and e.info.architecture in DRAFTER_HEADS])
-    return DrafterReport(recs, refused, heads)
+    return ok, refused
+
+
+def head_offers(target: GGUFInfo, entries: Sequence[LibraryEntry]) -> list[HeadOffer]:
+    """The target's own MTP heads and the library's EAGLE-3 and DFlash files, each with why it cannot draft."""
+    return heads_for(target, [(e.label, e.info) for e in entries
+                              if e.usable and e.info is not None and e.info.architecture in DRAFTER_HEADS])

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.ceiling.mtp_heads import mtp_refusal
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_format import read_header
 from app.library.gguf_reader import GGUFInfo
@@ -22,6 +21,25 @@ OWN_MTP_HEADS = "the model's own MTP heads"
 # llama.cpp aborts when an EAGLE-3 or DFlash drafter asks for one.
 LAYER_INPUT_ARCHS = frozenset(("llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "gpt-oss",
                                "nemotron_h"))
+
+# Architectures whose MTP graph the vendored llama.cpp runs with a single block (src/models/*.cpp, graph_mtp).
+# Qwen3.5's graph asserts one block: a file claiming more would abort the process, so it is refused first.
+MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next"))
+MAX_MTP_BLOCKS = 1
+
+
+def mtp_refusal(info: GGUFInfo) -> str | None:
+    """Why this target's MTP heads cannot draft here (one sentence), or None when they can."""
+    name = info.name or info.path
+    if info.mtp_layers <= 0:
+        return f"{name} has no MTP heads ({info.architecture}.nextn_predict_layers is absent or 0)."
+    if info.architecture not in MTP_ARCHS:
+        return (f"{name} has {info.mtp_layers} MTP heads, but SpecDeck drafts with MTP heads only for "
+                f"{', '.join(sorted(MTP_ARCHS))}, not {info.architecture}.")
+    if info.mtp_layers > MAX_MTP_BLOCKS:
+        return (f"{name} has {info.mtp_layers} MTP heads, but llama.cpp runs the {info.architecture} MTP graph "
+                f"with exactly {MAX_MTP_BLOCKS}.")
+    return None
 
 
 @dataclass(frozen=True)

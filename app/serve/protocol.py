@@ -13,9 +13,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.params import JSON_OBJECT, SamplingSettings
 from app.errors import SettingsError
 from app.events import MessageStats
+from app.params import JSON_OBJECT, SamplingSettings
 
 DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about 0.5 MB of text
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit

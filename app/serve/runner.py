@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.client import EngineClient
-from app.engine.params import LoadSettings, SamplingSettings
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -32,6 +31,7 @@ from app.events import (
     PromptProcessed,
     Token,
 )
+from app.params import LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import StopMatcher
 

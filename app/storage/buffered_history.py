@@ -30,7 +30,8 @@ from typing import Any
 from app.errors import StorageError
 from app.paths import data_dir
 from app.storage.atomic import atomic_write_json, read_regular_bytes
-from app.storage.history import FILE_NAME, ChatSummary, HistoryBusyError, HistoryStore, StoredMessage
+from app.storage.history import FILE_NAME, HistoryBusyError, HistoryStore
+from app.storage.history_rows import ChatSummary, StoredMessage
 
 BUSY_TIMEOUT_S = 0.05  # how long the window waits for another writer's lock before buffering (twice, at most)
 CLOSE_TIMEOUT_S = 5.0  # at close, a last, longer wait before saving the rest to a side file

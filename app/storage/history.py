@@ -7,27 +7,22 @@
 - On open, an answer left ``"streaming"`` by a crash is marked ``"interrupted"`` and kept with its text.
 - Every write is one transaction: a full disk raises :class:`app.errors.StorageError` and leaves the
   database as it was before that call.
-- The schema is versioned with ``PRAGMA user_version``; ``_MIGRATIONS[n]`` takes version n to n + 1.
+- The schema is versioned with ``PRAGMA user_version``; ``MIGRATIONS[n]`` takes version n to n + 1
+  (``app.storage.history_rows``, with the rows, how their values are cleaned, and the exports).
 
 Threads: a store belongs to the thread that opened it (sqlite3's ``check_same_thread`` stays on, so a
 call from another thread raises ``sqlite3.ProgrammingError`` instead of racing). The window uses it from
-one writer thread (``app/storage/history_writer.py``), never the GUI thread. Over 450 lines: the schema, its
-migrations and the retry rules are one contract with the file on disk.
+one writer thread (``app/storage/history_writer.py``), never the GUI thread.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,168 +30,28 @@ from app.errors import StorageError
 from app.paths import data_dir
 from app.storage.atomic import describe_os_error
 from app.storage.history_repair import Salvaged, fix_readonly_shm, quick_check, salvage
+from app.storage.history_rows import (
+    FINAL_STATUSES,
+    MIGRATIONS,
+    MODES,
+    ORIGINS,
+    ROLES,
+    SCHEMA_VERSION,
+    STATUSES,
+    ChatSummary,
+    StoredMessage,
+    chat_json,
+    chat_markdown,
+    clean_text,
+    from_json,
+    read_spans,
+    spans_json,
+    to_json,
+)
 
 _T = TypeVar("_T")
 
 FILE_NAME = "history.sqlite3"
-ROLES = ("system", "user", "assistant")
-MODES = ("chat", "completion")  # a chat's mode: through the chat template, or the raw text continued
-ORIGINS = ("window", "api")  # where a chat came from: typed in the window, or a request to `specdeck serve`
-STATUSES = ("complete", "streaming", "interrupted", "cancelled", "error")
-FINAL_STATUSES = ("complete", "interrupted", "cancelled", "error")
-
-_STATUS_NOTES = {
-    "streaming": "still being written",
-    "interrupted": "interrupted: SpecDeck stopped before this answer finished",
-    "cancelled": "stopped by the user",
-    "error": "ended by an error",
-}
-
-# Each entry takes the schema from version n to n + 1, inside one transaction.
-_MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        """CREATE TABLE chats (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            title TEXT NOT NULL,
-            system_prompt TEXT NOT NULL DEFAULT '',
-            created REAL NOT NULL,
-            updated REAL NOT NULL
-        )""",
-        # AUTOINCREMENT: an id is never reused, so a late flush for a deleted answer cannot land in a
-        # newer message that happened to get the same id.
-        f"""CREATE TABLE messages (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN {ROLES!r}),
-            text TEXT NOT NULL,
-            status TEXT NOT NULL CHECK (status IN {STATUSES!r}),
-            target_model TEXT,
-            drafter TEXT,
-            sampling TEXT,
-            stats TEXT,
-            created REAL NOT NULL,
-            updated REAL NOT NULL
-        )""",
-        "CREATE INDEX messages_by_chat ON messages(chat_id, id)",
-        "CREATE INDEX messages_by_status ON messages(status)",
-    ),
-    # Why an answer ended ("eog", "max_tokens", "context_full", "cancelled", "error", "crashed"); NULL for
-    # user messages and for answers saved before version 2.
-    ("ALTER TABLE messages ADD COLUMN stop_reason TEXT",),
-    # Where each chat came from (ORIGINS); chats saved before version 3 were typed in the window.
-    ("ALTER TABLE chats ADD COLUMN origin TEXT NOT NULL DEFAULT 'window'",),
-    # Which characters of an answer a drafter proposed: JSON [[start, end, source], ...] (see
-    # app.events.drafted_spans); NULL for user messages, plain answers and answers saved before version 4.
-    ("ALTER TABLE messages ADD COLUMN drafted TEXT",),
-    # A chat kept as the earlier version of another (an edit or a regenerate of an earlier message moved
-    # the old continuation there): that chat's id; NULL for every other chat.
-    ("ALTER TABLE chats ADD COLUMN version_of INTEGER",),
-    # How the chat was written (MODES): chat turns or raw completion; NULL: the model's own default.
-    ("ALTER TABLE chats ADD COLUMN mode TEXT",),
-]
-SCHEMA_VERSION = len(_MIGRATIONS)
-
-
-@dataclass(frozen=True)
-class ChatSummary:
-    id: int
-    title: str
-    system_prompt: str
-    created: float  # unix seconds
-    updated: float
-    message_count: int
-    origin: str = "window"
-    version_of: int | None = None  # the chat this one is an earlier version of
-    mode: str | None = None  # MODES, or None: the model's default
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    id: int
-    chat_id: int
-    role: str
-    text: str
-    status: str
-    target_model: str | None
-    drafter: str | None
-    sampling: dict[str, Any] | None
-    stats: dict[str, Any] | None
-    created: float
-    updated: float
-    stop_reason: str | None = None
-    drafted: tuple[tuple[int, int, str], ...] = ()  # drafted character spans (start, end, source)
-
-
-def _spans_json(spans: Sequence[Sequence[Any]] | None) -> str | None:
-    if not spans:
-        return None
-    return json.dumps([[int(a), int(b), str(src)] for a, b, src in spans], separators=(",", ":"))
-
-
-def _spans(text: str | None) -> tuple[tuple[int, int, str], ...]:
-    """The stored spans, or none when unreadable: a damaged side-record must not hide the message."""
-    if not text:
-        return ()
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return ()
-    if not isinstance(value, list):
-        return ()
-    out = []
-    for span in value:
-        if (isinstance(span, list) and len(span) == 3 and isinstance(span[0], int) and isinstance(span[1], int)
-                and isinstance(span[2], str) and 0 <= span[0] < span[1]):
-            out.append((span[0], span[1], span[2]))
-    return tuple(out)
-
-
-def _clean_text(text: str) -> str:
-    """Text SQLite and every exporter can hold: valid surrogate pairs joined, lone ones U+FFFD, NULs gone."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be str, not {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text.replace("\x00", "")
-
-
-def _finite(value: Any) -> Any:
-    """JSON-ready copy with NaN/infinity as null (strict JSON readers reject them)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    if isinstance(value, str):
-        return _clean_text(value)
-    return value
-
-
-def _to_json(value: object) -> str | None:
-    if value is None:
-        return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if not isinstance(value, Mapping):
-        raise TypeError(f"expected a dataclass or a mapping, not {type(value).__name__}")
-    return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
-
-
-def _from_json(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None  # an unreadable side-record must not hide the message itself
-    return value if isinstance(value, dict) else None
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
 
 
 def _sqlite_reason(exc: sqlite3.Error) -> tuple[str, str]:
@@ -340,7 +195,7 @@ class HistoryStore:
                 # Another process may have migrated since the version was read; the write lock is held now.
                 if int(conn.execute("PRAGMA user_version").fetchone()[0]) > n:
                     continue
-                for statement in _MIGRATIONS[n]:
+                for statement in MIGRATIONS[n]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={n + 1}")
 
@@ -415,7 +270,7 @@ class HistoryStore:
             cur = conn.execute(
                 "INSERT INTO chats (title, system_prompt, created, updated, origin, version_of)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (_clean_text(title), _clean_text(system_prompt), now, now, origin, version_of),
+                (clean_text(title), clean_text(system_prompt), now, now, origin, version_of),
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -454,7 +309,7 @@ class HistoryStore:
     def rename_chat(self, chat_id: int, title: str) -> None:
         """A new title only: a rename is not activity, so the chat keeps its place in the list."""
         with self._write() as conn:
-            cur = conn.execute("UPDATE chats SET title=? WHERE id=?", (_clean_text(title), chat_id))
+            cur = conn.execute("UPDATE chats SET title=? WHERE id=?", (clean_text(title), chat_id))
             if cur.rowcount == 0:
                 raise KeyError(f"There is no chat {chat_id}.")
 
@@ -468,7 +323,7 @@ class HistoryStore:
 
     def set_system_prompt(self, chat_id: int, system_prompt: str) -> None:
         with self._write() as conn:
-            self._touch(conn, chat_id, "system_prompt=?", _clean_text(system_prompt))
+            self._touch(conn, chat_id, "system_prompt=?", clean_text(system_prompt))
 
     def delete_chat(self, chat_id: int) -> None:
         with self._write() as conn:
@@ -526,8 +381,8 @@ class HistoryStore:
     def _message(row: Sequence[Any]) -> StoredMessage:
         return StoredMessage(
             id=row[0], chat_id=row[1], role=row[2], text=row[3], status=row[4], target_model=row[5],
-            drafter=row[6], sampling=_from_json(row[7]), stats=_from_json(row[8]), created=row[9],
-            updated=row[10], stop_reason=row[11], drafted=_spans(row[12]),
+            drafter=row[6], sampling=from_json(row[7]), stats=from_json(row[8]), created=row[9],
+            updated=row[10], stop_reason=row[11], drafted=read_spans(row[12]),
         )
 
     def add_message(
@@ -551,14 +406,14 @@ class HistoryStore:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
-        record = (_clean_text(text), status, model, drafter, _to_json(sampling), _to_json(stats))
+        record = (clean_text(text), status, model, drafter, to_json(sampling), to_json(stats))
         now = time.time()
         with self._write() as conn:
             self._touch(conn, chat_id)
             cur = conn.execute(
                 "INSERT INTO messages (chat_id, role, text, status, target_model, drafter, sampling, stats,"
                 " created, updated, stop_reason, drafted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, role, *record, now, now, stop_reason, _spans_json(drafted)),
+                (chat_id, role, *record, now, now, stop_reason, spans_json(drafted)),
             )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -580,7 +435,7 @@ class HistoryStore:
             cur = self._retry_busy(lambda: self._conn.execute(
                 "UPDATE messages SET text=?, status='streaming', updated=?"
                 " WHERE id=? AND status IN ('streaming', 'interrupted')",
-                (_clean_text(text), time.time(), message_id),
+                (clean_text(text), time.time(), message_id),
             ))
         except sqlite3.ProgrammingError:
             raise
@@ -602,7 +457,7 @@ class HistoryStore:
                 raise KeyError(f"There is no message {message_id}.")
             conn.execute(
                 "UPDATE messages SET text=?, status=?, stats=?, stop_reason=?, drafted=?, updated=? WHERE id=?",
-                (_clean_text(text), status, _to_json(stats), stop_reason, _spans_json(drafted), time.time(),
+                (clean_text(text), status, to_json(stats), stop_reason, spans_json(drafted), time.time(),
                  message_id),
             )
             self._touch(conn, row[0])
@@ -632,43 +487,7 @@ class HistoryStore:
         return [tuple(r) for r in rows] == [("ok",)]
 
     def export_markdown(self, chat_id: int) -> str:
-        chat = self.chat(chat_id)
-        lines = [f"# {chat.title}", "", f"_Exported from SpecDeck. Chat started {_iso(chat.created)}._", ""]
-        if chat.system_prompt:
-            lines += ["## System", "", chat.system_prompt, ""]
-        for m in self.messages(chat_id):
-            heading = m.role.capitalize()
-            if m.role == "assistant" and m.target_model:
-                heading += f" ({Path(m.target_model).name}"
-                heading += f" + {Path(m.drafter).name})" if m.drafter else ")"
-            lines += [f"## {heading}", ""]
-            lines += [m.text, ""] if m.text else []
-            if m.status != "complete":
-                lines += [f"_({_STATUS_NOTES.get(m.status, m.status)})_", ""]
-        return "\n".join(lines).rstrip("\n") + "\n"
+        return chat_markdown(self.chat(chat_id), self.messages(chat_id))
 
     def export_json(self, chat_id: int) -> str:
-        chat = self.chat(chat_id)
-        doc = {
-            "format": "specdeck-chat",
-            "version": 1,
-            "title": chat.title,
-            "system_prompt": chat.system_prompt,
-            "created": _iso(chat.created),
-            "updated": _iso(chat.updated),
-            "messages": [
-                {
-                    "role": m.role,
-                    "content": m.text,
-                    "status": m.status,
-                    "target_model": m.target_model,
-                    "drafter": m.drafter,
-                    "sampling": m.sampling,
-                    "stats": m.stats,
-                    "created": _iso(m.created),
-                    "updated": _iso(m.updated),
-                }
-                for m in self.messages(chat_id)
-            ],
-        }
-        return json.dumps(_finite(doc), ensure_ascii=False, indent=2, allow_nan=False) + "\n"
+        return chat_json(self.chat(chat_id), self.messages(chat_id))

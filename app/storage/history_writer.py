@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from app.errors import StorageError
 from app.storage.buffered_history import BufferedHistory
-from app.storage.history import ChatSummary, StoredMessage
+from app.storage.history_rows import ChatSummary, StoredMessage
 
 T = TypeVar("T")
 HANDLE_BASE = -(1 << 30)  # ids handed out before their row exists: far below BufferedHistory's provisional

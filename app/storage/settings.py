@@ -21,9 +21,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.ceiling.rpc import parse_rpc_servers
-from app.engine.params import HISTORY_TOKENS, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, as_dict
 from app.errors import SettingsError, StorageError
+from app.params import (
+    HISTORY_TOKENS,
+    NGRAM_KEY_LENGTH,
+    DraftSettings,
+    LoadSettings,
+    SamplingSettings,
+    as_dict,
+    parse_rpc_servers,
+)
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
 
@@ -103,7 +110,7 @@ class AppSettings:
 
 
 def _via(factory: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Check a value with app.engine.params's own validate(), so the rules and messages live in one place."""
+    """Check a value with app.params's own validate(), so the rules and messages live in one place."""
 
     def check(value: Any) -> Any:
         factory(value).validate()

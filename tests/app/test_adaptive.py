@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from app.ceiling.speculation import expected_tokens
 from app.engine.adaptive import (
     EXPLORE_DEPTH,
     PROBE_BUDGET,
@@ -14,7 +15,6 @@ from app.engine.adaptive import (
     CostModel,
     DepthController,
     PositionAcceptance,
-    expected_tokens,
 )
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_MODEL, FROM_NGRAM

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError, SettingsError
 from app.events import EngineCrashed, EngineError, Event, Finished, Loaded, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import save
 
 TIMEOUT = 60.0

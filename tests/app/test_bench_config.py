@@ -16,9 +16,9 @@ import pytest
 from app.cli import bench as bench_cli
 from app.cli import tune as tune_cli
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.tune import PLAIN, Candidate, TuneConfig
 from app.errors import SettingsError
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "Copy: one two three four, one two three four"}]

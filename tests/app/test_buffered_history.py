@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import SamplingSettings
+from app.params import SamplingSettings
 from app.storage.buffered_history import BufferedHistory
 from app.storage.history import HistoryStore
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.params import DraftSettings, LoadSettings
 from app.errors import SettingsError
+from app.params import DraftSettings, LoadSettings
 from tests.gguf_fixtures import write_tiny_model
 
 

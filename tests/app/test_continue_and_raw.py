@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.errors import TemplateError
 from app.events import Finished, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import BYTES_EOT_ID
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=12)

@@ -11,7 +11,7 @@ from app.ceiling.backend import BackendDevice, probe_backend
 from app.ceiling.gpus import GPUInfo
 from app.ceiling.hardware import probe_hardware
 from app.ceiling.memory import LoadedModels, MemoryProbe, device_memory, placed_bytes
-from app.ceiling.report import hardware_block
+from app.engine.doctor_report import hardware_block
 from app.library.gguf_reader import read_gguf_info
 
 GIB = 1 << 30

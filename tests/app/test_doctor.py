@@ -18,9 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
-from app.ceiling import decode_check, report
 from app.ceiling.child import SIGILL_MESSAGE
 from app.cli import doctor
+from app.engine import decode_check, doctor_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -316,7 +316,7 @@ def test_text_report_shows_the_check_and_the_calibration(
         return {"ok": True, "model": str(path), "message": "loaded and decoded 17 tokens in 0.4 s", "tokens": 17,
                 "seconds": 0.4, "tokens_per_second": 40.0, "context": 7}
 
-    r, ok = report.build_report(doctor.options_from(args), check=check)
+    r, ok = doctor_report.build_report(doctor.options_from(args), check=check)
     assert ok
     cal = r["decode_check"]["calibration"]
     assert cal["passes_per_second"] == 40.0
@@ -330,7 +330,7 @@ def test_text_report_shows_the_check_and_the_calibration(
         return {"ok": False, "model": str(path), "message": SIGILL_MESSAGE, "tokens": 0, "seconds": None,
                 "tokens_per_second": None}
 
-    r, ok = report.build_report(doctor.options_from(args), check=broken)
+    r, ok = doctor_report.build_report(doctor.options_from(args), check=broken)
     assert not ok
     assert "decode check FAILED" in doctor.render_text(r)
 
@@ -339,7 +339,7 @@ def test_a_refused_chat_template_is_reported_with_its_fallback(tmp_path: Path, s
     from tests.gguf_fixtures import write_tiny_model
 
     path = write_tiny_model(tmp_path / "broken-template.gguf", chat_template="{% if %}{{ messages }")
-    r, ok = report.build_report(report.DoctorOptions(model=path))
+    r, ok = doctor_report.build_report(doctor_report.DoctorOptions(model=path))
     assert ok
     template = r["chat_template"]
     assert template["ok"] is False

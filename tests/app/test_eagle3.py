@@ -21,13 +21,13 @@ import pytest
 from app.engine.adaptive import DepthController
 from app.engine.eagle3 import Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import AppError, IncompatibleDrafterError
 from app.events import Finished, Token
 from app.library.gguf_reader import read_gguf_info
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import write_eagle3_drafter, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

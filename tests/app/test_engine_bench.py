@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.recommend import NGRAM_KEY
 from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
-from app.library.pair_stats import MIN_DRAFTED, load_measured
-from app.library.recommend import NGRAM_KEY
+from app.storage.pair_stats import MIN_DRAFTED, load_measured
 from tests.gguf_fixtures import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,9 +199,9 @@ def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: P
     answer would be, not with the BOS token alone (which made the engine look 21 % slower on SmolLM2)."""
     from app.engine.bench import _await
     from app.engine.client import EngineClient
-    from app.engine.params import LoadSettings
     from app.engine.session import EngineSession
     from app.events import Loaded, RawDecoded
+    from app.params import LoadSettings
 
     messages = [{"role": "user", "content": "Rename x to count in: for x in range(3): print(x)"}]
     settings = LoadSettings(str(tiny_target), n_ctx=256, n_threads=1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from app.engine.llama import Detokenizer, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, chat_prompt_tokens
 from app.errors import IncompatibleDrafterError, PromptTooLongError
 from app.events import Finished, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import BYTES_EOT_ID, BYTES_FIRST_BYTE_ID
 
 IM_START, IM_END = 2, BYTES_EOT_ID  # control tokens of the tiny byte vocabulary

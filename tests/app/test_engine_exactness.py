@@ -23,11 +23,11 @@ from app.engine import speculative
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession, flash_attention_mode
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import FROM_MODEL, FROM_NGRAM, Finished, PassStats, Token, source_counts
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=80)

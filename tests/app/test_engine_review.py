@@ -15,11 +15,11 @@ import pytest
 from app.engine.adaptive import PROBE_K, CostModel, DepthController
 from app.engine.drafters import MAX_STEP_CATCH_UP, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import PassStats, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=40)

@@ -18,9 +18,9 @@ import pytest
 from app.engine.adaptive import DepthController
 from app.engine.drafters import ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder, StopReason
 from app.events import PassStats, Token
+from app.params import SamplingSettings
 
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1)
 PROMPT = "The cat sat on the mat, and then the cat"

@@ -30,10 +30,10 @@ from app.engine import sampling
 from app.engine.adaptive import DepthController
 from app.engine.drafters import Draft, ModelDrafter
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
 from app.engine.speculative import SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import PassStats, Token
+from app.params import SamplingSettings
 
 N_SAMPLES = 20_000
 N_BROKEN = 5_000  # the broken rule is off by orders of magnitude; fewer answers keep the test quick

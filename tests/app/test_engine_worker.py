@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import EngineCrashed, Event, Finished, Loaded, LoadProgress, PassStats, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import write_tiny_model
 
 TIMEOUT = 120.0

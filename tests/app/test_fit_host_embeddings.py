@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.roofline import Device, ModelShape, fit_estimate
+from app.ceiling.fit import fit_estimate
+from app.ceiling.roofline import Device, ModelShape
 from app.ceiling.tensor_split import tensor_split
 from app.library.gguf_reader import read_gguf_info
 from tests.gguf_fixtures import write_tiny_model

@@ -13,9 +13,9 @@ from app.ceiling.backend import BackendDevice
 from app.ceiling.device_fit import device_fit_error
 from app.ceiling.memory import offload_devices
 from app.engine.llama import Model, _check_main_gpu, model_params
-from app.engine.params import LoadSettings
 from app.errors import EngineLoadError, SettingsError
 from app.library.gguf_reader import read_gguf_info
+from app.params import LoadSettings
 from tests.setup.test_device_fit import gpu_check_module
 
 GIB = 1 << 30

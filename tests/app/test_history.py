@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import SamplingSettings
 from app.errors import StorageError
 from app.events import MessageStats
-from app.storage.history import SCHEMA_VERSION, HistoryStore
+from app.params import SamplingSettings
+from app.storage.history import HistoryStore
+from app.storage.history_rows import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from app.storage.history import _MIGRATIONS, HistoryStore
+from app.storage.history import HistoryStore
+from app.storage.history_rows import MIGRATIONS
 
 
 def test_stop_reason_is_stored_and_read_back(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_stop_reason_is_stored_and_read_back(tmp_path: Path) -> None:
 def test_a_version_1_history_gains_the_column_and_keeps_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path)
-    for statement in _MIGRATIONS[0]:
+    for statement in MIGRATIONS[0]:
         conn.execute(statement)
     conn.execute("INSERT INTO chats (title, created, updated) VALUES ('old', 0, 0)")
     conn.execute("INSERT INTO messages (chat_id, role, text, status, created, updated)"

@@ -16,8 +16,8 @@ import pytest
 
 from app import logs
 from app.errors import AppError, StorageError
-from app.library import pair_stats, tuned, verify_cost
 from app.library.header_cache import HeaderCache
+from app.storage import pair_stats, tuned, verify_cost
 from app.storage.atomic import read_json_object
 from app.storage.history import HistoryStore
 from app.storage.settings import AppSettings, load_settings, save_settings

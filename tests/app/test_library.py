@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import models as models_cmd
+from app.engine.recommend import drafters_for
 from app.errors import ModelFileError
 from app.library.discovery import (
     FOLDER,
@@ -25,7 +26,6 @@ from app.library.discovery import (
     compat_matrix,
     default_roots,
     discover,
-    drafters_for,
 )
 from app.library.header_cache import CACHE_FILE
 from tests.gguf_fixtures import write_tiny_model

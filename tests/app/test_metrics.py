@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
+from app.ceiling.calibration import make_calibration
 from app.ceiling.memory import MemoryProbe
 from app.ceiling.metrics import LiveMetrics, leviathan_curve
-from app.ceiling.roofline import Device, make_calibration
+from app.ceiling.roofline import Device
 from app.events import Finished, Loaded, MessageStats, ModelSummary, PassStats
 
 
@@ -209,8 +210,8 @@ def test_memory_probe_reads_ram_and_injected_gpus() -> None:
 def test_the_dashboards_counts_are_the_answers_own(tiny_target: Path) -> None:
     """One definition: the dashboard's acceptance and τ for an answer equal the Finished stats that the
     chat's stats line and `specdeck bench` report, computed from the same PassStats."""
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
     from app.engine.session import EngineSession
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
 
     settings = LoadSettings(str(tiny_target), DraftSettings(ngram=2, adaptive=False, k=3, k_max=4), n_ctx=512,
                             n_threads=1)

@@ -18,17 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
+from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
 from app.engine.adaptive import DepthController
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import EngineLoadError, IncompatibleDrafterError, SettingsError
 from app.events import Finished, Token
 from app.library.gguf_reader import read_gguf_info
+from app.library.heads import mtp_refusal
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

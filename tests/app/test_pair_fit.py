@@ -7,7 +7,8 @@ from pathlib import Path
 
 from app.ceiling.builder import pair_fit
 from app.ceiling.cpu import PROBE_CACHE_FILE
-from app.ceiling.roofline import Device, ModelShape, fit_estimate
+from app.ceiling.fit import fit_estimate
+from app.ceiling.roofline import Device, ModelShape
 from app.library.gguf_reader import read_gguf_info
 from app.paths import cache_dir
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.recommend import NGRAM_KEY, recommend_drafters
 from app.events import MessageStats
 from app.library.gguf_reader import read_gguf_info
-from app.library.pair_stats import drafter_key, load_measured, record
-from app.library.recommend import NGRAM_KEY, recommend_drafters
+from app.storage.pair_stats import drafter_key, load_measured, record
 
 
 def stats(alpha: float, drafted: int) -> MessageStats:
@@ -58,9 +58,9 @@ def test_a_loaded_pair_starts_its_model_drafter_from_the_measured_acceptance(
         specdeck_home: Path, tiny_target: Path, tiny_drafter_same: Path) -> None:
     """What the window, chat and serve do: look the pair up and pass it in the load settings."""
     from app.engine.adaptive import MODEL_PRIOR
-    from app.engine.params import DraftSettings, LoadSettings
     from app.engine.session import EngineSession
-    from app.library.pair_stats import measured_start
+    from app.params import DraftSettings, LoadSettings
+    from app.storage.pair_stats import measured_start
 
     target, drafter = str(tiny_target), str(tiny_drafter_same)
 

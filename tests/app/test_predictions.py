@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.roofline import expected_speedup, expected_tokens_per_pass
-from app.engine.adaptive import CostModel, DepthController, best_depth, conditional, expected_tokens
+from app.ceiling.speculation import expected_speedup, expected_tokens, expected_tokens_per_pass
+from app.engine.adaptive import CostModel, DepthController, best_depth, conditional
+from app.engine.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
 from app.events import MessageStats
-from app.library.pair_stats import load_measured, load_profiles, record
-from app.library.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
-from app.library.verify_cost import VerifyCurve
+from app.storage.pair_stats import load_measured, load_profiles, record
+from app.storage.verify_cost import VerifyCurve
 from tests.app.test_compat import _info
 
 # A quiet CPU's verify cost (ms by width; the README's AMD EPYC curve for SmolLM2).
@@ -158,7 +158,7 @@ def _stats_with_passes(passes: int, lengths: tuple[int, ...], matches: tuple[int
 def test_per_pass_shares_are_kept_from_answers_that_drafted_nothing(tmp_path: Path) -> None:
     """An answer the policy did not draft in still says how often the text offered a draft: prose is kept,
     so it does not flatter the prediction; two answers fold by their passes."""
-    from app.library.pair_stats import load_pass_profiles
+    from app.storage.pair_stats import load_pass_profiles
 
     path = tmp_path / "acceptance.json"
     record("/t.gguf", NGRAM_KEY, _stats_with_passes(100, (50, 40), (20, 10)), path)
@@ -189,7 +189,7 @@ def test_the_ngram_prediction_uses_the_per_pass_shares(tmp_path: Path) -> None:
     stats = dataclasses.replace(_stats_with_passes(passes, (20,) * 8, (20,) * 8), drafted=160, accepted=160,
                                 per_position_acceptance=(1.0,) * 8)
     record("/t.gguf", NGRAM_KEY, stats, path)
-    from app.library.pair_stats import load_pass_profiles
+    from app.storage.pair_stats import load_pass_profiles
 
     target = _info("/t.gguf", 1000)
     rec = recommend_drafters(target, [], load_measured(path), profiles=load_profiles(path),

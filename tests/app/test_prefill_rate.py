@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.events import Finished, PromptProcessed
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=4)
 

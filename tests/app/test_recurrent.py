@@ -27,12 +27,12 @@ from app.engine.llama import (
     Model,
     init_backend,
 )
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.engine.speculative import RunTotals, SpeculativeDecoder
 from app.engine.suffix_tree import SuffixDrafter
 from app.events import Finished, PassStats, Token
 from app.library.gguf_reader import read_gguf_info
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.app.test_engine_exactness import run as run_answer
 from tests.gguf_fixtures import RECURRENT_ARCHS, attention_layers, write_tiny_model
 

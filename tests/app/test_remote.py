@@ -15,16 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.events import Finished, PromptProcessed, Token
-from app.serve.remote import (
-    RemoteEngine,
-    RemoteError,
-    RemoteModel,
-    kv_usage_from_slots,
-    parse_metrics,
-    rates,
-    read_scrape,
-    reported,
-)
+from app.remote.client import RemoteEngine, RemoteModel
+from app.remote.scrape import RemoteError, kv_usage_from_slots, parse_metrics, rates, read_scrape, reported
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

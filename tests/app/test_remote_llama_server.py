@@ -1,5 +1,5 @@
 """A real llama-server (built by packaging/build_llama_server from the llama.cpp that llama-cpp-python
-vendors) on 127.0.0.1 with --metrics and n-gram speculation, watched through app.serve.remote.
+vendors) on 127.0.0.1 with --metrics and n-gram speculation, watched through app.remote.client.
 
 Skipped, with the reason, where the binary has not been built: building it takes minutes, so CI builds it
 in a cached step of its own or not at all.
@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from app.events import Finished, Token
-from app.serve.remote import RemoteEngine, rates, reported
+from app.remote.client import RemoteEngine
+from app.remote.scrape import rates, reported
 
 pytestmark = pytest.mark.llama_server
 

@@ -10,26 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from app.ceiling.calibration import calibrate, make_calibration
+from app.ceiling.fit import fit_estimate
 from app.ceiling.roofline import (
     COMPUTE,
     MEMORY,
     Device,
     ModelShape,
-    calibrate,
     ceiling,
     compute_buffer_bytes,
     estimate_pass,
-    expected_speedup,
-    expected_tokens_per_pass,
-    fit_estimate,
     kv_bytes_per_token,
     kv_bytes_read,
     kv_cache_bytes,
     kv_row_bytes,
-    make_calibration,
     place,
     roof,
 )
+from app.ceiling.speculation import expected_speedup, expected_tokens_per_pass
 from app.library.gguf_reader import read_gguf_info
 
 GB = 1e9

@@ -24,10 +24,10 @@ from app.ceiling.rpc import (
     rpc_failure,
 )
 from app.engine.client import EngineClient
-from app.engine.params import LoadSettings, fit_flash_attention
 from app.errors import EngineLoadError, SettingsError
 from app.events import Devices
 from app.library.gguf_reader import read_gguf_info
+from app.params import LoadSettings, fit_flash_attention
 from app.storage.settings import AppSettings, load_settings, save_settings
 
 GIB = 1 << 30

@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.client import EngineClient
 from app.engine.llama import Model
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.errors import SettingsError
 from app.events import Finished, PromptProcessed, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import Limits
 from app.serve.runner import EngineRunner
@@ -382,7 +382,8 @@ def test_api_key_is_required_when_set(tiny_target: Path, tmp_path: Path) -> None
 
 
 def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_target: Path) -> None:
-    from app.serve.remote import RemoteEngine, rates
+    from app.remote.client import RemoteEngine
+    from app.remote.scrape import rates
 
     with RemoteEngine(served[0].base_url) as remote:
         info = remote.discover()
@@ -412,7 +413,7 @@ def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_
 def test_remote_client_stops_an_answer_and_the_server_goes_on(served: tuple[Server, Path]) -> None:
     """The window's Stop on a remote model: the stream is closed at the next chunk, the answer ends
     "cancelled" with the text that came, and the server serves the next request."""
-    from app.serve.remote import RemoteEngine
+    from app.remote.client import RemoteEngine
 
     events: list[object] = []
     with RemoteEngine(served[0].base_url) as remote:
@@ -430,7 +431,7 @@ def test_remote_client_stops_an_answer_and_the_server_goes_on(served: tuple[Serv
 
 def test_remote_completion_mode_is_the_raw_prompt(served: tuple[Server, Path], tiny_target: Path) -> None:
     """Completion mode on a remote model goes to /v1/completions: the server feeds the prompt raw."""
-    from app.serve.remote import RemoteEngine
+    from app.remote.client import RemoteEngine
 
     prompt = "Once upon a time"
     model = Model(tiny_target, vocab_only=True)

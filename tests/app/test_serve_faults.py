@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings
 from app.events import EngineError, Loaded
+from app.params import DraftSettings, LoadSettings
 from app.serve import runner as runner_module
 from tests.app.test_serve import MESSAGES, start_server
 from tests.app.test_serve_cli import free_port, specdeck

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.engine.params import SamplingSettings
 from app.errors import SettingsError, StorageError
+from app.params import SamplingSettings
 from app.storage import settings as settings_module
 from app.storage.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings
 
@@ -355,7 +355,7 @@ def test_the_unused_theme_setting_is_gone(tmp_path: Path) -> None:
 def test_drafting_from_the_chat_history_is_a_setting_that_reaches_the_engine(tmp_path: Path) -> None:
     """On by default (the suffix drafter reads the user's earlier answers at load); off, nothing is read. A file
     from before the setting existed loads with it on; a wrong value falls back with a sentence."""
-    from app.engine.params import HISTORY_TOKENS
+    from app.params import HISTORY_TOKENS
 
     assert AppSettings().draft_settings().history_tokens == HISTORY_TOKENS
     assert AppSettings(draft_from_history=False).draft_settings().history_tokens == 0

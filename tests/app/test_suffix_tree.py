@@ -232,8 +232,8 @@ def test_the_session_drafter_reads_the_users_earlier_answers_from_the_chat_histo
 def test_a_session_loads_the_users_earlier_answers_into_its_drafter(tiny_target: Path, specdeck_home: Path) -> None:
     """Through EngineSession, as the window loads it: the history in SPECDECK_HOME (a scratch home) is read at
     load when history_tokens is set, and not at all when it is 0."""
-    from app.engine.params import DraftSettings, LoadSettings
     from app.engine.session import EngineSession
+    from app.params import DraftSettings, LoadSettings
 
     with HistoryStore() as store:
         chat = store.new_chat()

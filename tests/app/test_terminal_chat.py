@@ -200,7 +200,7 @@ def test_a_crash_while_answering_restarts_and_advice_fits_the_build(tiny_target:
 def test_the_partial_answer_is_kept_marked_as_cut(tiny_target: Path) -> None:
     from app.cli.chat import CUT_MARK, TerminalChat
     from app.engine.client import EngineClient
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
 
     settings = LoadSettings(str(tiny_target), DraftSettings(), n_ctx=512, n_batch=64, n_threads=1)
     client = EngineClient()
@@ -267,8 +267,8 @@ def test_template_status_for_doctor(tmp_path: Path) -> None:
 
 def test_a_refused_template_is_announced_before_the_answer(tmp_path: Path) -> None:
     from app.engine.client import EngineClient
-    from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
     from app.events import PromptProcessed
+    from app.params import DraftSettings, LoadSettings, SamplingSettings
 
     model = write_tiny_model(tmp_path / "hang.gguf", chat_template=(
         "{% set a=[0]*4000000 %}{% set b=[a]*4000000 %}{% set c=[0]*3999999+[1] %}{{ c in b }}"))

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.llama import Context, ContextParams, Model, init_backend
-from app.engine.params import SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.events import PassStats, Token
+from app.params import SamplingSettings
 
 
 def test_a_pass_yielding_only_the_end_token_counts_one_token(tiny_model_factory: Any) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from app.engine.bench import BENCH_SAMPLING
-from app.engine.params import DraftSettings, LoadSettings
 from app.engine.tune import (
     DEFAULT_K_MAX,
     DEFAULT_NGRAM,
@@ -28,7 +27,8 @@ from app.engine.tune import (
     save_winner,
     tune,
 )
-from app.library.tuned import TunedSettings, load_tuned, save_tuned
+from app.params import DraftSettings, LoadSettings
+from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,7 +148,7 @@ def test_winner_is_saved_for_the_pair_and_loads_as_draft_settings(
 
 
 def test_tune_records_the_verify_cost_curve(cli_run: tuple[dict[str, Any], Path, str], tiny_target: Path) -> None:
-    from app.library.verify_cost import load_curve
+    from app.storage.verify_cost import load_curve
 
     _, home, _ = cli_run
     curve = load_curve(str(tiny_target), home / "data" / "verify_cost.json")

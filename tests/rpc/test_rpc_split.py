@@ -16,8 +16,8 @@ import pytest
 
 from app.ceiling.rpc import PROBE_TIMEOUT_S, probe_server, rpc_failure
 from app.engine.client import EngineClient
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
 from app.events import BenchResult, Devices, EngineCrashed, EngineError, Event, Finished, Loaded, Token
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from tests.gguf_fixtures import write_tiny_model
 from tests.rpc.conftest import RpcServer
 

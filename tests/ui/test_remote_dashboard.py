@@ -14,7 +14,8 @@ import pytest
 from PySide6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
-from app.serve.remote import NOT_REPORTED, RemoteEngine, RemoteRates
+from app.remote.client import RemoteEngine
+from app.remote.scrape import NOT_REPORTED, RemoteRates
 from ui.remote.connect import connect_in_background
 from ui.remote.panel import RemoteDashboard
 from ui.tasks import TaskRunner

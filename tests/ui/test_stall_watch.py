@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ui.stall_watch import StallWatch
+from ui.soak.stall_watch import StallWatch
 
 
 def held_by_a_blocking_call(watch: StallWatch) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import LoadSettings
 from app.events import EngineCrashed, Finished, MessageStats, PassStats, Token
+from app.params import LoadSettings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge, coalesce
 
 

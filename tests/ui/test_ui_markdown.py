@@ -220,7 +220,7 @@ def test_a_cached_prompt_says_cached_instead_of_an_absurd_rate() -> None:
 
 def test_a_remote_answer_shows_no_passes_or_speedup_it_never_reported() -> None:
     """A server's answer has decode figures but no passes: its footer must not invent 0 tokens/pass or 1.00×."""
-    from app.serve.remote import _stats
+    from app.remote.client import _stats
     from ui.chat.view import format_stats
 
     remote = format_stats(_stats({"prompt_tokens": 9, "completion_tokens": 40},

@@ -11,7 +11,7 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.serve.remote import RemoteRates
+from app.remote.scrape import RemoteRates
 from ui.remote.panel import FIGURES, GAP_SECONDS, RemoteDashboard, _broken_at_gaps
 from ui.tasks import TaskRunner
 

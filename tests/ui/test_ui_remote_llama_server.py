@@ -11,7 +11,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.events import MessageStats
-from app.serve.remote import NOT_REPORTED
+from app.remote.scrape import NOT_REPORTED
 from tests.app.test_remote_llama_server import PROMPT, llama_server, llama_server_plain  # noqa: F401  (fixtures)
 from tests.ui.conftest import set_sampling
 

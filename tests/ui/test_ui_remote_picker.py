@@ -19,10 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import DraftSettings, LoadSettings
 from app.events import MessageStats
+from app.params import DraftSettings, LoadSettings
+from app.remote.client import RemoteModel
 from app.serve.metrics import ServeMetrics
-from app.serve.remote import RemoteModel
 from app.serve.runner import EngineRunner
 from app.serve.server import ServeOptions, Server
 from tests.ui.conftest import set_sampling

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import NGRAM_KEY_LENGTH
+from app.params import NGRAM_KEY_LENGTH
 from app.storage.settings import AppSettings, save_settings
 
 

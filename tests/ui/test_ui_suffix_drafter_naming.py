@@ -8,7 +8,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QAbstractButton, QLabel, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.engine.params import HISTORY_TOKENS
+from app.params import HISTORY_TOKENS
 from app.storage.settings import AppSettings
 from tests.ui.conftest import choose_pair
 

@@ -11,11 +11,11 @@ import numpy as np
 from pytestqt.qtbot import QtBot
 
 from app.engine.bench import BENCH_SAMPLING
-from app.engine.params import DraftSettings, LoadSettings
 from app.engine.tune import Candidate, TuneConfig, TuneReport
 from app.events import Loaded, ModelSummary
-from app.library.tuned import TunedSettings, load_tuned, save_tuned
+from app.params import DraftSettings, LoadSettings
 from app.storage.settings import AppSettings, save_settings
+from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 from ui.dashboard.sweep import TuneDialog, TunePair
 
 SWEEP_TIMEOUT_MS = 300_000

@@ -172,8 +172,8 @@ def test_partial_offload_splits_layers_and_kv_as_the_roofline_places_them(
 def test_the_engine_reports_the_device_weights_and_kv_as_llama_cpp_allocates_them(
         model_path: Path, vulkan_device: BackendDevice, llama_log: LlamaLog) -> None:
     """What the dashboard is told at load (the Loaded event): backend, offload, weights and KV cache size."""
-    from app.engine.params import LoadSettings
     from app.engine.session import EngineSession
+    from app.params import LoadSettings
 
     # The session installs its own log sink (llama.cpp's log without debug lines): hand it the test's.
     session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1),
@@ -191,9 +191,9 @@ def test_the_engine_reports_the_device_weights_and_kv_as_llama_cpp_allocates_the
 
 
 def _greedy(decoder: Any, prompt: list[int], n: int) -> tuple[list[int], int]:
-    from app.engine.params import SamplingSettings
     from app.engine.speculative import RunTotals, StopReason
     from app.events import Token
+    from app.params import SamplingSettings
 
     decoder.reset_cache()
     totals = RunTotals()
@@ -259,9 +259,9 @@ def test_a_model_bigger_than_the_device_gives_a_clear_message(vulkan_device: Bac
                                                              tmp_path: Path) -> None:
     """Weights beyond the memory the device reports (a sparse GGUF: no disk, nothing read) are refused by the
     engine in one sentence before llama.cpp allocates anything; the process lives on."""
-    from app.engine.params import LoadSettings
     from app.engine.session import EngineSession
     from app.errors import EngineLoadError
+    from app.params import LoadSettings
     from tests.setup.test_device_fit import gpu_check_module
 
     g = gpu_check_module()
@@ -318,8 +318,8 @@ def test_the_dashboard_plots_the_devices_memory_and_the_models_share(
         model_path: Path, vulkan_device: BackendDevice, qtbot: Any) -> None:
     """The dashboard's memory rows for a real GPU device: its memory in use and the weights + KV on it."""
     from app.ceiling.memory import MemoryProbe
-    from app.engine.params import LoadSettings
     from app.engine.session import EngineSession
+    from app.params import LoadSettings
     from ui.dashboard.panel import DashboardPanel
 
     session = EngineSession(LoadSettings(str(model_path), n_ctx=N_CTX, n_batch=64, n_gpu_layers=-1, n_threads=1))
@@ -381,7 +381,7 @@ def test_the_dashboards_ceiling_counts_the_vulkan_device(model_path: Path, vulka
 
 ROLLBACK_CHILD = """
 import sys
-from app.engine.params import DraftSettings, LoadSettings, SamplingSettings
+from app.params import DraftSettings, LoadSettings, SamplingSettings
 from app.engine.session import EngineSession
 from app.events import Token
 

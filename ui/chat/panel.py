@@ -51,7 +51,8 @@ from app.events import (
     speedup_over_plain,
 )
 from app.storage.buffered_history import BufferedHistory
-from app.storage.history import ChatSummary, HistoryStore
+from app.storage.history import HistoryStore
+from app.storage.history_rows import ChatSummary
 from app.storage.history_writer import HistoryThread
 from ui.bridge import EngineBridge
 from ui.chat.view import ChatMessage, ChatView, ColourKey

@@ -38,8 +38,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine.bench import BENCH_SAMPLING
-from app.engine.params import DraftSettings, LoadSettings
 from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneConfig, TuneReport
+from app.params import DraftSettings, LoadSettings
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel
 

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import QComboBox, QFormLayout, QHBoxLayout, QLabel, QLine
 
 from app.ceiling.backend import BackendDevice
 from app.ceiling.memory import is_rpc, offload_devices
-from app.ceiling.rpc import parse_rpc_servers
 from app.errors import SettingsError
+from app.params import parse_rpc_servers
 from app.units import format_bytes
 
 ALL_GPUS = "All GPUs (split by free memory)"

@@ -30,7 +30,14 @@ from PySide6.QtWidgets import (
 
 from app.ceiling.backend import BackendDevice
 from app.engine.chat_template import fallback_name
-from app.engine.params import (
+from app.engine.recommend import DrafterReport, Recommendation, drafters_for
+from app.errors import AppError, IncompatibleDrafterError, SettingsError
+from app.events import Devices, Loaded, LoadProgress, drafted_by
+from app.library.compat import CompatResult
+from app.library.discovery import LibraryEntry, discover
+from app.library.gguf_reader import GGUFInfo
+from app.library.heads import OWN_MTP_HEADS
+from app.params import (
     HISTORY_TOKENS,
     KV_TYPES,
     MAX_CTX,
@@ -39,17 +46,10 @@ from app.engine.params import (
     LoadSettings,
     fit_flash_attention,
 )
-from app.errors import AppError, IncompatibleDrafterError, SettingsError
-from app.events import Devices, Loaded, LoadProgress, drafted_by
-from app.library.compat import CompatResult
-from app.library.discovery import DrafterReport, LibraryEntry, discover, drafters_for
-from app.library.gguf_reader import GGUFInfo
-from app.library.heads import OWN_MTP_HEADS
-from app.library.pair_stats import load_measured, measured_start
-from app.library.recommend import Recommendation
-from app.library.tuned import TunedSettings, load_tuned
-from app.serve.remote import RemoteModel
+from app.remote.client import RemoteModel
+from app.storage.pair_stats import load_measured, measured_start
 from app.storage.settings import AppSettings
+from app.storage.tuned import TunedSettings, load_tuned
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout

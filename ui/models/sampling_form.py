@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QFormLayout, QLabel, QSpinBox, QWidget
 
-from app.engine.params import MAX_CTX, SamplingSettings
 from app.errors import SettingsError
+from app.params import MAX_CTX, SamplingSettings
 
 INT_MAX = 2**31 - 1  # a QSpinBox holds a C int
 

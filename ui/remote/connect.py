@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QWidget
 
-from app.serve.remote import RemoteEngine, RemoteInfo
+from app.remote.client import RemoteEngine, RemoteInfo
 from ui.tasks import TaskRunner
 
 DEFAULT_URL = "http://127.0.0.1:8080"

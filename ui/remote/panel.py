@@ -1,6 +1,6 @@
 """A dashboard on a remote engine: tok/s and acceptance from the deltas of its own counters.
 
-It scrapes ``/metrics`` once a second off the GUI thread (``app.serve.remote``). The header says which engine
+It scrapes ``/metrics`` once a second off the GUI thread (``app.remote.scrape``). The header says which engine
 it watches, the server's model and where each number comes from; what the server does not expose reads "not
 reported by this server", never 0. All text from the server is shown as plain text.
 """
@@ -17,16 +17,8 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QFormLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.serve.remote import (
-    NOT_REPORTED,
-    RemoteEngine,
-    RemoteInfo,
-    RemoteRates,
-    Scrape,
-    rates,
-    remote_models,
-    reported,
-)
+from app.remote.client import RemoteEngine, RemoteInfo, remote_models
+from app.remote.scrape import NOT_REPORTED, RemoteRates, Scrape, rates, reported
 from app.units import format_si
 from ui.tasks import TaskRunner
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.engine.params import SamplingSettings
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -29,7 +28,8 @@ from app.events import (
     PromptProgress,
     Token,
 )
-from app.serve.remote import RemoteEngine, RemoteModel, sampling_options
+from app.params import SamplingSettings
+from app.remote.client import RemoteEngine, RemoteModel, sampling_options
 from ui.bridge import PAINT_INTERVAL_MS, coalesce
 
 CANCEL_GRACE_MS = 3000

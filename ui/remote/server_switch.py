@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine.params import LoadSettings
+from app.params import LoadSettings
 from app.paths import data_dir
 from app.serve.metrics import ServeMetrics
 from app.serve.runner import EngineRunner

@@ -16,7 +16,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QDockWidget, QFrame, QMainWindow, QMenu, QScrollArea
 
 from app.events import EngineError, Finished, Token
-from app.serve.remote import RemoteEngine, RemoteInfo, RemoteModel, remote_models
+from app.remote.client import RemoteEngine, RemoteInfo, RemoteModel, remote_models
 from ui.chat.panel import ChatPanel
 from ui.models.picker import ModelPicker
 from ui.remote.connect import ConnectDialog, connect_in_background

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.params import DraftSettings
 from app.errors import SettingsError
+from app.params import DraftSettings
 from app.paths import data_dir
 from app.storage.atomic import atomic_write_json, read_json_object
 

@@ -16,7 +16,7 @@ model (Model → Serve), watch it in the Remote engine dock and send the prompts
 screenshot, "reopen" opens another chat and the first one again (a reopened chat, as a later start shows it);
 "message_menu" opens the newest answer's message menu (the screenshot is then the screen's, menu included).
 The report then also holds what was sent, the event loop's worst lateness (a 20 ms timer's) and the GUI
-thread's stacks behind each late tick (``ui/stall_watch.py``), for the soak's checks.
+thread's stacks behind each late tick (``ui/soak/stall_watch.py``), for the soak's checks.
 
 Used by the screenshot script, the crash-safety test and the dashboard-cost measurement. Progress lines
 go to stdout (``autopilot: ...``) so a parent process can follow the stream.
@@ -38,9 +38,8 @@ from PySide6.QtWidgets import QMenu
 
 from app.events import EngineCrashed, EngineError, Finished, Loaded, Token
 from ui.main_window import MainWindow
-from ui.stall_watch import StallWatch
-
-ENV = "SPECDECK_AUTOPILOT"
+from ui.soak import AUTOPILOT_ENV
+from ui.soak.stall_watch import StallWatch
 
 
 def say(line: str) -> None:
@@ -285,7 +284,7 @@ class Autopilot(QObject):
 
 
 def start_if_requested(window: MainWindow) -> Autopilot | None:
-    raw = os.environ.get(ENV)
+    raw = os.environ.get(AUTOPILOT_ENV)
     if not raw:
         return None
     try:
@@ -293,6 +292,6 @@ def start_if_requested(window: MainWindow) -> Autopilot | None:
         if not isinstance(spec, dict) or "target" not in spec:
             raise ValueError("it needs an object with a target")
     except ValueError as exc:
-        print(f"{ENV} is not usable: {exc}", file=sys.stderr)
+        print(f"{AUTOPILOT_ENV} is not usable: {exc}", file=sys.stderr)
         return None
     return Autopilot(window, spec)

@@ -12,25 +12,26 @@ from typing import Any
 from app import __version__
 from app.ceiling.backend import probe_backend_isolated
 from app.ceiling.builder import ceiling_model, probe_machine
-from app.ceiling.decode_check import calibrate, decode_check, one_line
+from app.ceiling.fit import fit_estimate
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
-from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_refusal, mtp_weight_bytes
+from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
 from app.ceiling.roofline import (
     CeilingModel,
     Device,
     ModelShape,
     PassEstimate,
-    expected_tokens_per_pass,
-    fit_estimate,
     kv_bytes_per_token,
     kv_bytes_read,
     kv_cache_bytes,
     recurrent_rollback,
 )
+from app.ceiling.speculation import expected_tokens_per_pass
+from app.engine.decode_check import calibrate, decode_check, one_line
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
+from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
 
 SCHEMA = 1

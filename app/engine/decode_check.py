@@ -14,8 +14,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from app.ceiling.calibration import make_calibration
 from app.ceiling.child import describe_exit
-from app.ceiling.roofline import CeilingModel, make_calibration
+from app.ceiling.roofline import CeilingModel
 
 CHECK_CTX = 512
 CHECK_TOKENS = 16  # timed single-token decodes after the prompt, for the calibration
@@ -43,9 +44,9 @@ def decode_check(path: Path, gpu_layers: int = -1, timeout_s: float = CHECK_TIME
     """Load the model in the engine worker and time CHECK_TOKENS greedy one-token decodes after a short
     prompt. Never raises for the model's sake: a refusal, an error or a crash is the result's message."""
     from app.engine.client import EngineClient
-    from app.engine.params import DraftSettings, LoadSettings
     from app.errors import AppError
     from app.events import EngineCrashed, EngineError, Loaded, RawDecoded
+    from app.params import DraftSettings, LoadSettings
 
     base: dict[str, Any] = {"ok": False, "model": str(path), "message": "", "tokens": 0, "seconds": None,
                             "tokens_per_second": None}

@@ -3,14 +3,15 @@
 On a bandwidth-bound device a drafter step costs about its weight bytes over the target's, c. A verify pass
 of depth k yields 1 + Σ_{i≤k} Π_{j≤i} a_j tokens on average, a_j being the chance that position j is accepted
 given the earlier ones were, and costs k·c + 1 target-step times; the speedup is the ratio and the best k
-maximises it. Both are the depth policy's own (``app.engine.adaptive.expected_tokens``, ``best_depth``).
-The rates are the pair's acceptance measured per position in earlier runs (``app.library.pair_stats``):
+maximises it. Both are the depth policy's own (``app.ceiling.speculation.expected_tokens``, which the policy
+uses too, and ``app.engine.adaptive.best_depth``).
+The rates are the pair's acceptance measured per position in earlier runs (``app.storage.pair_stats``):
 acceptance is clustered, so the i.i.d. rule (1 − α^(k+1)) / (1 − α) from one α misjudges both the tokens and
 the depth. Without a profile, the pair's measured α (or a stated default) is used at every position, i.i.d.
 The suffix drafter (text match) costs nothing to run and is always listed as the free option.
 
 A CPU is not bandwidth-bound: a pass of k + 1 tokens can cost several one-token passes. Where this machine's
-verify-cost curve for the target was measured (``app.library.verify_cost``, kept by bench and tune), the
+verify-cost curve for the target was measured (``app.storage.verify_cost``, kept by bench and tune), the
 prediction divides by that measured cost instead, and says so; the bandwidth-bound (GPU-style) figure is
 kept beside it, labelled as such.
 """
@@ -19,20 +20,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens_per_pass
-from app.engine.adaptive import best_depth, conditional, expected_tokens
-from app.engine.params import K_MAX
-from app.library.compat import VocabInfo, check_compatible
+from app.ceiling.speculation import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
+from app.engine.adaptive import best_depth, conditional
+from app.library.compat import CompatResult, VocabInfo, check_compatible
+from app.library.discovery import LibraryEntry, compatible_drafters, head_offers
 from app.library.gguf_reader import GGUFInfo
-from app.library.verify_cost import VerifyCurve
+from app.library.heads import HeadOffer
+from app.params import K_MAX
+from app.storage.pair_stats import NGRAM_KEY
+from app.storage.verify_cost import VerifyCurve
 
 DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
-NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"
 
@@ -113,15 +116,15 @@ def recommend_drafters(
     ``verify_curves`` ({model path: measured curve}) and ``profiles`` ({pair: acceptance per position})
     default to what was measured on this machine."""
     if verify_curves is None:
-        from app.library.verify_cost import load_curves
+        from app.storage.verify_cost import load_curves
 
         verify_curves = load_curves()
     if profiles is None:
-        from app.library.pair_stats import load_profiles
+        from app.storage.pair_stats import load_profiles
 
         profiles = load_profiles()
     if pass_profiles is None:
-        from app.library.pair_stats import load_pass_profiles
+        from app.storage.pair_stats import load_pass_profiles
 
         pass_profiles = load_pass_profiles()
     curve = verify_curves.get(target.path)
@@ -194,7 +197,29 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class DrafterReport:
+    recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
+    refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
+    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files
+
+
+def drafters_for(
+    target: GGUFInfo,
+    entries: Sequence[LibraryEntry],
+    measured_acceptance: Mapping[tuple[str, str], float] | None = None,
+    *,
+    confirm: bool = True,
+) -> DrafterReport:
+    """Rank the library's models as drafters for `target` (which need not be in the library); with `confirm`,
+    what the fingerprints leave open is decided on the real token texts (``compatible_drafters``)."""
+    ok, refused = compatible_drafters(target, entries, confirm=confirm)
+    recs = recommend_drafters(target, ok, measured_acceptance or {})
+    return DrafterReport(recs, refused, head_offers(target, entries))
+
+
 __all__ = [
-    "BANDWIDTH_BOUND", "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "Recommendation",
-    "acceptance_rates", "best_k", "expected_tokens_per_pass", "predict", "recommend_drafters",
+    "BANDWIDTH_BOUND", "DEFAULT_ACCEPTANCE", "K_MAX", "NGRAM_DEFAULT_ACCEPTANCE", "NGRAM_KEY", "DrafterReport",
+    "Recommendation", "acceptance_rates", "best_k", "drafters_for", "expected_tokens_per_pass", "predict",
+    "recommend_drafters",
 ]

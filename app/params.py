@@ -7,10 +7,11 @@ NaN temperatures) make it assert and abort the process.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from app.ceiling.rpc import parse_rpc_servers
 from app.errors import SettingsError
 
 KV_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16")
@@ -37,6 +38,36 @@ def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = F
 
 JSON_OBJECT = "json_object"  # SamplingSettings.response_format for "any JSON object"
 MAX_RESPONSE_FORMAT_CHARS = 64 << 10  # a JSON schema; the grammar made from it grows with its size
+
+
+MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS
+# A host name or an IPv4 address: ggml-rpc splits an endpoint at its first colon and resolves IPv4 only.
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def parse_rpc_servers(value: str | Iterable[str]) -> tuple[str, ...]:
+    """"host:port,host:port" (or a list of them) as a tuple of endpoints; SettingsError names a bad one."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    servers: list[str] = []
+    for raw in parts:
+        if not isinstance(raw, str):
+            raise SettingsError(f"An RPC server is written host:port, not {raw!r}.")
+        endpoint = raw.strip()
+        if not endpoint:
+            continue
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not _HOST.fullmatch(host) or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+            shown = endpoint if len(endpoint) <= 80 else endpoint[:80] + "…"
+            raise SettingsError(f"An RPC server is written host:port, such as 192.168.1.20:50052, not {shown!r}.")
+        endpoint = f"{host}:{int(port)}"
+        if endpoint in servers:
+            raise SettingsError(f"The RPC server {endpoint} is listed twice.")
+        servers.append(endpoint)
+    if len(servers) > MAX_SERVERS:
+        raise SettingsError(f"llama.cpp takes at most {MAX_SERVERS} RPC servers; {len(servers)} are listed.")
+    return tuple(servers)
+
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from typing import Any
 
 from app.errors import StorageError
 from app.events import MessageStats
-from app.library.recommend import NGRAM_KEY
 from app.paths import data_dir
 from app.storage.atomic import atomic_write_json, read_json_object
 
 FILE_NAME = "acceptance.json"
+NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
 WEIGHT_CAP = 2000.0  # drafted tokens the running mean remembers at most: newer runs keep counting
 MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most 32)

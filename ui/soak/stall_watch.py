@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_S = 0.01
-_REPO = str(Path(__file__).resolve().parents[1]) + os.sep  # frames in SpecDeck's own files show from here
+_REPO = str(Path(__file__).resolve().parents[2]) + os.sep  # frames in SpecDeck's own files show from here
 STACK_FRAMES = 24  # innermost frames kept per sample: enough to see the blocking call and who made it
 
 

@@ -1,0 +1,40 @@
+"""The arithmetic of speculative decoding (Leviathan et al. 2023): tokens a pass emits from the acceptance per
+draft position, and the speedup over plain decoding. Shared by the depth policy (``app.engine.adaptive``), the
+drafter ranking (``app.engine.recommend``) and the dashboard's speculative ceiling (``app.ceiling.metrics``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens a pass of depth k emits on average: 1 + Σ_{i≤k} Π_{j≤i} rates[j], with rates[j] the chance that
+    position j is accepted given every earlier one was (equal rates give Leviathan's (1 − α^(k+1))/(1 − α))."""
+    total, run = 1.0, 1.0
+    for a in rates[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """Expected tokens a pass emits with k drafts each accepted with probability alpha (i.i.d.):
+    ``expected_tokens`` with every position's rate equal, (1 − α^(k+1)) / (1 − α). A measured
+    acceptance per position is clustered, not i.i.d.; where one is known, use ``expected_tokens`` on it."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("alpha must lie in [0, 1]")
+    if k < 0:
+        raise ValueError("k must be >= 0")
+    return expected_tokens([alpha] * k, k)
+
+
+def bandwidth_bound_pass(width: int) -> float:
+    """A pass's cost in one-token passes where reading the weights dominates: any width costs one."""
+    return 1.0
+
+
+def expected_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan's walltime improvement: c is a drafter step's cost relative to a target pass."""
+    if c < 0:
+        raise ValueError("c must be >= 0")
+    return expected_tokens_per_pass(alpha, k) / (bandwidth_bound_pass(k + 1) + k * c)
