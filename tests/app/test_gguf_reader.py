@@ -179,6 +179,14 @@ def test_quantization_falls_back_to_dominant_weight_type(tmp_path: Path) -> None
     assert info.quantization == "Q8_0"
 
 
+# gguf's LlamaFileType names them; 4 (Q4_1 with some F16) was retired, so the dominant weight type is shown.
+@pytest.mark.parametrize(("file_type", "shown"), [(0, "F32"), (15 | 1024, "Q4_K_M"), (38, "MXFP4_MOE"),
+                                                  (4, "Q8_0"), (999, "Q8_0")])
+def test_file_type_named_as_llama_cpp_names_it(tmp_path: Path, file_type: int, shown: str) -> None:
+    kvs = _replace_kv("general.file_type", kv("general.file_type", U32, file_type))
+    assert read_gguf_info(write(tmp_path / "f.gguf", build(kvs))).quantization == shown
+
+
 def test_per_layer_head_counts_take_the_largest(tmp_path: Path) -> None:
     kvs = [k for k in model_kvs() if b"head_count_kv" not in k]
     kvs.append(kv("llama.attention.head_count_kv", ARRAY, (I32, [1, 4])))
