@@ -14,11 +14,12 @@ Each tree (default: this one) is put first on PYTHONPATH of a fresh interpreter 
 taking turns so they share the machine's load. Per case it prints the outcome (the error's class), the
 median over the runs of the first read's time and of the median of ``--repeats`` further reads, their spread
 (min-max over the runs), the tracemalloc peak of one read, and how much the read grew the process's peak RSS
-(ru_maxrss), plus the import time of the reader. Compare two trees: ``--tree /tmp/before --tree .``.
+(VmHWM); and per tree the reader's import time and the peak RSS after it. Compare two trees:
+``--tree /tmp/before --tree .``.
 
 ``--reference`` also times gguf.GGUFReader itself on the demo models and on a 64-byte file whose one array
-declares 2^40 one-byte elements (10 s and 3 GiB at most): why the bounded walk reads the header, and gguf
-gives the types.
+declares 2^40 one-byte elements (``--reference-timeout`` and 3 GiB at most): why the bounded walk reads the
+header, and gguf gives the types.
 """
 
 from __future__ import annotations
@@ -39,13 +40,17 @@ sys.path.insert(0, str(REPO))
 
 # One case in a fresh interpreter: argv = path, repeats, reader ("info" or "tokens"); prints one JSON line.
 CHILD = r"""
-import json, resource, sys, time, tracemalloc
+import json, sys, time, tracemalloc
 t0 = time.perf_counter()
 import app.library.gguf_reader as gguf_reader
 from app.library.gguf_format import GGUFError
 import_s = time.perf_counter() - t0
 path, repeats, which = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 read = gguf_reader.read_gguf_info if which == "info" else gguf_reader.read_token_texts
+
+def peak_rss_kb():  # VmHWM: ru_maxrss would keep the parent's peak across fork and exec
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
 
 def once():
     try:
@@ -54,11 +59,11 @@ def once():
     except GGUFError as exc:
         return type(exc).__name__, str(exc)
 
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss0 = peak_rss_kb()
 t = time.perf_counter()
 outcome, message = once()
 first_s = time.perf_counter() - t
-rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
+rss_kb = peak_rss_kb() - rss0
 tracemalloc.start()
 once()
 peak = tracemalloc.get_traced_memory()[1]
@@ -71,7 +76,7 @@ for _ in range(repeats):
 times.sort()
 print(json.dumps({"outcome": outcome, "message": message, "import_s": import_s, "first_s": first_s,
                   "warm_s": times[len(times) // 2] if times else first_s, "peak": peak, "rss_kb": rss_kb,
-                  "module": gguf_reader.__file__}))
+                  "rss0_kb": rss0, "module": gguf_reader.__file__}))
 """
 
 REFERENCE = r"""
@@ -166,6 +171,7 @@ def main() -> int:
     ap.add_argument("--demo-dir", type=Path, default=Path.home() / ".local/share/SpecDeck/models")
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
     ap.add_argument("--reference", action="store_true", help="also time gguf.GGUFReader itself")
+    ap.add_argument("--reference-timeout", type=float, default=120.0, help="seconds per GGUFReader run")
     args = ap.parse_args()
     trees = [t.resolve() for t in (args.tree or [REPO])]
 
@@ -180,13 +186,15 @@ def main() -> int:
 
         print(f"python {sys.version.split()[0]}, {args.runs} fresh processes per case and tree, "
               f"{args.repeats} warm reads each; median [min-max over the processes]")
-        for tree in trees:
+        for tree in trees if cases else []:
             runs = results[(tree, next(iter(cases)))]
             print(f"\n== tree {tree} (reader {runs[0]['module']})")
             imports = [float(r["import_s"]) for rs in (results[(tree, c)] for c in cases) for r in rs]
             print(f"import of app.library.gguf_reader: {spread(imports, 1e3, 'ms')}")
+            rss0 = [float(r["rss0_kb"]) for rs in (results[(tree, c)] for c in cases) for r in rs]
+            print(f"peak RSS after that import:        {spread(rss0, 1 / 1024, 'MiB')}")
             print(f"{'case':58} {'outcome':24} {'first read':>26} {'warm read':>26} {'tracemalloc peak':>24} "
-                  f"{'ru_maxrss growth':>22}")
+                  f"{'peak RSS growth':>22}")
             for case in cases:
                 rs = results[(tree, case)]
                 outcomes = {str(r["outcome"]) for r in rs}
@@ -207,7 +215,8 @@ def main() -> int:
                 print("none: every case ends with the same sentence in every tree")
 
         if args.reference:
-            print("\n== gguf.GGUFReader itself (a fresh process each, 10 s and 3 GiB at most)")
+            limit = f"{args.reference_timeout:.0f} s and 3 GiB at most"
+            print(f"\n== gguf.GGUFReader itself (a fresh process each, {limit})")
             huge = Path(tmp) / "declares-2^40-bytes.gguf"
             from tests.app.test_gguf_reader import ARRAY, U8, build, gstr
 
@@ -216,10 +225,10 @@ def main() -> int:
             for path in targets:
                 try:
                     proc = subprocess.run([sys.executable, "-c", REFERENCE, str(path)], capture_output=True,
-                                          text=True, timeout=10, check=False)
+                                          text=True, timeout=args.reference_timeout, check=False)
                     said = proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
                 except subprocess.TimeoutExpired:
-                    said = "no answer within 10 s (killed)"
+                    said = f"no answer within {args.reference_timeout:.0f} s (killed)"
                 print(f"{path.name} ({path.stat().st_size:,} bytes): {said}")
     return 0
 

@@ -1,13 +1,14 @@
-"""GGUF at the byte level, bounded: a walk of the header's metadata and tensor infos with every count,
-length and offset checked against a cap and against the file size before it is read, so no file can make
-it hang, exhaust memory or crash. The types come from `gguf` (GGUFValueType and its numpy types,
-GGMLQuantizationType, GGML_QUANT_SIZES, Keys); what the values mean to llama.cpp is
-``app.library.gguf_reader``'s job.
+"""GGUF at the byte level, bounded: the header's metadata and tensor infos walked with every count, length
+and offset checked against a cap and against the file size before it is read, so no file can make it hang,
+exhaust memory or crash. What the values mean to llama.cpp is ``app.library.gguf_reader``'s job.
 
-The walk is written here, not gguf.GGUFReader, because that reader cannot be bounded: it loops over every
-element a header declares (a 64-byte file declaring 2^40 one-byte elements never returns), memory-maps the
-file (SIGBUS when a download in progress is truncated) and builds numpy arrays per string (seconds on a
-262k-token vocabulary); benchmarks/gguf_guard.py --reference measures it.
+Hand-written, not `gguf`'s GGUFReader: that reader loops and allocates for every element a header declares
+(a 64-byte file declaring 2^40 one-byte elements never returns), memory-maps the file (SIGBUS when a
+download in progress is truncated) and builds numpy arrays per string and number (minutes on the demo models
+where this walk takes a fraction of a second; benchmarks/gguf_guard.py --reference).
+Its type tables are the ggml and llama.cpp that SpecDeck runs, pinned to them by tests/app/test_gguf_reader.py,
+not gguf's: gguf 0.19.0 gives Q8_1 blocks 40 bytes (ggml: 36) and lacks Q2_0, and importing it loads numpy,
+yaml and its writer, +16 MiB of peak memory in every process that reads a header (benchmarks/gguf_guard.py).
 
 Only the metadata and tensor-info region is read, with buffered reads; tensor data never is. Over 450 lines
 because the walk and its bounds are one unit: splitting them would put a check far from the read it guards.
@@ -22,10 +23,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
+from typing import BinaryIO
 
 from app.errors import ModelFileError
 
@@ -88,17 +86,45 @@ MAX_DECODED = 1 << 16  # ...until this many elements are decoded in one file (a 
 GGML_MAX_NAME = 64
 GGML_MAX_DIMS = 4
 INT64_MAX = (1 << 63) - 1
-DEFAULT_ALIGNMENT = GGUF_DEFAULT_ALIGNMENT
+DEFAULT_ALIGNMENT = 32
 FINGERPRINT_START = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 _CHUNK = 1 << 20
 
-_VALUE_TYPES = frozenset(GGUFValueType)
-# gguf's numpy type for each scalar value type, little-endian as GGUF stores them.
-_SCALARS: dict[GGUFValueType, np.dtype[Any]] = {
-    vtype: np.dtype(np_type).newbyteorder("<") for vtype, np_type in GGUFReader.gguf_scalar_to_np.items()}
-INT_TYPES = frozenset(vtype for vtype, dtype in _SCALARS.items() if dtype.kind in "iu")
+# GGUF value types: id -> (name, fixed size or 0 for string/array, struct code), as gguf's GGUFValueType.
+_T_STRING = 8
+_T_ARRAY = 9
+_VALUE_TYPES: dict[int, tuple[str, int, str]] = {
+    0: ("uint8", 1, "<B"),
+    1: ("int8", 1, "<b"),
+    2: ("uint16", 2, "<H"),
+    3: ("int16", 2, "<h"),
+    4: ("uint32", 4, "<I"),
+    5: ("int32", 4, "<i"),
+    6: ("float32", 4, "<f"),
+    7: ("bool", 1, "<B"),
+    8: ("string", 0, ""),
+    9: ("array", 0, ""),
+    10: ("uint64", 8, "<Q"),
+    11: ("int64", 8, "<q"),
+    12: ("float64", 8, "<d"),
+}
+INT_TYPES = frozenset((0, 1, 2, 3, 4, 5, 10, 11))
+BOOL_TYPE = 7
 
-# The fixed layout of lengths and counts (u64) and of type ids (u32) in a GGUF.
+# ggml tensor types: id -> (name, block size, bytes per block), as the linked ggml's ggml_type_name,
+# ggml_blck_size and ggml_type_size say. Ids 4, 5 and 31..33, 36..38 were removed.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
+}
+
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 
@@ -171,12 +197,14 @@ class Reader:
         self.pos += 8
         return int(v)
 
-    def scalar(self, vtype: GGUFValueType, what: str) -> int | float | bool:
-        dtype = _SCALARS[vtype]
-        self.need(dtype.itemsize, what)
-        value: int | float | bool = np.frombuffer(self.buf, dtype, 1, self.pos)[0].item()
-        self.pos += dtype.itemsize
-        return value
+    def scalar(self, vtype: int, what: str) -> int | float | bool:
+        _, size, code = _VALUE_TYPES[vtype]
+        self.need(size, what)
+        (v,) = struct.unpack_from(code, self.buf, self.pos)
+        self.pos += size
+        if vtype == BOOL_TYPE:
+            return bool(v)
+        return v  # type: ignore[no-any-return]
 
     def take(self, n: int, what: str) -> bytes:
         self.need(n, what)
@@ -237,7 +265,7 @@ class StringArray:
 
 @dataclass
 class HeaderArray:
-    elem_type: GGUFValueType
+    elem_type: int
     count: int
     values: tuple[int | float | bool, ...] | None  # small numeric arrays only
     strings: StringArray | None = None
@@ -249,22 +277,22 @@ class Header:
     kv: dict[str, int | float | bool | str]
     str_len: dict[str, int]  # full length of each string value (kv holds a capped prefix)
     arrays: dict[str, HeaderArray]
-    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]]  # name, dims, type, offset
+    tensors: list[tuple[str, tuple[int, ...], int, int]]  # name, dims, ggml type, offset
     alignment: int
     data_offset: int
     data_size: int  # bytes the tensors need after data_offset (last tensor unpadded)
     tensor_bytes: int
     n_params: int
-    bytes_by_type: dict[GGMLQuantizationType, int]
+    bytes_by_type: dict[int, int]
 
 
 def type_name(vtype: int) -> str:
-    return GGUFValueType(vtype).name.lower() if vtype in _VALUE_TYPES else f"type {vtype}"
+    return _VALUE_TYPES[vtype][0] if vtype in _VALUE_TYPES else f"type {vtype}"
 
 
-def tensor_nbytes(dims: tuple[int, ...], ttype: GGMLQuantizationType) -> int:
+def tensor_nbytes(dims: tuple[int, ...], ggml_type: int) -> int:
     """The bytes of a tensor's data (its rows are whole blocks of its type: the walk checks that)."""
-    block, type_size = GGML_QUANT_SIZES[ttype]
+    _, block, type_size = GGML_TYPES[ggml_type]
     return math.prod(dims) // block * type_size
 
 
@@ -325,29 +353,29 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
         vtype = r.u32(f"the type of {what}")
         if vtype not in _VALUE_TYPES:
             raise MalformedError(f"{name} is corrupt: {what} has unknown value type {vtype:,}.")
-        if vtype == GGUFValueType.STRING:
+        if vtype == _T_STRING:
             # Only the default template is kept whole; other strings are kept as far as GGUFInfo shows them.
-            keep = MAX_TEMPLATE_LEN if key == Keys.Tokenizer.CHAT_TEMPLATE else MAX_METADATA_STR
+            keep = MAX_TEMPLATE_LEN if key == "tokenizer.chat_template" else MAX_METADATA_STR
             data, full = r.string(what, keep)
             kv[key] = data.decode("utf-8", errors="replace")
             str_len[key] = full
-        elif vtype == GGUFValueType.ARRAY:
-            is_tokens = key == Keys.Tokenizer.LIST
+        elif vtype == _T_ARRAY:
+            is_tokens = key == "tokenizer.ggml.tokens"
             arrays[key] = _read_array(r, key, collect_tokens and is_tokens, budget)
             strings = arrays[key].strings
             if is_tokens and strings is not None and strings.count > FINGERPRINT_START:
                 strings.fingerprint = r.hash_tokens(strings.fp_start, strings.end, strings.empty)
         else:
-            kv[key] = r.scalar(GGUFValueType(vtype), what)
+            kv[key] = r.scalar(vtype, what)
 
     alignment = DEFAULT_ALIGNMENT
-    if Keys.General.ALIGNMENT in kv:
-        a = kv[Keys.General.ALIGNMENT]
+    if "general.alignment" in kv:
+        a = kv["general.alignment"]
         if isinstance(a, bool) or not isinstance(a, int) or a <= 0 or a & (a - 1) or a > (1 << 30):
             raise MalformedError(f"{name} is corrupt: general.alignment is {a!r}, not a power of two.")
         alignment = a
 
-    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]] = []
+    tensors: list[tuple[str, tuple[int, ...], int, int]] = []
     names: set[str] = set()
     what = "the tensor infos"  # constant: formatting a label per field would dominate the loop
     for i in range(n_tensors):
@@ -377,22 +405,21 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
             count *= d
             if count > INT64_MAX:
                 raise MalformedError(f"{name} is corrupt: tensor {tname!r} has more than 2^63 elements.")
-        if ttype not in GGML_QUANT_SIZES:
+        if ttype not in GGML_TYPES:
             raise MalformedError(f"{name} has tensor {tname!r} of ggml type {ttype:,}, which SpecDeck does "
                                  "not know (the file is corrupt or newer than this SpecDeck).")
-        qtype = GGMLQuantizationType(ttype)
-        blck = GGML_QUANT_SIZES[qtype][0]
+        blck = GGML_TYPES[ttype][1]
         if dims and dims[0] % blck:
             raise MalformedError(f"{name} is corrupt: tensor {tname!r} has rows of {dims[0]:,} elements, "
-                                 f"not a multiple of its {qtype.name} block size {blck}.")
-        tensors.append((tname, dims, qtype, offset))
+                                 f"not a multiple of its {GGML_TYPES[ttype][0]} block size {blck}.")
+        tensors.append((tname, dims, ttype, offset))
 
     data_offset = -(-r.tell() // alignment) * alignment
     # gguf.cpp requires each tensor to start where the previous one's padded data ends.
     expected = 0
     data_size = 0
     n_params = 0
-    bytes_by_type: dict[GGMLQuantizationType, int] = {}
+    bytes_by_type: dict[int, int] = {}
     for tname, dims, ttype, offset in tensors:
         nbytes = tensor_nbytes(dims, ttype)
         if offset != expected:
@@ -414,38 +441,39 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
 def _read_array(r: Reader, key: str, collect: bool, budget: list[int]) -> HeaderArray:
     what = f"metadata array {key!r}"
     etype = r.u32(f"the element type of {what}")
-    if etype == GGUFValueType.ARRAY:
+    if etype == _T_ARRAY:
         raise MalformedError(f"{r.name} is corrupt: {what} is an array of arrays, which GGUF does not allow.")
     if etype not in _VALUE_TYPES:
         raise MalformedError(f"{r.name} is corrupt: {what} has unknown element type {etype:,}.")
-    vtype = GGUFValueType(etype)
     n = r.u64(f"the length of {what}")
     if n > MAX_ARRAY_LEN:
         raise LimitError(f"{r.name} is corrupt: {what} claims {n:,} elements{_pow2(n)}; "
                          f"at most {MAX_ARRAY_LEN:,} are allowed.")
-    if vtype == GGUFValueType.STRING:
-        if key == Keys.Tokenizer.LIST and n > MAX_VOCAB:
+    if etype == _T_STRING:
+        if key == "tokenizer.ggml.tokens" and n > MAX_VOCAB:
             raise LimitError(f"{r.name} is corrupt: its vocabulary claims {n:,} tokens; at most "
                              f"{MAX_VOCAB:,} are allowed.")
         if n > budget[0]:
             raise LimitError(f"{r.name} is corrupt: its string arrays hold more than "
                              f"{MAX_STRING_ELEMENTS:,} elements in all.")
         budget[0] -= n
-    dtype = _SCALARS.get(vtype)
-    least = n * (dtype.itemsize if dtype is not None else 8)  # a string takes 8 bytes at least (its length)
+    size = _VALUE_TYPES[etype][1]
+    least = n * (size or 8)
     if r.tell() + least > r.size:
         raise TruncatedError(f"{r.name} is truncated or corrupt: {what} claims {n:,} elements, which need at "
                              f"least {least:,} bytes, but only {r.size - r.tell():,} follow.")
-    if dtype is None:
-        return HeaderArray(vtype, n, None, _walk_strings(r, n, what, collect))
+    if etype == _T_STRING:
+        return HeaderArray(etype, n, None, _walk_strings(r, n, what, collect))
     if n <= SMALL_ARRAY and n <= budget[1]:
         budget[1] -= n
-        r.need(least, what)
-        values = tuple(np.frombuffer(r.buf, dtype, n, r.pos).tolist()) if n else ()
-        r.pos += least
-        return HeaderArray(vtype, n, values)
-    r.skip(least, what)
-    return HeaderArray(vtype, n, None)
+        code = _VALUE_TYPES[etype][2]
+        r.need(n * size, what)
+        raw = struct.unpack_from(f"<{n}{code[1]}", r.buf, r.pos)
+        r.pos += n * size
+        values = tuple(bool(v) for v in raw) if etype == BOOL_TYPE else tuple(raw)
+        return HeaderArray(etype, n, values)
+    r.skip(n * size, what)
+    return HeaderArray(etype, n, None)
 
 
 def _walk_strings(r: Reader, n: int, what: str, collect: bool) -> StringArray:

@@ -1,24 +1,22 @@
 """What a GGUF header means to llama.cpp: architecture, shape, quantization, sliding-window layers, the
 vocabulary's BOS/EOS and add flags as llama.cpp resolves them, the token fingerprint, and split models.
 
-The bytes are walked by ``app.library.gguf_format`` (bounded); this module only interprets the values, under
-`gguf`'s key names (Keys) and file types (LlamaFileType).
+The bytes are parsed by ``app.library.gguf_format`` (bounded); this module only interprets the values.
 Whether a file may be given to llama.cpp at all is ``app.library.model_file``'s check.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
-
 from app.library.gguf_format import (
+    BOOL_TYPE,
     DEFAULT_ALIGNMENT,
     FINGERPRINT_START,
+    GGML_TYPES,
     INT_TYPES,
     MAX_METADATA_STR,
     MAX_TEMPLATE_LEN,
@@ -34,7 +32,17 @@ from app.library.gguf_format import (
 )
 
 MAX_SHARDS = 1024  # files of one split model (gguf-split names allow 99999)
-_FILE_TYPES = frozenset(LlamaFileType)  # llama_ftype, general.file_type; GUESSED (1024) is a flag added to one
+
+# llama_ftype (general.file_type) -> the name llama.cpp prints (llama.h's LLAMA_FTYPE_*, which the tests pin,
+# and the retired 4). 1024 (LLAMA_FTYPE_GUESSED) is a flag.
+FILE_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
+    24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
+    31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+_FTYPE_GUESSED = 1024
 
 # SWA period per architecture, as llama.cpp's loaders call set_swa_pattern(period) (layer il uses the
 # window when il % period < period - 1). `{arch}.attention.sliding_window_pattern` overrides it.
@@ -145,10 +153,10 @@ def _bool_value(h: Header, key: str) -> bool | None:
 def _swa_layers(h: Header, arch: str, n_layer: int, window: int, name: str) -> tuple[bool, ...]:
     if window <= 0 or n_layer <= 0:
         return (False,) * max(n_layer, 0)
-    key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch)
+    key = f"{arch}.attention.sliding_window_pattern"
     arr = h.arrays.get(key)
     if arr is not None and arr.values is not None and len(arr.values) == n_layer \
-            and arr.elem_type in (*INT_TYPES, GGUFValueType.BOOL):
+            and arr.elem_type in (*INT_TYPES, BOOL_TYPE):
         return tuple(bool(v) for v in arr.values)
     period = _int_value(h, key, name) if key in h.kv else SWA_PERIOD.get(arch)
     if period is None:
@@ -174,12 +182,12 @@ def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[b
     if arch in PARALLEL_HYBRID_ARCHS:
         return attention, (True,) * n_layer
     if arch in INTERVAL_HYBRID_ARCHS:
-        interval = _int_value(h, Keys.LLM.FULL_ATTENTION_INTERVAL.format(arch=arch), name) or 4
+        interval = _int_value(h, f"{arch}.full_attention_interval", name) or 4
         attention = tuple((il + 1) % interval == 0 for il in range(n_layer))
         return attention, tuple(not a for a in attention)
     # Hybrids such as LFM2, Granite-4-H, Nemotron-H and Jamba: a layer is recurrent where it has no KV heads.
-    arr = h.arrays.get(Keys.Attention.HEAD_COUNT_KV.format(arch=arch))
-    recurrent_keys = (Keys.SSM.STATE_SIZE.format(arch=arch), Keys.ShortConv.L_CACHE.format(arch=arch))
+    arr = h.arrays.get(f"{arch}.attention.head_count_kv")
+    recurrent_keys = (f"{arch}.ssm.state_size", f"{arch}.shortconv.l_cache")
     if arr is not None and arr.values is not None and len(arr.values) == n_layer \
             and any(key in h.kv for key in recurrent_keys):
         attention = tuple(int(v) > 0 for v in arr.values)
@@ -190,18 +198,18 @@ def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[b
 def _recurrent_state_floats(h: Header, arch: str, n_embd: int, name: str) -> int:
     """f32 elements of one recurrent layer's state: llama_hparams::n_embd_r() + n_embd_s()."""
     def hp(key: str) -> int:
-        v = _int_value(h, key.format(arch=arch), name)
+        v = _int_value(h, f"{arch}.{key}", name)
         return v if v is not None and v > 0 else 0
 
-    head_size = hp(Keys.WKV.HEAD_SIZE)
+    head_size = hp("wkv.head_size")
     if head_size:  # RWKV: token shifts and the WKV state
-        shifts = hp(Keys.LLM.TOKEN_SHIFT_COUNT) or 2
+        shifts = hp("token_shift_count") or 2
         return shifts * n_embd + n_embd * head_size
-    l_cache = hp(Keys.ShortConv.L_CACHE)
+    l_cache = hp("shortconv.l_cache")
     if l_cache:  # LFM2: the short convolution's last l_cache - 1 inputs
         return n_embd * (l_cache - 1)
-    d_conv, d_inner, d_state = hp(Keys.SSM.CONV_KERNEL), hp(Keys.SSM.INNER_SIZE), hp(Keys.SSM.STATE_SIZE)
-    n_group = hp(Keys.SSM.GROUP_COUNT)
+    d_conv, d_inner, d_state = hp("ssm.conv_kernel"), hp("ssm.inner_size"), hp("ssm.state_size")
+    n_group = hp("ssm.group_count")
     conv = (d_conv - 1) * (d_inner + 2 * n_group * d_state) if d_conv else 0
     return conv + d_state * d_inner
 
@@ -210,11 +218,11 @@ def _resolve_vocab(
     h: Header, n_vocab: int,
 ) -> tuple[int | None, int | None, bool | None, bool | None]:
     """BOS/EOS ids and add flags as llama.cpp's vocab loader resolves them (llama-vocab.cpp)."""
-    model = _str_value(h, Keys.Tokenizer.MODEL)
+    model = _str_value(h, "tokenizer.ggml.model")
     if model is None:
         return None, None, None, None
     vtype = VOCAB_TYPES.get(model, "")
-    pre = _str_value(h, Keys.Tokenizer.PRE) or ""
+    pre = _str_value(h, "tokenizer.ggml.pre") or ""
     bos: int | None
     eos: int | None
     bos, eos, add_bos, add_eos = {
@@ -240,11 +248,11 @@ def _resolve_vocab(
             return v
         return default
 
-    bos = pick(Keys.Tokenizer.BOS_ID, bos)
-    eos = pick(Keys.Tokenizer.EOS_ID, eos)
-    flag = _bool_value(h, Keys.Tokenizer.ADD_BOS)
+    bos = pick("tokenizer.ggml.bos_token_id", bos)
+    eos = pick("tokenizer.ggml.eos_token_id", eos)
+    flag = _bool_value(h, "tokenizer.ggml.add_bos_token")
     add_bos = add_bos if flag is None else flag
-    flag = _bool_value(h, Keys.Tokenizer.ADD_EOS)
+    flag = _bool_value(h, "tokenizer.ggml.add_eos_token")
     add_eos = add_eos if flag is None else flag
     if pre == "gemma4" or model == "gemma4":
         add_bos = True
@@ -291,25 +299,25 @@ def _info(path: Path, follow_shards: bool) -> GGUFInfo:
 
 def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInfo:
     name = path.name
-    split_count = _int_value(h, Keys.Split.LLM_KV_SPLIT_COUNT, name) or 1
-    split_index = _int_value(h, Keys.Split.LLM_KV_SPLIT_NO, name) or 0
+    split_count = _int_value(h, "split.count", name) or 1
+    split_index = _int_value(h, "split.no", name) or 0
     if split_count < 1 or not 0 <= split_index < split_count:
         raise MalformedError(f"{name} is corrupt: it says it is shard {split_index + 1} of {split_count}.")
     if split_count > MAX_SHARDS:
         raise LimitError(f"{name} is corrupt: it says the model is split into {split_count:,} files; at most "
                          f"{MAX_SHARDS:,} are allowed.")
-    general_type = _str_value(h, Keys.General.TYPE) or ""
-    arch = _str_value(h, Keys.General.ARCHITECTURE)
+    general_type = _str_value(h, "general.type") or ""
+    arch = _str_value(h, "general.architecture")
     if split_index > 0:
         kind = "shard"
     elif general_type == "mmproj" or arch == "clip":
         kind = "mmproj"
-    elif general_type == "adapter" or _str_value(h, Keys.Adapter.TYPE) is not None:
+    elif general_type == "adapter" or _str_value(h, "adapter.type") is not None:
         kind = "lora"
     else:
         kind = "model"
     if arch is None:
-        if Keys.General.ARCHITECTURE in h.kv or Keys.General.ARCHITECTURE in h.arrays:
+        if "general.architecture" in h.kv or "general.architecture" in h.arrays:
             raise MalformedError(f"{name} is corrupt: general.architecture is not a string.")
         if kind != "shard":
             raise MissingKeyError(f"{name} has no general.architecture key, so llama.cpp cannot load it as a "
@@ -317,41 +325,41 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         arch = ""
 
     def hp(key: str, default: int = 0) -> int:
-        v = _int_value(h, key.format(arch=arch), name)
+        v = _int_value(h, f"{arch}.{key}", name)
         return default if v is None or v < 0 else v
 
-    n_layer = hp(Keys.LLM.BLOCK_COUNT)
-    mtp_layers = hp(Keys.LLM.NEXTN_PREDICT_LAYERS)
+    n_layer = hp("block_count")
+    mtp_layers = hp("nextn_predict_layers")
     if mtp_layers > n_layer:
         raise MalformedError(f"{name} is corrupt: it claims {mtp_layers} MTP layers of {n_layer} in all.")
-    n_embd = hp(Keys.LLM.EMBEDDING_LENGTH)
-    n_head = hp(Keys.Attention.HEAD_COUNT)
-    n_head_kv = hp(Keys.Attention.HEAD_COUNT_KV, n_head)
+    n_embd = hp("embedding_length")
+    n_head = hp("attention.head_count")
+    n_head_kv = hp("attention.head_count_kv", n_head)
     kv_layers, recurrent = _layer_kinds(h, arch, n_layer - mtp_layers, name)
     kv_layers += (False,) * mtp_layers  # the MTP blocks' KV lives in the MTP context only
     recurrent += (False,) * mtp_layers
     n_recurrent = sum(recurrent)
     state_floats = _recurrent_state_floats(h, arch, n_embd, name) if n_recurrent else 0
     per_head = n_embd // n_head if n_head else 0
-    head_dim_k = hp(Keys.Attention.KEY_LENGTH, per_head)
-    head_dim_v = hp(Keys.Attention.VALUE_LENGTH, per_head)
-    window = hp(Keys.Attention.SLIDING_WINDOW, _SWA_DEFAULT_WINDOW.get(arch, 0))
+    head_dim_k = hp("attention.key_length", per_head)
+    head_dim_v = hp("attention.value_length", per_head)
+    window = hp("attention.sliding_window", _SWA_DEFAULT_WINDOW.get(arch, 0))
     if n_layer > MAX_TENSORS:
         raise LimitError(f"{name} is corrupt: it claims {n_layer:,} layers.")
     swa = _swa_layers(h, arch, n_layer, window, name)
 
-    tokens = h.arrays.get(Keys.Tokenizer.LIST)
+    tokens = h.arrays.get("tokenizer.ggml.tokens")
     strings = tokens.strings if tokens is not None else None
     if tokens is not None and strings is None:
         raise MalformedError(f"{name} is corrupt: tokenizer.ggml.tokens is an array of "
                              f"{type_name(tokens.elem_type)}, not of strings.")
-    n_vocab = strings.count if strings is not None else hp(Keys.LLM.VOCAB_SIZE)
-    for key in (Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE):
+    n_vocab = strings.count if strings is not None else hp("vocab_size")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         arr = h.arrays.get(key)
         if strings is not None and arr is not None and arr.count < strings.count:
             raise MalformedError(f"{name} is corrupt: {key} has {arr.count:,} entries for {strings.count:,} "
                                  "tokens.")
-    vocab_model = _str_value(h, Keys.Tokenizer.MODEL) or ""
+    vocab_model = _str_value(h, "tokenizer.ggml.model") or ""
     if strings is None and vocab_model not in ("", "none", "no_vocab") and kind == "model":
         raise MalformedError(f"{name} names the tokenizer {vocab_model!r} but has no token list "
                              "(tokenizer.ggml.tokens).")
@@ -359,10 +367,10 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
 
     fingerprint = strings.fingerprint if strings is not None else ""
 
-    file_type = _int_value(h, Keys.General.FILE_TYPE, name)
+    file_type = _int_value(h, "general.file_type", name)
     quant = _quant_name(file_type, h)
-    template = _str_value(h, Keys.Tokenizer.CHAT_TEMPLATE)
-    template_kept = template if template is not None and h.str_len.get(Keys.Tokenizer.CHAT_TEMPLATE, 0) <= \
+    template = _str_value(h, "tokenizer.chat_template")
+    template_kept = template if template is not None and h.str_len.get("tokenizer.chat_template", 0) <= \
         MAX_TEMPLATE_LEN else None
 
     n_params = h.n_params
@@ -387,7 +395,7 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
 
     metadata: dict[str, object] = {}
     for key, value in h.kv.items():
-        if key.startswith(Keys.Tokenizer.CHAT_TEMPLATE):
+        if key.startswith("tokenizer.chat_template"):
             continue
         if isinstance(value, str) and h.str_len.get(key, 0) > MAX_METADATA_STR:
             value += "…"  # cut when read
@@ -395,15 +403,15 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
 
     return GGUFInfo(
         path=str(path), file_size=size, version=h.version, kind=kind, architecture=arch,
-        name=(_str_value(h, Keys.General.NAME) or "")[:MAX_METADATA_STR] or path.stem,
+        name=(_str_value(h, "general.name") or "")[:MAX_METADATA_STR] or path.stem,
         n_params=n_params, tensor_bytes=tensor_bytes, file_type=file_type, quantization=quant,
-        context_length=hp(Keys.LLM.CONTEXT_LENGTH), n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        context_length=hp("context_length"), n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, sliding_window=window,
         swa_layers=swa, vocab_type=vocab_model, n_vocab=n_vocab, bos_id=bos, eos_id=eos, add_bos=add_bos,
         add_eos=add_eos, token_fingerprint=fingerprint,
         has_chat_template=template is not None, chat_template=template_kept,
         split_count=split_count, split_index=split_index, missing_shards=missing, metadata=metadata,
-        tokenizer_pre=_str_value(h, Keys.Tokenizer.PRE) or "", n_tensors=len(h.tensors),
+        tokenizer_pre=_str_value(h, "tokenizer.ggml.pre") or "", n_tensors=len(h.tensors),
         data_offset=h.data_offset, alignment=h.alignment,
         kv_layers=kv_layers if not all(kv_layers) else (), recurrent_layers=n_recurrent,
         recurrent_state_floats=state_floats, mtp_layers=mtp_layers,
@@ -412,23 +420,26 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
 
 def _quant_name(file_type: int | None, h: Header) -> str:
     if file_type is not None:
-        base = file_type & ~LlamaFileType.GUESSED
-        if base in _FILE_TYPES:  # the name llama.cpp prints: ALL_F32 -> F32, MOSTLY_Q4_K_M -> Q4_K_M
-            return LlamaFileType(base).name.removeprefix("ALL_").removeprefix("MOSTLY_")
+        base = FILE_TYPES.get(file_type & ~_FTYPE_GUESSED)
+        if base is not None:
+            return base
     # The dominant type among weight matrices (1-D norms and biases are F32 in every file).
-    weights: dict[GGMLQuantizationType, int] = {}
+    weights: dict[int, int] = {}
     for _, dims, ttype, _ in h.tensors:
         if len(dims) >= 2:
-            weights[ttype] = weights.get(ttype, 0) + math.prod(dims)
+            count = 1
+            for d in dims:
+                count *= d
+            weights[ttype] = weights.get(ttype, 0) + count
     pool = weights or h.bytes_by_type
     if not pool:
         return ""
-    return max(pool, key=lambda t: pool[t]).name
+    return GGML_TYPES[max(pool, key=lambda t: pool[t])][0]
 
 
 def _token_texts_from(path: Path) -> list[str]:
     h, _ = read_header(path, collect_tokens=True)
-    tokens = h.arrays.get(Keys.Tokenizer.LIST)
+    tokens = h.arrays.get("tokenizer.ggml.tokens")
     if tokens is None or tokens.strings is None or tokens.strings.items is None:
         return []
     return tokens.strings.items
