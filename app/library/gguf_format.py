@@ -3,9 +3,9 @@ and offset checked against a cap and against the file size before it is read, so
 exhaust memory or crash. What the values mean to llama.cpp is ``app.library.gguf_reader``'s job.
 
 Hand-written, not `gguf`'s GGUFReader: that reader loops and allocates for every element a header declares
-(a 64-byte file declaring 2^40 one-byte elements never returns), memory-maps the file (SIGBUS when a
-download in progress is truncated) and builds numpy arrays per string and number (minutes on the demo models
-where this walk takes a fraction of a second; benchmarks/gguf_guard.py --reference).
+(a 64-byte file declaring 2^40 one-byte elements had not returned after 300 s), memory-maps the file (SIGBUS
+when a download in progress is truncated) and builds numpy arrays per string and number (42 s and 271 s for
+the demo models' headers where this walk took 0.2 s and 0.6 s, on a busy machine; benchmarks/gguf_guard.py).
 Its type tables are the ggml and llama.cpp that SpecDeck runs, pinned to them by tests/app/test_gguf_reader.py,
 not gguf's: gguf 0.19.0 gives Q8_1 blocks 40 bytes (ggml: 36) and lacks Q2_0, and importing it loads numpy,
 yaml and its writer, +16 MiB of peak memory in every process that reads a header (benchmarks/gguf_guard.py).
