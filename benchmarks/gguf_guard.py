@@ -151,7 +151,7 @@ def demo_cases(demo_dir: Path) -> dict[str, tuple[Path, str]]:
 def run_child(tree: Path, path: Path, repeats: int, which: str) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}  # and the working folder: `python -c` puts it first
     proc = subprocess.run([sys.executable, "-c", CHILD, str(path), str(repeats), which], env=env, cwd=tree,
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{tree}: {path}: the reader process failed:\n{proc.stderr}")
     result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
