@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.library.gguf_format import GGML_TYPES, GGUFError, read_header
+from app.library.gguf_format import GGUFError, read_header, tensor_nbytes
 from app.library.gguf_reader import GGUFInfo
 
 # llama.cpp's LLM_TENSOR_LAYER_INPUT tensors, by their GGUF names (llama-arch.cpp).
@@ -51,11 +51,7 @@ def _split(path: str, _size: int, _mtime_ns: int, n_layer: int) -> TensorSplit |
     input_bytes = output_bytes = embeddings = 0
     has_output = False
     for name, dims, ggml_type, _offset in header.tensors:
-        count = 1
-        for d in dims:
-            count *= d
-        _, block, type_size = GGML_TYPES[ggml_type]
-        nbytes = count // block * type_size
+        nbytes = tensor_nbytes(dims, ggml_type)
         layer = _LAYER.match(name)
         if layer and int(layer.group(1)) < n_layer:
             layers[int(layer.group(1))] += nbytes

@@ -1,17 +1,23 @@
-"""GGUF at the byte level, bounded: the header's metadata and tensor infos parsed with every count,
-length and offset checked against a cap and against the file size before it is read, so no file can make
-it hang, exhaust memory or crash. (`gguf`'s GGUFReader does not bound sizes: a crafted file of a few dozen
-bytes hangs it.) What the values mean to llama.cpp is ``app.library.gguf_reader``'s job.
+"""GGUF at the byte level, bounded: the header's metadata and tensor infos walked with every count, length
+and offset checked against a cap and against the file size before it is read, so no file can make it hang,
+exhaust memory or crash. What the values mean to llama.cpp is ``app.library.gguf_reader``'s job.
 
-Only the metadata and tensor-info region is read, with buffered reads; tensor data never is. Files are not
-memory-mapped: a file truncated while mapped (a download in progress) would kill the process with SIGBUS.
-This module is over 450 lines because the parser and its bounds are one unit: splitting them would put a
-check far from the read it guards.
+Hand-written, not `gguf`'s GGUFReader: that reader loops and allocates for every element a header declares
+(a 64-byte file declaring 2^40 one-byte elements had not returned after 300 s), memory-maps the file (SIGBUS
+when a download in progress is truncated) and builds numpy arrays per string and number (42 s and 271 s for
+the demo models' headers where this walk took 0.2 s and 0.6 s, on a busy machine; benchmarks/gguf_guard.py).
+Its type tables are the ggml and llama.cpp that SpecDeck runs, pinned to them by tests/app/test_gguf_reader.py,
+not gguf's: gguf 0.19.0 gives Q8_1 blocks 40 bytes (ggml: 36) and lacks Q2_0, and importing it loads numpy,
+yaml and its writer, +16 MiB of peak memory in every process that reads a header (benchmarks/gguf_guard.py).
+
+Only the metadata and tensor-info region is read, with buffered reads; tensor data never is. Over 450 lines
+because the walk and its bounds are one unit: splitting them would put a check far from the read it guards.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import stat
 import struct
@@ -84,7 +90,7 @@ DEFAULT_ALIGNMENT = 32
 FINGERPRINT_START = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 _CHUNK = 1 << 20
 
-# GGUF value types: id -> (name, fixed size or 0 for string/array, struct code)
+# GGUF value types: id -> (name, fixed size or 0 for string/array, struct code), as gguf's GGUFValueType.
 _T_STRING = 8
 _T_ARRAY = 9
 _VALUE_TYPES: dict[int, tuple[str, int, str]] = {
@@ -105,7 +111,8 @@ _VALUE_TYPES: dict[int, tuple[str, int, str]] = {
 INT_TYPES = frozenset((0, 1, 2, 3, 4, 5, 10, 11))
 BOOL_TYPE = 7
 
-# ggml tensor types: id -> (name, block size, bytes per block). Ids 4, 5 and 31..33, 36..38 were removed.
+# ggml tensor types: id -> (name, block size, bytes per block), as the linked ggml's ggml_type_name,
+# ggml_blck_size and ggml_type_size say. Ids 4, 5 and 31..33, 36..38 were removed.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
     6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
@@ -115,7 +122,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
     34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
+    41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
 }
 
 U32 = struct.Struct("<I")
@@ -283,6 +290,12 @@ def type_name(vtype: int) -> str:
     return _VALUE_TYPES[vtype][0] if vtype in _VALUE_TYPES else f"type {vtype}"
 
 
+def tensor_nbytes(dims: tuple[int, ...], ggml_type: int) -> int:
+    """The bytes of a tensor's data (its rows are whole blocks of its type: the walk checks that)."""
+    _, block, type_size = GGML_TYPES[ggml_type]
+    return math.prod(dims) // block * type_size
+
+
 def _parse(r: Reader, *, collect_tokens: bool) -> Header:
     name = r.name
     if r.size == 0:
@@ -408,17 +421,13 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
     n_params = 0
     bytes_by_type: dict[int, int] = {}
     for tname, dims, ttype, offset in tensors:
-        count = 1
-        for d in dims:
-            count *= d
-        _, blck, tsize = GGML_TYPES[ttype]
-        nbytes = count // blck * tsize
+        nbytes = tensor_nbytes(dims, ttype)
         if offset != expected:
             raise MalformedError(f"{name} is corrupt: tensor {tname!r} starts at data offset {offset:,}, "
                                  f"expected {expected:,}.")
         data_size = offset + nbytes
         expected = offset + -(-nbytes // alignment) * alignment
-        n_params += count
+        n_params += math.prod(dims)
         bytes_by_type[ttype] = bytes_by_type.get(ttype, 0) + nbytes
     if tensors and data_offset + data_size > r.size:
         raise TruncatedError(

@@ -3,6 +3,7 @@ with bounded memory and its own typed error."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import time
@@ -177,6 +178,48 @@ def test_quantization_falls_back_to_dominant_weight_type(tmp_path: Path) -> None
     # token_embd (64 x 14) is F16, blk.0.attn_q (64 x 64) is Q8_0: more weights are Q8_0.
     assert info.file_type is None
     assert info.quantization == "Q8_0"
+
+
+# A file type SpecDeck does not know is shown as the dominant weight type (Q8_0 here); 1024 is a flag.
+@pytest.mark.parametrize(("file_type", "shown"), [(0, "F32"), (15 | 1024, "Q4_K_M"), (38, "MXFP4_MOE"),
+                                                  (999, "Q8_0")])
+def test_file_type_named_as_llama_cpp_names_it(tmp_path: Path, file_type: int, shown: str) -> None:
+    kvs = _replace_kv("general.file_type", kv("general.file_type", U32, file_type))
+    assert read_gguf_info(write(tmp_path / "f.gguf", build(kvs))).quantization == shown
+
+
+def test_type_tables_are_the_linked_ggml_s() -> None:
+    """The walk's tensor and file types are those of the ggml and llama.cpp that SpecDeck runs (gguf's own
+    tables differ from them), and its value types are gguf's: names, ids, sizes and element kinds."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+    import numpy as np
+    from llama_cpp._ggml import libggml as loaded
+
+    from app.library.gguf_format import _VALUE_TYPES, GGML_TYPES
+    from app.library.gguf_reader import FILE_TYPES
+
+    libggml = ctypes.CDLL(loaded._name)  # a handle of our own: its functions' restype is set here
+    libggml.ggml_type_name.restype = ctypes.c_char_p
+    libggml.ggml_blck_size.restype = ctypes.c_int64
+    libggml.ggml_type_size.restype = ctypes.c_size_t
+    linked = {i: (libggml.ggml_type_name(i).decode().upper(), libggml.ggml_blck_size(i), libggml.ggml_type_size(i))
+              for i in range(llama_cpp.GGML_TYPE_COUNT) if libggml.ggml_blck_size(i) > 0}
+    assert linked == GGML_TYPES
+    prefix = re.compile(r"^LLAMA_FTYPE_(ALL|MOSTLY)_")
+    names = {getattr(llama_cpp, n): prefix.sub("", n) for n in dir(llama_cpp) if prefix.match(n)}
+    assert {k: v for k, v in FILE_TYPES.items() if k != 4} == names  # 4: retired from llama.h, still named
+
+    scalars = gguf.GGUFReader.gguf_scalar_to_np
+    assert {k: v[:2] for k, v in _VALUE_TYPES.items()} == {
+        int(t): (t.name.lower(), np.dtype(scalars[t]).itemsize if t in scalars else 0) for t in gguf.GGUFValueType}
+    for t, np_type in scalars.items():
+        code = _VALUE_TYPES[t][2]
+        assert struct.calcsize(code) == np.dtype(np_type).itemsize, t.name
+        if t != gguf.GGUFValueType.BOOL:  # read as a byte, then made a bool
+            assert np.dtype(code[1:]) == np.dtype(np_type), t.name
 
 
 def test_per_layer_head_counts_take_the_largest(tmp_path: Path) -> None:
