@@ -55,6 +55,7 @@ from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
+from ui.history_reads import ReadDelivery
 from ui.log_window import LogWindow
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
@@ -198,6 +199,7 @@ class FirstRunPanel(QWidget):
 
 class MainWindow(QMainWindow):
     history_write_failed = Signal(str)  # emitted on the history's writer thread, delivered on the GUI thread
+    export_done = Signal(str)  # the file an export wrote, or "" when it failed (the notifier says why)
 
     def __init__(
         self,
@@ -214,6 +216,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        self._reads = ReadDelivery(self)  # history reads (an export) reach the GUI thread when they are done
         self._history_reopen_ticks = 0  # seconds since the last try to open a history that would not open
         self._prompt_warnings_shown: set[str] = set()  # template warnings already told for this model
         # Writes the history could not take (another program held its lock) are retried until written.
@@ -365,15 +368,15 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.dashboard_dock.toggleViewAction())
         chat_menu = bar.addMenu("&Chat")
         chat = self.chat
-        for attr, text, call, keys in (
-            ("regenerate_action", "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE),
-            ("continue_action", "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE),
-            ("edit_last_action", "&Edit last message", lambda: chat.edit_last(), KEY_EDIT_LAST),
-            ("copy_answer_action", "Copy last &answer", lambda: chat.copy_last_answer(), KEY_COPY_ANSWER),
-            ("message_box_action", "&Message box", lambda: chat.focus_input(), KEY_MESSAGE_BOX),
-            ("rename_action", "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME),
-        ):
-            setattr(self, attr, self._action(chat_menu, text, call, keys))
+        self.regenerate_action = self._action(chat_menu, "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE)
+        self.continue_action = self._action(chat_menu, "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE)
+        self.edit_last_action = self._action(chat_menu, "&Edit last message", lambda: chat.edit_last(),
+                                             KEY_EDIT_LAST)
+        self.copy_answer_action = self._action(chat_menu, "Copy last &answer", lambda: chat.copy_last_answer(),
+                                               KEY_COPY_ANSWER)
+        self.message_box_action = self._action(chat_menu, "&Message box", lambda: chat.focus_input(),
+                                               KEY_MESSAGE_BOX)
+        self.rename_action = self._action(chat_menu, "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME)
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
@@ -670,20 +673,35 @@ class MainWindow(QMainWindow):
             self.export_chat(path)
 
     def export_chat(self, path: str) -> bool:
-        """Export the open chat (Markdown, or JSON for a .json name); the file is written off the GUI
-        thread and the outcome shown on the status bar."""
+        """Export the open chat (Markdown, or JSON for a .json name): read behind the history's queued writes
+        and written to the file off the GUI thread, the outcome shown on the status bar (``export_done``)."""
         if self.store is None or self.chat.chat_id is None:
             return False
-        chat_id = self.chat.chat_id
         try:
-            text = self.store.export_json(chat_id) if path.endswith(".json") else self.store.export_markdown(chat_id)
-        except (KeyError, StorageError) as exc:
-            self.notifier.error(f"The chat could not be exported: {exc}")
+            future = self.store.export_later(self.chat.chat_id, as_json=path.endswith(".json"))
+        except StorageError as exc:
+            self._on_export_failed(f"The chat could not be exported: {exc}")
             return False
-        self.writes.run(lambda: atomic_write_text(Path(path), text),
-                        lambda _r: self.notifier.info(f"Exported to {path}."),
-                        lambda exc: self.notifier.error(f"The chat could not be exported to {path}: {exc}"))
+        self._reads.deliver(future, lambda text: self._write_export(path, text),
+                            lambda exc: self._on_export_read_failed(exc))
         return True
+
+    def _on_export_read_failed(self, exc: BaseException) -> None:
+        if not isinstance(exc, KeyError | StorageError):
+            raise exc
+        self._on_export_failed(f"The chat could not be exported: {exc}")
+
+    def _write_export(self, path: str, text: str) -> None:
+        self.writes.run(lambda: atomic_write_text(Path(path), text), lambda _r: self._on_exported(path),
+                        lambda exc: self._on_export_failed(f"The chat could not be exported to {path}: {exc}"))
+
+    def _on_exported(self, path: str) -> None:
+        self.notifier.info(f"Exported to {path}.")
+        self.export_done.emit(path)
+
+    def _on_export_failed(self, message: str) -> None:
+        self.notifier.error(message)
+        self.export_done.emit("")
 
     @Slot()
     def _on_copy_action_triggered(self) -> None:

@@ -62,7 +62,8 @@ def test_f2_renames_the_open_chat_from_anywhere(qtbot: QtBot, make_window) -> No
     chat_id = chat.store.new_chat("first chat", "")
     with qtbot.waitSignal(chat.history_refreshed, timeout=5000):
         chat.refresh_history()
-    chat.open_chat(chat_id)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(chat_id)
     chat.input.setFocus()
     qtbot.waitUntil(chat.input.hasFocus)
     qtbot.keyClick(window.windowHandle(), Qt.Key.Key_F2)

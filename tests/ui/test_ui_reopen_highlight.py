@@ -52,7 +52,8 @@ def test_a_reopened_chat_shows_the_drafted_tokens_it_showed_live(
     first = chat.chat_id
     chat.new_chat()
     assert tinted(chat.view) == {}
-    chat.open_chat(first)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(first)
     assert tinted(chat.view) == live  # the same characters, in the same colours
 
 

@@ -8,14 +8,12 @@ the panel's state (the open chat, generating) and lives here with it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import ParamSpec, TypeVar
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal, SignalInstance, Slot
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -34,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.engine.params import SamplingSettings
 from app.errors import AppError, SettingsError, StorageError
 from app.events import (
     EngineCrashed,
@@ -50,15 +49,18 @@ from app.events import (
     pieces_from_spans,
     speedup_over_plain,
 )
-from app.storage.buffered_history import BufferedHistory
-from app.storage.history import ChatSummary, HistoryStore
+from app.storage.chat_store import ChatStore, DraftedSpans
+from app.storage.history import ChatSummary, StoredMessage
 from app.storage.history_writer import HistoryThread
-from ui.bridge import EngineBridge
+from ui.chat.engine import ChatEngine
 from ui.chat.view import ChatMessage, ChatView, ColourKey
 from ui.flow_layout import FlowLayout
+from ui.history_reads import ReadDelivery, read_now
 from ui.models.sampling_form import SamplingForm
 from ui.plain_text import plain_tooltip
 
+P = ParamSpec("P")
+T = TypeVar("T")
 FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
 HISTORY_MIN_WIDTH = 120
@@ -86,17 +88,16 @@ class ChatPanel(QWidget):
     chat_deleted = Signal(int)  # hidden at once; deleted for good unless undone in time
     completion_mode_toggled = Signal(bool)  # by the user (not by set_completion_mode)
     history_refreshed = Signal()  # the chat list shows what the store held when it was last asked
-    _chats_read = Signal(int, object)  # from the writer thread: request number, (chats, matching ids) or an error
 
     def __init__(
         self,
-        bridge: EngineBridge,
+        bridge: ChatEngine,
         sampling_form: SamplingForm,
-        store: HistoryThread | HistoryStore | BufferedHistory | None,
+        store: ChatStore | None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
-        self.bridge = bridge
+        self.bridge: ChatEngine = bridge  # the engine answering: the window's own, or a remote server's model
         self.sampling_form = sampling_form
         self.store = store
         self.chat_id: int | None = None
@@ -108,7 +109,7 @@ class ChatPanel(QWidget):
         self.model_loading: Callable[[], bool] = lambda: False  # the window's: is a load under way?
         self.overflow_policy: Callable[[], str] = lambda: "stop"  # the window's: AppSettings.context_overflow
         self._left_out = 0  # turns (question and answer) left out of the prompt to fit the context
-        self._request: tuple[Any, bool] | None = None  # the answer's sampling and "continue", to ask again
+        self._request: tuple[SamplingSettings, bool] | None = None  # the answer's sampling and "continue"
         self.overflowed_request: int | None = None  # the request whose "too long" this panel reported itself
         self._resumed_text = ""  # Continue: the partial answer the engine goes on from
         self._resumed_stats: MessageStats | None = None  # and its figures, which the footer adds to
@@ -124,6 +125,8 @@ class ChatPanel(QWidget):
         self._undo_order: list[str] = []  # "edit", "message", "chat": what Ctrl+Z takes back, newest last
         self._versions: dict[int, int | None] = {}  # chat id: the chat it is an earlier version of (the list's)
         self._chat_list_requests = 0  # only the newest request's answer is shown
+        self._open_requests = 0  # likewise for opening a chat: the chat asked for last is the one shown
+        self._reads = ReadDelivery(self)
         self.context_menu: QMenu | None = None
         self._delete_timer = QTimer(self)
         self._delete_timer.setSingleShot(True)
@@ -132,14 +135,8 @@ class ChatPanel(QWidget):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
         self._flush_timer.timeout.connect(self._on_flush_timer_timeout)
-        bridge.generation_started.connect(self._on_bridge_generation_started)
-        bridge.token_received.connect(self._on_bridge_token_received)
-        bridge.prompt_progress.connect(self._on_bridge_prompt_progress)
-        bridge.prompt_processed.connect(self._on_bridge_prompt_processed)
-        bridge.generation_finished.connect(self._on_bridge_generation_finished)
-        bridge.engine_error.connect(self._on_bridge_engine_error)
-        bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
-        self._chats_read.connect(self._on_chats_read)
+        for signal, slot in self._engine_links(bridge):
+            signal.connect(slot)
         self.refresh_history()
         self._update_buttons()
 
@@ -280,9 +277,8 @@ class ChatPanel(QWidget):
 
     # --- storage (every failure is shown; the chat stays in memory) -----------------------------------
 
-    def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.store is None:
-            return None
+    def _store_call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+        """``fn`` (a method of the store) with its arguments; None when it failed (a failure is shown)."""
         try:
             return fn(*args, **kwargs)
         except StorageError as exc:
@@ -291,30 +287,39 @@ class ChatPanel(QWidget):
             pass  # the chat was deleted elsewhere; the chat in memory is what counts now
         return None
 
-    def _create(self, what: str, *args: Any, **kwargs: Any) -> int | None:
-        """A new chat, message or answer (``what`` names the store's method). The writer thread hands back a
-        handle at once (``*_later``), which stands for the new id in every later call; a plain store (a
-        test's) creates the row now."""
-        if self.store is None:
-            return None
-        if isinstance(self.store, HistoryThread):
-            what = f"{what}_later"
-        new_id: int | None = self._store_call(getattr(self.store, what), *args, **kwargs)
-        return new_id
+    # The creates: the writer thread hands back a handle at once (``*_later``), which stands for the new id in
+    # every later call; a plain store (a test's) creates the row now.
 
-    def attach_store(self, store: Any) -> None:
+    def _new_chat(self, store: ChatStore, title: str, system_prompt: str, *,
+                  version_of: int | None = None) -> int | None:
+        create = store.new_chat_later if isinstance(store, HistoryThread) else store.new_chat
+        return self._store_call(create, title, system_prompt, version_of=version_of)
+
+    def _add_message(self, store: ChatStore, chat_id: int, role: str, text: str, status: str = "complete", *,
+                     model: str | None = None, drafter: str | None = None, stats: object = None,
+                     stop_reason: str | None = None, drafted: DraftedSpans | None = None) -> int | None:
+        create = store.add_message_later if isinstance(store, HistoryThread) else store.add_message
+        return self._store_call(create, chat_id, role, text, status, model=model, drafter=drafter, stats=stats,
+                                stop_reason=stop_reason, drafted=drafted)
+
+    def _begin_answer(self, store: ChatStore, chat_id: int, *, model: str | None, drafter: str | None,
+                      sampling: SamplingSettings) -> int | None:
+        create = store.begin_answer_later if isinstance(store, HistoryThread) else store.begin_answer
+        return self._store_call(create, chat_id, model=model, drafter=drafter, sampling=sampling)
+
+    def attach_store(self, store: ChatStore) -> None:
         """The history opened late (space was freed): the chat in memory is saved into it as a new chat, and
         saving goes on from here. Call it between answers."""
         self.store = store
         if self.messages and self.chat_id is None:
             first_user = next((m.text for m in self.messages if m.role == "user"), "")
-            self.chat_id = self._create("new_chat", title_from(first_user) if first_user else "New chat",
-                                        self.system_prompt.text())
+            self.chat_id = self._new_chat(store, title_from(first_user) if first_user else "New chat",
+                                          self.system_prompt.text())
             for message in self.messages if self.chat_id is not None else ():
                 status = "interrupted" if message.status == "streaming" else message.status
-                message.store_id = self._create("add_message", self.chat_id, message.role, message.text, status,
-                                                model=message.model, drafter=message.drafter,
-                                                stats=message.stats)
+                message.store_id = self._add_message(store, self.chat_id, message.role, message.text, status,
+                                                     model=message.model, drafter=message.drafter,
+                                                     stats=message.stats)
         self.refresh_history()
 
     def stored_chat_id(self) -> int | None:
@@ -341,7 +346,8 @@ class ChatPanel(QWidget):
             except StorageError as exc:
                 self.error_raised.emit(f"Could not read the chat history: {exc}")
                 return
-            future.add_done_callback(lambda done: self._deliver_chats(number, done))
+            self._reads.deliver(future, lambda chats: self._on_chats_read(number, *chats),
+                                lambda exc: self._on_chats_read_failed(number, exc))
             return
         try:  # a store without a writer thread (a test's): read here
             chats = self.store.list_chats()
@@ -356,21 +362,13 @@ class ChatPanel(QWidget):
                 self.error_raised.emit(str(exc))
         self._fill_history(chats, matching)
 
-    def _deliver_chats(self, number: int, done: Future[tuple[list[ChatSummary], set[int] | None]]) -> None:
-        """On the writer thread: hand the read to the GUI thread (a queued signal)."""
-        exc = done.exception()
-        with contextlib.suppress(RuntimeError):  # the panel is gone (the window closed meanwhile)
-            self._chats_read.emit(number, exc if exc is not None else done.result())
+    def _on_chats_read(self, number: int, chats: list[ChatSummary], matching: set[int] | None) -> None:
+        if number == self._chat_list_requests:  # else a newer request is on its way
+            self._fill_history(chats, matching)
 
-    @Slot(int, object)
-    def _on_chats_read(self, number: int, result: object) -> None:
-        if number != self._chat_list_requests:
-            return  # a newer request is on its way
-        if isinstance(result, BaseException):
-            self.error_raised.emit(f"Could not read the chat history: {result}")
-            return
-        assert isinstance(result, tuple)
-        self._fill_history(*result)
+    def _on_chats_read_failed(self, number: int, exc: BaseException) -> None:
+        if number == self._chat_list_requests:
+            self.error_raised.emit(f"Could not read the chat history: {exc}")
 
     def _fill_history(self, chats: list[ChatSummary], matching: set[int] | None = None) -> None:
         self._versions = {c.id: c.version_of for c in chats}
@@ -425,15 +423,37 @@ class ChatPanel(QWidget):
         self._update_buttons()
         self.history_refreshed.emit()
 
-    def open_chat(self, chat_id: int) -> None:
-        if self.generating or self.store is None:
+    def open_chat(self, chat_id: int, *, quiet: bool = False) -> None:
+        """Show a stored chat. With the window's writer thread the read queues behind the writes and the chat is
+        shown when it arrives (``chat_opened``): the GUI thread never waits for it. ``quiet``: a chat that is no
+        longer there is no error."""
+        store = self.store
+        if self.generating or store is None:
             return
-        try:
-            chat = self.store.chat(chat_id)
-            stored = self.store.messages(chat_id)
-        except (KeyError, StorageError) as exc:
+        self._open_requests += 1
+        number = self._open_requests
+        if isinstance(store, HistoryThread):
+            try:
+                future = store.chat_later(chat_id)
+            except StorageError as exc:
+                self.error_raised.emit(str(exc))
+                return
+        else:
+            future = read_now(lambda: (store.chat(chat_id), store.messages(chat_id)))
+        self._reads.deliver(future, lambda read: self._on_chat_read(number, chat_id, *read),
+                            lambda exc: self._on_chat_read_failed(number, exc, quiet))
+
+    def _on_chat_read_failed(self, number: int, exc: BaseException, quiet: bool) -> None:
+        if number != self._open_requests:
+            return  # another chat was asked for since
+        if not isinstance(exc, KeyError | StorageError):
+            raise exc
+        if not quiet:
             self.error_raised.emit(str(exc))
-            return
+
+    def _on_chat_read(self, number: int, chat_id: int, chat: ChatSummary, stored: list[StoredMessage]) -> None:
+        if number != self._open_requests or self.generating:
+            return  # another chat was asked for (or a new one begun) since, or an answer is being written
         self._commit_message_delete()
         self.chat_id = chat_id
         if chat.mode is not None:  # the mode it was written in (older chats: the model's default stays)
@@ -447,29 +467,38 @@ class ChatPanel(QWidget):
             for m in stored if m.role != "system"
         ]
         self.view.show_messages(self.messages)
+        self._select_open_chat()
         self._update_buttons()
         self.chat_opened.emit(chat_id)
 
-    def reopen(self, chat_id: int) -> bool:
-        """Open a chat from an earlier session, if it is still there (quietly nothing otherwise)."""
-        if self.store is None:
-            return False
-        try:
-            self.store.chat(chat_id)
-        except (KeyError, StorageError):
-            return False
-        self.open_chat(chat_id)
-        self.refresh_history()
-        return self.chat_id == chat_id
+    def _select_open_chat(self) -> None:
+        """The open chat's row becomes the list's current one (no other chat is opened by it)."""
+        listed = self.history_list
+        for row in range(listed.count()):
+            if listed.item(row).data(Qt.ItemDataRole.UserRole) == self.chat_id:
+                listed.blockSignals(True)
+                listed.setCurrentRow(row)
+                listed.blockSignals(False)
+                return
 
-    def new_chat(self) -> None:
-        if self.generating:
-            return
+    def _leave_chat(self) -> None:
+        """No chat is open, and none being read is shown: the transcript is empty (the input keeps its text)."""
+        self._open_requests += 1
         self._commit_message_delete()
         self._pending_edit = None
         self.chat_id = None
         self.messages = []
         self.view.show_messages([])
+
+    def reopen(self, chat_id: int) -> None:
+        """Open a chat from an earlier session, if it is still there (quietly nothing otherwise)."""
+        self.open_chat(chat_id, quiet=True)
+        self.refresh_history()
+
+    def new_chat(self) -> None:
+        if self.generating:
+            return
+        self._leave_chat()
         self.input.clear()
         self.history_list.blockSignals(True)
         self.history_list.clearSelection()
@@ -497,16 +526,17 @@ class ChatPanel(QWidget):
             return False
         self._commit_edit()
         self._commit_message_delete()
+        self._open_requests += 1  # a chat still being read is not shown over the one written in
         if self.chat_id is None and self.store is not None:
             title = title_from(text)
-            self.chat_id = self._create("new_chat", title, self.system_prompt.text())
+            self.chat_id = self._new_chat(self.store, title, self.system_prompt.text())
             if self.chat_id is not None:
                 self._store_call(self.store.set_mode, self.chat_id, "completion" if self.completion_mode else "chat")
         elif self.chat_id is not None and self.store is not None:
             self._store_call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
         message = ChatMessage("user", text)
         if self.chat_id is not None and self.store is not None:
-            message.store_id = self._create("add_message", self.chat_id, "user", text)
+            message.store_id = self._add_message(self.store, self.chat_id, "user", text)
         self.messages.append(message)
         self.view.append_message(message)
         self.view.follow_end()
@@ -559,7 +589,7 @@ class ChatPanel(QWidget):
             if not self.generating:
                 self.view.show_messages(self.messages)
 
-    def _start_answer(self, sampling: Any, resume: ChatMessage | None = None) -> None:
+    def _start_answer(self, sampling: SamplingSettings, resume: ChatMessage | None = None) -> None:
         """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
         same message (and the same stored answer)."""
         self._commit_edit()  # Regenerate or Continue after Edit last: the chat as shown is the chat
@@ -575,12 +605,9 @@ class ChatPanel(QWidget):
                                  drafter=drafted_by(loaded) if loaded else None)
             messages = self._engine_messages()
         if resume is None and self.chat_id is not None and self.store is not None:
-            answer.store_id = self._create(
-                "begin_answer", self.chat_id,
-                model=loaded.target.path if loaded else None,
-                drafter=answer.drafter,
-                sampling=sampling,
-            )
+            answer.store_id = self._begin_answer(self.store, self.chat_id,
+                                                 model=loaded.target.path if loaded else None,
+                                                 drafter=answer.drafter, sampling=sampling)
         self._request = (sampling, resume is not None)
         try:
             self.bridge.generate(messages, sampling, continue_answer=resume is not None, raw=self.completion_mode)
@@ -608,16 +635,28 @@ class ChatPanel(QWidget):
         self._last_flush = time.monotonic()
         self._flush_timer.start()
 
-    def use_engine(self, engine: Any) -> None:
+    def _engine_links(self, engine: ChatEngine) -> tuple[tuple[SignalInstance, Callable[..., None]], ...]:
+        """Each of the engine's signals the chat listens to, with the slot it goes to."""
+        return (
+            (engine.generation_started, self._on_bridge_generation_started),
+            (engine.token_received, self._on_bridge_token_received),
+            (engine.prompt_progress, self._on_bridge_prompt_progress),
+            (engine.prompt_processed, self._on_bridge_prompt_processed),
+            (engine.generation_finished, self._on_bridge_generation_finished),
+            (engine.engine_error, self._on_bridge_engine_error),
+            (engine.engine_crashed, self._on_bridge_engine_crashed),
+        )
+
+    def use_engine(self, engine: ChatEngine) -> None:
         """Answer through ``engine`` from now on: the window's EngineBridge, or a remote server's model
-        (``ui.remote.route.RemoteChat``, the same requests and signals). Call it between answers."""
+        (``ui.remote.route.RemoteChat``). The old engine's signals no longer reach the chat. Call it between
+        answers."""
         if engine is self.bridge:
             return
-        names = ("generation_started", "token_received", "prompt_progress", "prompt_processed",
-                 "generation_finished", "engine_error", "engine_crashed")
-        for name in names:
-            getattr(self.bridge, name).disconnect(getattr(self, f"_on_bridge_{name}"))
-            getattr(engine, name).connect(getattr(self, f"_on_bridge_{name}"))
+        for signal, slot in self._engine_links(self.bridge):
+            signal.disconnect(slot)
+        for signal, slot in self._engine_links(engine):
+            signal.connect(slot)
         self.bridge = engine
 
     def stop(self) -> None:
@@ -778,14 +817,15 @@ class ChatPanel(QWidget):
         if self.chat_id is None or self.store is None or not messages:
             return
         title = self._chat_title() or "Untitled chat"
-        copy = self._create("new_chat", f"{title} (earlier version)", self.system_prompt.text(),
-                            version_of=self.chat_id)
+        copy = self._new_chat(self.store, f"{title} (earlier version)", self.system_prompt.text(),
+                              version_of=self.chat_id)
         if copy is None:
             return
         for m in messages:
-            self._create("add_message", copy, m.role, m.text, "interrupted" if m.status == "streaming" else m.status,
-                         model=m.model, drafter=m.drafter, stats=m.stats, stop_reason=m.stop_reason,
-                         drafted=drafted_spans(m.pieces, len(m.text)) or None)
+            self._add_message(self.store, copy, m.role, m.text,
+                              "interrupted" if m.status == "streaming" else m.status, model=m.model,
+                              drafter=m.drafter, stats=m.stats, stop_reason=m.stop_reason,
+                              drafted=drafted_spans(m.pieces, len(m.text)) or None)
         self._versions = {copy: self.chat_id, **self._versions}  # newest first, as the list orders them
         self.refresh_history()
 
@@ -804,13 +844,14 @@ class ChatPanel(QWidget):
         return None if self.chat_id is None else self._versions.get(self.chat_id)
 
     def switch_version(self) -> bool:
-        """Open the open chat's previous version, or from a previous version the chat it came from."""
+        """Open the open chat's previous version, or from a previous version the chat it came from (shown when
+        it arrives, as ``open_chat`` says)."""
         target = self.previous_version() or self.newer_version()
         if target is None or self.generating:
             return False
         self.open_chat(target)
         self.refresh_history()
-        return self.chat_id == target
+        return True
 
     @Slot()
     def _on_version_button_clicked(self) -> None:
@@ -1167,6 +1208,7 @@ class ChatPanel(QWidget):
                 neighbour = near.data(Qt.ItemDataRole.UserRole) if near is not None else None
                 break
         if was_open:
+            self._leave_chat()  # nothing goes on in the deleted chat while its neighbour is read
             if isinstance(neighbour, int):
                 self.open_chat(neighbour)
             else:
