@@ -52,7 +52,8 @@ from app.storage.atomic import atomic_write_text, irregular
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.chat_list import HISTORY_MIN_WIDTH
+from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.view import ChatMessage
 from ui.dashboard.panel import DashboardPanel
 from ui.history_reads import ReadDelivery

@@ -134,7 +134,7 @@ def test_wrapped_texts_get_the_height_their_lines_need(
 
 
 def test_api_chats_are_marked_in_the_list(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
-    from ui.chat.panel import API_ROLE
+    from ui.chat.chat_list import API_ROLE
 
     window = make_window(start_engine=False)
     chat = window.chat
