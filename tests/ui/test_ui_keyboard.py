@@ -9,7 +9,7 @@ from pytestqt.qtbot import QtBot
 
 from app.events import MessageStats
 from ui.chat.view import ChatMessage
-from ui.main_window import SHORTCUTS, SHORTCUTS_HTML
+from ui.shortcuts import SHORTCUTS, SHORTCUTS_HTML
 
 
 def _shown(qtbot: QtBot, make_window):  # type: ignore[no-untyped-def]
