@@ -44,7 +44,7 @@ from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
-from ui.chat.view import ChatMessage
+from ui.chat.message import ChatMessage
 from ui.crash_banner import CrashBanner
 from ui.dashboard.panel import DashboardPanel
 from ui.first_run import FirstRunPanel

@@ -8,7 +8,7 @@ from PySide6.QtGui import QGuiApplication
 from pytestqt.qtbot import QtBot
 
 from app.events import MessageStats
-from ui.chat.view import ChatMessage
+from ui.chat.message import ChatMessage
 from ui.shortcuts import SHORTCUTS, SHORTCUTS_HTML
 
 

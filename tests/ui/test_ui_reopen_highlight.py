@@ -10,7 +10,8 @@ from pytestqt.qtbot import QtBot
 
 from app.events import FROM_NGRAM, FROM_TARGET, drafted_spans, pieces_from_spans
 from tests.ui.conftest import load_pair, set_sampling
-from ui.chat.view import ChatView, source_colours
+from ui.chat.colours import source_colours
+from ui.chat.view import ChatView
 
 ANSWER_TIMEOUT_MS = 60_000
 

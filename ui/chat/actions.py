@@ -15,7 +15,7 @@ from PySide6.QtGui import QGuiApplication
 
 from app.errors import SettingsError
 from app.events import drafted_spans
-from ui.chat.view import ChatMessage
+from ui.chat.message import ChatMessage
 
 if TYPE_CHECKING:
     from ui.chat.panel import ChatPanel

@@ -29,7 +29,7 @@ from app.events import (
     speedup_over_plain,
 )
 from ui.chat.engine import ChatEngine
-from ui.chat.view import ChatMessage
+from ui.chat.message import ChatMessage
 
 if TYPE_CHECKING:
     from ui.chat.panel import ChatPanel

@@ -38,7 +38,9 @@ from ui.chat.chat_list import ChatList
 from ui.chat.engine import ChatEngine
 from ui.chat.history_link import HistoryLink
 from ui.chat.transcript import TranscriptPane
-from ui.chat.view import ChatMessage, ChatView, ColourKey
+from ui.chat.colours import ColourKey
+from ui.chat.message import ChatMessage
+from ui.chat.view import ChatView
 from ui.history_reads import ReadDelivery
 from ui.models.sampling_form import SamplingForm
 

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ui.chat.view import ChatView, ColourKey
+from ui.chat.colours import ColourKey
+from ui.chat.view import ChatView
 from ui.flow_layout import FlowLayout
 
 
