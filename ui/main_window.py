@@ -43,8 +43,8 @@ from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.chat.message import ChatMessage
+from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
 from ui.crash_banner import CrashBanner
 from ui.dashboard.panel import DashboardPanel
 from ui.first_run import FirstRunPanel
@@ -55,8 +55,8 @@ from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
 from ui.remote.window_side import RemoteSide
 from ui.shortcuts import (
-    KEY_COPY_ANSWER,
     KEY_CONTINUE,
+    KEY_COPY_ANSWER,
     KEY_EDIT_LAST,
     KEY_MESSAGE_BOX,
     KEY_REGENERATE,

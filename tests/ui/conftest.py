@@ -18,7 +18,6 @@ from app.engine.params import DraftSettings, LoadSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.runner import EngineRunner
 from app.serve.server import ServeOptions, Server
-
 from ui.main_window import MainWindow
 from ui.notifier import Notifier
 

@@ -91,8 +91,8 @@ class AnswerWriter(QObject):
         """Start an answer; ``resume``: an answer cut at Max tokens, which the engine goes on from, in the
         same message (and the same stored answer)."""
         panel = self.panel
-        panel.actions.commit_edit()  # Regenerate or Continue after Edit last: the chat as shown is the chat
-        panel.actions.commit_message_delete()
+        panel.message_actions.commit_edit()  # Regenerate or Continue after Edit last: the chat shown is the chat
+        panel.message_actions.commit_message_delete()
         loaded = panel.bridge.loaded
         if resume is not None:
             answer = resume

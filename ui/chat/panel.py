@@ -35,11 +35,11 @@ from app.storage.history import ChatSummary, StoredMessage
 from ui.chat.actions import MessageActions
 from ui.chat.answer import AnswerWriter
 from ui.chat.chat_list import ChatList
+from ui.chat.colours import ColourKey
 from ui.chat.engine import ChatEngine
 from ui.chat.history_link import HistoryLink
-from ui.chat.transcript import TranscriptPane
-from ui.chat.colours import ColourKey
 from ui.chat.message import ChatMessage
+from ui.chat.transcript import TranscriptPane
 from ui.chat.view import ChatView
 from ui.history_reads import ReadDelivery
 from ui.models.sampling_form import SamplingForm
@@ -86,7 +86,7 @@ class ChatPanel(QWidget):
         self._chat_list_requests = 0  # only the newest request's answer is shown
         self._open_requests = 0  # likewise for opening a chat: the chat asked for last is the one shown
         self.answers = AnswerWriter(self)
-        self.actions = MessageActions(self)
+        self.message_actions = MessageActions(self)
         self._build()
         for signal, slot in self.answers.engine_links(bridge):
             signal.connect(slot)
@@ -137,7 +137,7 @@ class ChatPanel(QWidget):
         self.edit_button.clicked.connect(self._on_edit_button_clicked)
         self.undo_edit_button.clicked.connect(self._on_undo_edit_button_clicked)
         self.new_chat_with_last_button.clicked.connect(self._on_new_chat_with_last_button_clicked)
-        self.version_button.clicked.connect(self.actions.on_version_button_clicked)
+        self.version_button.clicked.connect(self.message_actions.on_version_button_clicked)
         self.highlight_check.toggled.connect(self._on_highlight_check_toggled)
         splitter.addWidget(self.chat_list)
         splitter.addWidget(pane)
@@ -162,7 +162,7 @@ class ChatPanel(QWidget):
         self.undo_shortcut = QShortcut(QKeySequence(QKeySequence.StandardKey.Undo), self)
         self.undo_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         self.undo_shortcut.activated.connect(self._on_undo_shortcut_activated)
-        self.view.message_action.connect(self.actions.on_view_message_action)
+        self.view.message_action.connect(self.message_actions.on_view_message_action)
 
     # --- the parts' state, as the window and the tests read it -------------------------------------------
 
@@ -191,13 +191,15 @@ class ChatPanel(QWidget):
         self.history.store = store
         if self.messages and self.chat_id is None:
             first_user = next((m.text for m in self.messages if m.role == "user"), "")
-            self.chat_id = self.history.new_chat(title_from(first_user) if first_user else "New chat",
-                                                 self.system_prompt.text())
-            for message in self.messages if self.chat_id is not None else ():
-                status = "interrupted" if message.status == "streaming" else message.status
-                message.store_id = self.history.add_message(self.chat_id, message.role, message.text, status,
-                                                            model=message.model, drafter=message.drafter,
-                                                            stats=message.stats)
+            chat_id = self.history.new_chat(title_from(first_user) if first_user else "New chat",
+                                            self.system_prompt.text())
+            self.chat_id = chat_id
+            if chat_id is not None:
+                for message in self.messages:
+                    status = "interrupted" if message.status == "streaming" else message.status
+                    message.store_id = self.history.add_message(chat_id, message.role, message.text, status,
+                                                                model=message.model, drafter=message.drafter,
+                                                                stats=message.stats)
         self.refresh_history()
 
     def stored_chat_id(self) -> int | None:
@@ -245,11 +247,11 @@ class ChatPanel(QWidget):
     def _on_chat_read(self, number: int, chat_id: int, chat: ChatSummary, stored: list[StoredMessage]) -> None:
         if number != self._open_requests or self.generating:
             return  # another chat was asked for (or a new one begun) since, or an answer is being written
-        self.actions.commit_message_delete()
+        self.message_actions.commit_message_delete()
         self.chat_id = chat_id
         if chat.mode is not None:  # the mode it was written in (older chats: the model's default stays)
             self.set_completion_mode(chat.mode == "completion")
-        self.actions.pending_edit = None  # an edit not sent deleted nothing: the chat's history still holds it
+        self.message_actions.pending_edit = None  # an edit not sent deleted nothing: the history still holds it
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
             ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
@@ -265,8 +267,8 @@ class ChatPanel(QWidget):
     def _leave_chat(self) -> None:
         """No chat is open, and none being read is shown: the transcript is empty (the input keeps its text)."""
         self._open_requests += 1
-        self.actions.commit_message_delete()
-        self.actions.pending_edit = None
+        self.message_actions.commit_message_delete()
+        self.message_actions.pending_edit = None
         self.chat_id = None
         self.messages = []
         self.view.show_messages([])
@@ -302,8 +304,8 @@ class ChatPanel(QWidget):
         if self.bridge.loaded is None:
             self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
             return False
-        self.actions.commit_edit()
-        self.actions.commit_message_delete()
+        self.message_actions.commit_edit()
+        self.message_actions.commit_message_delete()
         self._open_requests += 1  # a chat still being read is not shown over the one written in
         if self.chat_id is None and self.store is not None:
             self.chat_id = self.history.new_chat(title_from(text), self.system_prompt.text())
@@ -416,16 +418,16 @@ class ChatPanel(QWidget):
         self.new_chat()
         return self.send(question)
 
-    # --- the message actions (``actions``) ------------------------------------------------------------
+    # --- the message actions (``message_actions``) ----------------------------------------------------
 
     def edit_last(self) -> bool:
-        return self.actions.edit_last()
+        return self.message_actions.edit_last()
 
     def undo_edit(self) -> bool:
-        return self.actions.undo_edit()
+        return self.message_actions.undo_edit()
 
     def undo(self) -> bool:
-        return self.actions.undo()
+        return self.message_actions.undo()
 
     def last_answer(self) -> ChatMessage | None:
         return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
@@ -457,7 +459,7 @@ class ChatPanel(QWidget):
         if self.generating and chat_id == self.chat_id:
             return
         self.commit_pending_delete()
-        self.actions.undo_order.append("chat")
+        self.message_actions.undo_order.append("chat")
         was_open = chat_id == self.chat_id
         neighbour = self.chat_list.hide_for_undo(chat_id)
         if was_open:
@@ -480,7 +482,7 @@ class ChatPanel(QWidget):
     @Slot()
     def commit_pending_delete(self) -> None:
         """Deletions waiting for their undo become final (the next delete, the timer, SpecDeck closing)."""
-        self.actions.commit_message_delete()
+        self.message_actions.commit_message_delete()
         for gone in self.chat_list.take_due():
             if self.store is not None:
                 self.history.call(self.store.delete_chat, gone)
@@ -504,7 +506,7 @@ class ChatPanel(QWidget):
         last = self.messages[-1] if self.messages else None
         self.continue_button.setVisible(idle and last is not None and last.role == "assistant"
                                         and last.stop_reason == "max_tokens")
-        self.undo_edit_button.setVisible(idle and self.actions.pending_edit is not None)
+        self.undo_edit_button.setVisible(idle and self.message_actions.pending_edit is not None)
         if not idle or not self.messages:
             self.new_chat_with_last_button.setVisible(False)
         elif last is not None and last.stop_reason == "context_full":

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl, Signal, Slot
+from PySide6.QtCore import QUrl, Signal, Slot
 from PySide6.QtGui import (
     QAction,
-    QColor,
     QContextMenuEvent,
     QFont,
     QFontDatabase,
@@ -39,16 +35,16 @@ from PySide6.QtGui import (
     QTextDocumentFragment,
     QTextFormat,
 )
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QTextBrowser, QWidget
+from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
-from app.events import FROM_MODEL, FROM_NGRAM, SOURCE_NAMES, TRAINED_DRAFTERS, MessageStats
+from app.events import FROM_MODEL, FROM_NGRAM, TRAINED_DRAFTERS
 from ui.chat.colours import code_background, source_colours
 from ui.chat.message import ChatMessage, footer_text
 from ui.chat.rendering import (
     COPY_SCHEME,
-    needs_plain,
     keep_lines,
     make_safe,
+    needs_plain,
     settled_tail,
     stable_prefix_length,
 )
