@@ -1,37 +1,29 @@
 """The main window: chat in the centre, models and settings on the left, the dashboard on the right.
 
-Window layout lives in QSettings (``window.ini`` in the config folder); user settings in
-``app.storage.settings`` (``settings.json``). Engine crashes show a banner; the chat and settings stay.
-Over 450 lines: it is the one place that wires the parts together (menus, docks, window state, engine
-events), and each piece is short.
+Window layout lives in QSettings (``ui.window_state``); user settings in ``app.storage.settings``
+(``settings.json``). Engine crashes show a banner (``ui.crash_banner``); the chat and settings stay. Over 500
+lines: it is the one place that wires the parts together (menus, docks, engine events, the history), and each
+piece is short.
 """
 
 from __future__ import annotations
 
-import html
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence, QShowEvent
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
-    QFrame,
     QGroupBox,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMenu,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QScrollArea,
     QStackedWidget,
     QVBoxLayout,
@@ -45,64 +37,39 @@ from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry
 from app.params import LoadSettings, threads_beside_window
-from app.paths import config_dir
-from app.storage.atomic import atomic_write_text, irregular
+from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
 from app.storage.pair_stats import drafter_key
 from app.storage.pair_stats import record as record_acceptance
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
-from ui.chat.panel import HISTORY_MIN_WIDTH, LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
-from ui.chat.view import ChatMessage
+from ui.chat.message import ChatMessage
+from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
+from ui.crash_banner import CrashBanner
 from ui.dashboard.panel import DashboardPanel
+from ui.first_run import FirstRunPanel
+from ui.history_reads import ReadDelivery
 from ui.log_window import LogWindow
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
 from ui.remote.window_side import RemoteSide
+from ui.shortcuts import (
+    KEY_CONTINUE,
+    KEY_COPY_ANSWER,
+    KEY_EDIT_LAST,
+    KEY_MESSAGE_BOX,
+    KEY_REGENERATE,
+    KEY_RENAME,
+    SHORTCUTS_HTML,
+)
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel
+from ui.window_state import SIDE_DOCK_MIN_WIDTH, WindowState
 
 logger = logging.getLogger(__name__)
 
-WINDOW_STATE_FILE = "window.ini"
-WINDOW_STATE_MAX_BYTES = 1 << 20  # the layout is a few kB
 HISTORY_REOPEN_SECONDS = 30
-# Keys: the same text sets each action's shortcut and fills the Keyboard shortcuts table.
-KEY_REGENERATE, KEY_CONTINUE, KEY_EDIT_LAST = "Ctrl+R", "Ctrl+Shift+Return", "Ctrl+E"
-KEY_COPY_ANSWER, KEY_MESSAGE_BOX, KEY_RENAME = "Ctrl+Shift+C", "Ctrl+L", "F2"
-SHORTCUTS = (
-    ("Ctrl+Enter", "send the message (anywhere in the window)"),
-    ("Esc", "stop the answer (while one is being written)"),
-    (KEY_REGENERATE, "regenerate the last answer"),
-    ("Ctrl+Shift+Enter", "continue an answer cut at Max tokens"),
-    (KEY_EDIT_LAST, "edit the last message"),
-    (KEY_COPY_ANSWER, "copy the last answer"),
-    (KEY_MESSAGE_BOX, "go to the message box"),
-    ("Tab", "leave the message box (to Send)"),
-    ("Ctrl+N", "new chat"),
-    (KEY_RENAME, "rename the open chat"),
-    ("Del", "delete the chat selected in the list (Undo delete brings it back)"),
-    ("Ctrl+Z", "undo the last deletion of a chat or a message, or an edit not yet sent (outside a text box)"),
-    ("Right-click a message", "copy, edit, regenerate or delete that message"),
-    ("Ctrl+Q", "quit"),
-)
-SHORTCUTS_HTML = "<table cellspacing='0' cellpadding='3'>" + "".join(
-    f"<tr><td><b>{html.escape(keys)}</b></td><td>{html.escape(what)}</td></tr>" for keys, what in SHORTCUTS
-) + "</table>"
-WINDOW_STATE_VERSION = 2  # layouts saved by older versions (fixed 1800 px docks) are not restored
-SCREEN_SHARE = 0.92  # a first start opens at this share of the screen's free area
-SIDE_DOCK_MIN_WIDTH = 250  # the picker's widgets wrap below their natural width down to this
-# Below this width a first start shows the Models and Dashboard docks as tabs of one dock: side by side they
-# left the chat 225 px at 1024×700. The Dashboard tab comes to the front once a model is loaded.
-WELCOME_TEXT_WIDTH = 560
-TABBED_DOCKS_BELOW_WIDTH = 1200  # a 1366-pixel screen's first window (1256 px) keeps them side by side
-
-
-def default_window_size(available: QSize) -> QSize:
-    """The first-start size: most of the screen's free area, never more than 1600×1000."""
-    return QSize(min(int(available.width() * SCREEN_SHARE), 1600),
-                 min(int(available.height() * SCREEN_SHARE), 1000))
 
 
 def describe_build(info: BackendInfo) -> str:
@@ -125,81 +92,9 @@ def describe_build(info: BackendInfo) -> str:
     return "\n".join(lines)
 
 
-class CrashBanner(QFrame):
-    """What happened to the engine, its last log lines, and a Restart button."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setObjectName("crash_banner")
-        layout = QVBoxLayout(self)
-        row = QHBoxLayout()
-        self.headline = QLabel(self)
-        self.headline.setWordWrap(True)
-        self.headline.setTextFormat(Qt.TextFormat.PlainText)
-        row.addWidget(self.headline, 1)
-        self.details_button = QPushButton("Details", self)
-        self.details_button.setCheckable(True)
-        self.restart_button = QPushButton("Restart engine", self)
-        self.dismiss_button = QPushButton("Dismiss", self)
-        for b in (self.details_button, self.restart_button, self.dismiss_button):
-            row.addWidget(b)
-        layout.addLayout(row)
-        self.details = QPlainTextEdit(self)
-        self.details.setReadOnly(True)
-        self.details.setMaximumHeight(160)
-        self.details.setVisible(False)
-        layout.addWidget(self.details)
-        self.details_button.toggled.connect(self.details.setVisible)
-        self.dismiss_button.clicked.connect(self.hide)
-        self.hide()
-
-    def show_crash(self, event: EngineCrashed, crashes_on_load: int, restarting: bool) -> None:
-        how = (f"killed by {event.signal_name}" if event.signal_name
-               else f"exit status {event.exit_code}" if event.exit_code is not None else "unknown exit")
-        text = f"The engine stopped ({how}, while {event.during}). {event.message}"
-        if crashes_on_load >= MAX_LOAD_CRASHES:
-            text += (f" It crashed {crashes_on_load} times in a row while loading, so it is not restarted "
-                     "automatically: check the model file and the load settings, then press Restart.")
-        elif restarting:
-            text += " Restarting it and reloading the models…"
-        self.headline.setText(text)
-        self.details.setPlainText("\n".join(event.last_log_lines) or "(the engine logged nothing)")
-        self.show()
-
-
-class FirstRunPanel(QWidget):
-    """Shown while the library holds no models: offers the demo models and a folder of one's own."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        layout = QVBoxLayout(self)
-        layout.addStretch(1)
-        title = QLabel("<h2>Welcome to SpecDeck</h2>", self)
-        text = QLabel(
-            "No GGUF models were found on this computer. Install two small demo models (about 350 MB: "
-            "SmolLM2 135M and Gemma 3 270M) to try it, or add a folder that holds your own models.", self)
-        text.setWordWrap(True)
-        text.setAlignment(Qt.AlignmentFlag.AlignHCenter)
-        text.setMaximumWidth(WELCOME_TEXT_WIDTH)
-        self.text = text
-        self.demo_button = QPushButton("Install demo models", self)
-        self.folder_button = QPushButton("Add folder…", self)
-        layout.addWidget(title, 0, Qt.AlignmentFlag.AlignHCenter)
-        # Not centred by the layout: a centred label is laid out at its one-line width hint and its wrapped
-        # lines were cut off; in a row between stretches it gets a width and the height its lines need.
-        row = QHBoxLayout()
-        row.addStretch(1)
-        row.addWidget(text, 4)
-        row.addStretch(1)
-        layout.addLayout(row)
-        for w in (self.demo_button, self.folder_button):
-            layout.addWidget(w, 0, Qt.AlignmentFlag.AlignHCenter)
-        layout.addStretch(2)
-
-
 class MainWindow(QMainWindow):
     history_write_failed = Signal(str)  # emitted on the history's writer thread, delivered on the GUI thread
+    export_done = Signal(str)  # the file an export wrote, or "" when it failed (the notifier says why)
 
     def __init__(
         self,
@@ -216,6 +111,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskRunner(self)
         self.writes = TaskRunner(self, max_threads=1)  # settings and pair stats: fsyncs, in order, off the GUI thread
         self.store = self._open_store()
+        self._reads = ReadDelivery(self)  # history reads (an export) reach the GUI thread when they are done
         self._history_reopen_ticks = 0  # seconds since the last try to open a history that would not open
         self._prompt_warnings_shown: set[str] = set()  # template warnings already told for this model
         # Writes the history could not take (another program held its lock) are retried until written.
@@ -224,8 +120,7 @@ class MainWindow(QMainWindow):
         self._history_retry.start(1000)
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
         self._closed = False
-        self._default_docks_pending = False
-        self._raise_dashboard_on_load = False  # docks tabbed on a small screen: show the dashboard after a load
+        self.window_state = WindowState(self)
         self._build()
         guard_wheel(self)
         self.notifier.attach(self)
@@ -234,7 +129,7 @@ class MainWindow(QMainWindow):
         if self.store is not None and self.store.warning:
             self.notifier.warning(self.store.warning)
         self._connect()
-        self._restore_window_state()
+        self.window_state.restore()
         self._build_info: BackendInfo | None = None
         self._about_box: QMessageBox | None = None
         self._shortcuts_box: QMessageBox | None = None
@@ -368,15 +263,15 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.dashboard_dock.toggleViewAction())
         chat_menu = bar.addMenu("&Chat")
         chat = self.chat
-        for attr, text, call, keys in (
-            ("regenerate_action", "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE),
-            ("continue_action", "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE),
-            ("edit_last_action", "&Edit last message", lambda: chat.edit_last(), KEY_EDIT_LAST),
-            ("copy_answer_action", "Copy last &answer", lambda: chat.copy_last_answer(), KEY_COPY_ANSWER),
-            ("message_box_action", "&Message box", lambda: chat.focus_input(), KEY_MESSAGE_BOX),
-            ("rename_action", "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME),
-        ):
-            setattr(self, attr, self._action(chat_menu, text, call, keys))
+        self.regenerate_action = self._action(chat_menu, "&Regenerate", lambda: chat.regenerate(), KEY_REGENERATE)
+        self.continue_action = self._action(chat_menu, "&Continue", lambda: chat.continue_answer(), KEY_CONTINUE)
+        self.edit_last_action = self._action(chat_menu, "&Edit last message", lambda: chat.edit_last(),
+                                             KEY_EDIT_LAST)
+        self.copy_answer_action = self._action(chat_menu, "Copy last &answer", lambda: chat.copy_last_answer(),
+                                               KEY_COPY_ANSWER)
+        self.message_box_action = self._action(chat_menu, "&Message box", lambda: chat.focus_input(),
+                                               KEY_MESSAGE_BOX)
+        self.rename_action = self._action(chat_menu, "Re&name chat", lambda: chat.rename_current_chat(), KEY_RENAME)
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
@@ -417,85 +312,6 @@ class MainWindow(QMainWindow):
         self.first_run.demo_button.clicked.connect(self._on_first_run_demo_clicked)
         self.first_run.folder_button.clicked.connect(self.picker._on_add_folder_button_clicked)
 
-    # --- window state -------------------------------------------------------------------------------
-
-    def _qsettings(self) -> QSettings:
-        path = config_dir() / WINDOW_STATE_FILE
-        problem = irregular(path, WINDOW_STATE_MAX_BYTES)
-        if problem is not None:
-            # QSettings would wait for ever on a FIFO, or read a device or a 1 GB file whole: the layout is
-            # worth less than a window that opens.
-            aside = path.with_name(f"{WINDOW_STATE_FILE}.unusable")
-            try:
-                os.replace(path, aside)
-                note = f"it was moved to {aside.name}"
-            except OSError:
-                path = Path(tempfile.gettempdir()) / f"specdeck-{os.getpid()}-{WINDOW_STATE_FILE}"
-                note = "the window layout is not kept this time"
-            if not getattr(self, "_window_state_warned", False):
-                self._window_state_warned = True
-                logger.warning("%s was not used (%s); %s", WINDOW_STATE_FILE, problem, note)
-        return QSettings(str(path), QSettings.Format.IniFormat)
-
-    def _restore_window_state(self) -> None:
-        qs = self._qsettings()
-        saved = qs.value("version") == str(WINDOW_STATE_VERSION)
-        geometry = qs.value("geometry") if saved else None
-        # Docks first, then geometry: restoring the geometry last keeps the saved size even when the
-        # docks' state would have asked for another (it did: 1600×1000 came back as 1545×433).
-        state = qs.value("state") if saved else None
-        # Default dock widths wait for the first show: before it the docks have no size to share out.
-        self._default_docks_pending = state is None or not self.restoreState(state, WINDOW_STATE_VERSION)
-        if geometry is None or not self.restoreGeometry(geometry):
-            self._default_size()
-        splitter = qs.value("chat_splitter") if saved else None
-        if splitter is not None:
-            self.chat.splitter.restoreState(splitter)
-        last_chat = qs.value("last_chat")
-        if last_chat is not None and self.store is not None:
-            self.chat.reopen(int(last_chat))
-
-    def _default_size(self) -> None:
-        screen = self.screen() or QGuiApplication.primaryScreen()
-        size = default_window_size(screen.availableGeometry().size()) if screen else QSize(1280, 800)
-        self.resize(size)
-
-    def showEvent(self, event: QShowEvent) -> None:
-        super().showEvent(event)
-        if self._default_docks_pending:
-            self._default_docks_pending = False
-            self._default_layout()
-        self._keep_chat_wider_than_list()
-
-    def _default_layout(self) -> None:
-        width = self.width()
-        if width < TABBED_DOCKS_BELOW_WIDTH:
-            self.tabifyDockWidget(self.models_dock, self.dashboard_dock)
-            self.models_dock.raise_()
-            self._raise_dashboard_on_load = True
-            side = max(SIDE_DOCK_MIN_WIDTH, DashboardPanel.MIN_WIDTH, width * 3 // 10)
-            self.resizeDocks([self.models_dock], [side], Qt.Orientation.Horizontal)
-            return
-        self.resizeDocks([self.models_dock, self.dashboard_dock], [max(SIDE_DOCK_MIN_WIDTH, width // 5),
-                         max(DashboardPanel.MIN_WIDTH, width * 3 // 10)], Qt.Orientation.Horizontal)
-
-    def _keep_chat_wider_than_list(self) -> None:
-        """A restored splitter (saved on a wider screen) must not give the chat list more room than the chat."""
-        sizes = self.chat.splitter.sizes()
-        if len(sizes) == 2 and sizes[0] > sizes[1]:
-            total = sum(sizes)
-            first = max(HISTORY_MIN_WIDTH, total // 4)
-            self.chat.splitter.setSizes([first, total - first])
-
-    def _save_window_state(self) -> None:
-        qs = self._qsettings()
-        qs.setValue("version", str(WINDOW_STATE_VERSION))
-        qs.setValue("geometry", self.saveGeometry())
-        qs.setValue("state", self.saveState(WINDOW_STATE_VERSION))
-        qs.setValue("chat_splitter", self.chat.splitter.saveState())
-        qs.setValue("last_chat", self.chat.stored_chat_id())
-        qs.sync()
-
     def save_app_settings(self) -> None:
         """Save the settings shown, on the writer thread (the fsync stays off the GUI thread)."""
         settings = self.picker.update_settings(self.settings)
@@ -513,13 +329,17 @@ class MainWindow(QMainWindow):
     def _on_settings_save_failed(self, exc: Exception) -> None:
         self.notifier.error(f"Settings could not be saved: {exc}")
 
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.window_state.on_show()
+
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self._closed:
             self._closed = True
             self.chat.flush()
             self.chat.commit_pending_delete()
             self.save_app_settings()
-            self._save_window_state()
+            self.window_state.save()
             self.remote.shutdown()
             self.bridge.close()
             self.tasks.wait()
@@ -575,8 +395,8 @@ class MainWindow(QMainWindow):
     @Slot(Loaded)
     def _on_bridge_model_loaded(self, event: Loaded) -> None:
         self._prompt_warnings_shown.clear()
-        if self._raise_dashboard_on_load:
-            self._raise_dashboard_on_load = False
+        if self.window_state.raise_dashboard_on_load:
+            self.window_state.raise_dashboard_on_load = False
             self.dashboard_dock.raise_()
         self.picker.show_loaded(event)
         note = self.bridge.last_load.context_note(event.n_ctx) if self.bridge.last_load else None
@@ -675,20 +495,35 @@ class MainWindow(QMainWindow):
             self.export_chat(path)
 
     def export_chat(self, path: str) -> bool:
-        """Export the open chat (Markdown, or JSON for a .json name); the file is written off the GUI
-        thread and the outcome shown on the status bar."""
+        """Export the open chat (Markdown, or JSON for a .json name): read behind the history's queued writes
+        and written to the file off the GUI thread, the outcome shown on the status bar (``export_done``)."""
         if self.store is None or self.chat.chat_id is None:
             return False
-        chat_id = self.chat.chat_id
         try:
-            text = self.store.export_json(chat_id) if path.endswith(".json") else self.store.export_markdown(chat_id)
-        except (KeyError, StorageError) as exc:
-            self.notifier.error(f"The chat could not be exported: {exc}")
+            future = self.store.export_later(self.chat.chat_id, as_json=path.endswith(".json"))
+        except StorageError as exc:
+            self._on_export_failed(f"The chat could not be exported: {exc}")
             return False
-        self.writes.run(lambda: atomic_write_text(Path(path), text),
-                        lambda _r: self.notifier.info(f"Exported to {path}."),
-                        lambda exc: self.notifier.error(f"The chat could not be exported to {path}: {exc}"))
+        self._reads.deliver(future, lambda text: self._write_export(path, text),
+                            lambda exc: self._on_export_read_failed(exc))
         return True
+
+    def _on_export_read_failed(self, exc: BaseException) -> None:
+        if not isinstance(exc, KeyError | StorageError):
+            raise exc
+        self._on_export_failed(f"The chat could not be exported: {exc}")
+
+    def _write_export(self, path: str, text: str) -> None:
+        self.writes.run(lambda: atomic_write_text(Path(path), text), lambda _r: self._on_exported(path),
+                        lambda exc: self._on_export_failed(f"The chat could not be exported to {path}: {exc}"))
+
+    def _on_exported(self, path: str) -> None:
+        self.notifier.info(f"Exported to {path}.")
+        self.export_done.emit(path)
+
+    def _on_export_failed(self, message: str) -> None:
+        self.notifier.error(message)
+        self.export_done.emit("")
 
     @Slot()
     def _on_copy_action_triggered(self) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from app.engine.client import EngineClient
 from app.errors import AppError
@@ -35,6 +35,11 @@ from app.params import LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import StopMatcher
 
+if TYPE_CHECKING:
+    from app.storage.chat_store import ChatStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
 HISTORY_FLUSH_SECONDS = 1.0
 HISTORY_RETRY_SECONDS = 30.0
 API_TITLE_CHARS = 60
@@ -95,7 +100,7 @@ class EngineRunner:
         self.restarts = 0
         self._jobs: queue.Queue[Job | _RestartIfDead | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="specdeck-serve-engine", daemon=True)
-        self._history: Any = None
+        self._history: ChatStore | None = None
         self._history_retry_at = 0.0  # monotonic time of the next try to open a history that would not open
         self._client: EngineClient | None = None
         self._restart_asked = False
@@ -263,8 +268,9 @@ class EngineRunner:
                 job.put(event)
                 if isinstance(event, Token):
                     text.append(event.text)
-                    if answer_id is not None and time.monotonic() - last_flush >= HISTORY_FLUSH_SECONDS:
-                        self._history_call("update_answer", answer_id, "".join(text))
+                    if (answer_id is not None and self._history is not None
+                            and time.monotonic() - last_flush >= HISTORY_FLUSH_SECONDS):
+                        self._history_call(self._history.update_answer, answer_id, "".join(text))
                         last_flush = time.monotonic()
                 elif isinstance(event, Finished):
                     status = "cancelled" if event.reason == "cancelled" else "complete"
@@ -312,35 +318,32 @@ class EngineRunner:
         if self._history_retry_at:
             self.log("the history opened; API requests are saved again")
 
-    def _history_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        if self._history is None:
-            return None
+    def _history_call(self, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+        """``write`` (a method of the open history) with its arguments; None when it failed (said in the log)."""
         try:
-            return getattr(self._history, name)(*args, **kwargs)
+            return write(*args, **kwargs)
         except AppError as exc:  # a full disk must not fail the answer the client is waiting for
             self.log(f"history: {exc}")
             return None
 
     def _history_begin(self, job: Job) -> int | None:
         self._open_history()  # one that could not open at start (full disk) is tried again
-        if self._history is None:
+        history = self._history
+        if history is None:
             return None
         system = "\n\n".join(m["content"] for m in job.messages if m["role"] == "system")
         first_user = next((m["content"] for m in job.messages if m["role"] == "user"), "")
         title = " ".join(first_user.split())[:API_TITLE_CHARS] or "API request"
-        chat_id = self._history_call("new_chat", title, system, origin="api")
+        chat_id = self._history_call(history.new_chat, title, system, origin="api")
         if chat_id is None:
             return None
         job.history_chat_id = chat_id
         for message in job.messages:
             if message["role"] != "system":
-                self._history_call("add_message", chat_id, message["role"], message["content"])
-        answer: int | None = self._history_call(
-            "begin_answer", chat_id, model=self.settings.target_path, drafter=self.settings.draft.drafter_path,
-            sampling=job.sampling,
-        )
-        return answer
+                self._history_call(history.add_message, chat_id, message["role"], message["content"])
+        return self._history_call(history.begin_answer, chat_id, model=self.settings.target_path,
+                                  drafter=self.settings.draft.drafter_path, sampling=job.sampling)
 
     def _history_finish(self, answer_id: int | None, text: str, status: str, stats: object, reason: str) -> None:
-        if answer_id is not None:
-            self._history_call("finish_answer", answer_id, text, status, stats, stop_reason=reason)
+        if answer_id is not None and self._history is not None:
+            self._history_call(self._history.finish_answer, answer_id, text, status, stats, stop_reason=reason)

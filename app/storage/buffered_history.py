@@ -22,10 +22,10 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.errors import StorageError
 from app.paths import data_dir
@@ -33,10 +33,26 @@ from app.storage.atomic import atomic_write_json, read_regular_bytes
 from app.storage.history import FILE_NAME, HistoryBusyError, HistoryStore
 from app.storage.history_rows import ChatSummary, StoredMessage
 
+_T = TypeVar("_T")
 BUSY_TIMEOUT_S = 0.05  # how long the window waits for another writer's lock before buffering (twice, at most)
 CLOSE_TIMEOUT_S = 5.0  # at close, a last, longer wait before saving the rest to a side file
 MAX_RETRY_INTERVAL_S = 2.0
 _CREATES = ("new_chat", "add_message", "begin_answer")  # writes that return a new id
+# A waiting write names its method (a side file keeps the name): only these are ever called, so a side file
+# from an earlier session can name nothing else.
+WRITES: dict[str, Callable[..., Any]] = {
+    "new_chat": HistoryStore.new_chat,
+    "add_message": HistoryStore.add_message,
+    "begin_answer": HistoryStore.begin_answer,
+    "update_answer": HistoryStore.update_answer,
+    "finish_answer": HistoryStore.finish_answer,
+    "rename_chat": HistoryStore.rename_chat,
+    "set_mode": HistoryStore.set_mode,
+    "set_system_prompt": HistoryStore.set_system_prompt,
+    "delete_chat": HistoryStore.delete_chat,
+    "delete_message": HistoryStore.delete_message,
+    "truncate_after": HistoryStore.truncate_after,
+}
 
 
 @dataclass
@@ -126,7 +142,7 @@ class BufferedHistory:
             raise HistoryBusyError("The chat history is in use by another program.")
         try:
             named = dict(zip(write.kwargs, self._resolve(list(write.kwargs.values())), strict=True))
-            result = getattr(store, write.method)(*self._resolve(write.args), **named)
+            result = WRITES[write.method](store, *self._resolve(write.args), **named)
         except HistoryBusyError:
             self._backoff()
             raise
@@ -206,12 +222,13 @@ class BufferedHistory:
 
     # --- reads: the database, with what waits laid over it ----------------------------------------------
 
-    def _read(self, method: str, *args: Any) -> Any:
+    def _read(self, read: Callable[..., _T], *args: int | str) -> _T:
+        """``read``: a HistoryStore method, called on the open store with ``args`` (provisional ids resolved)."""
         store = self._store or self._connect()  # reads need no write lock: an open store is read at once
         if store is None:
             raise StorageError("The chat history is in use by another program; it is read again when it is free.")
         try:
-            return getattr(store, method)(*self._resolve(list(args)))
+            return read(store, *self._resolve(list(args)))
         except HistoryBusyError as exc:
             raise StorageError(str(exc)) from exc
 
@@ -253,7 +270,7 @@ class BufferedHistory:
     def list_chats(self) -> list[ChatSummary]:
         """Most recently updated first; chats waiting to be written come first."""
         try:
-            saved: list[ChatSummary] = self._read("list_chats")
+            saved = self._read(HistoryStore.list_chats)
         except StorageError:
             if self._store is not None:
                 raise
@@ -264,33 +281,30 @@ class BufferedHistory:
         for waiting in self._waiting_chats():
             if waiting.id == chat_id:
                 return waiting
-        found: ChatSummary = self._read("chat", chat_id)
-        return found
+        return self._read(HistoryStore.chat, chat_id)
 
     def messages(self, chat_id: int) -> list[StoredMessage]:
         saved: list[StoredMessage] = []
         if not (chat_id < 0 and chat_id not in self._real):
-            saved = self._read("messages", chat_id)
+            saved = self._read(HistoryStore.messages, chat_id)
         return [*saved, *self._waiting_messages(chat_id)]
 
     def message(self, message_id: int) -> StoredMessage:
-        found: StoredMessage = self._read("message", message_id)
-        return found
+        return self._read(HistoryStore.message, message_id)
 
     def search_chats(self, query: str) -> list[int]:
-        found: list[int] = self._read("search_chats", query)
-        return found
+        return self._read(HistoryStore.search_chats, query)
 
     def export_markdown(self, chat_id: int) -> str:
         self.flush_pending()
-        return str(self._read("export_markdown", chat_id))
+        return self._read(HistoryStore.export_markdown, chat_id)
 
     def export_json(self, chat_id: int) -> str:
         self.flush_pending()
-        return str(self._read("export_json", chat_id))
+        return self._read(HistoryStore.export_json, chat_id)
 
     def integrity_ok(self) -> bool:
-        return bool(self._read("integrity_ok"))
+        return self._read(HistoryStore.integrity_ok)
 
     # --- closing, and what could not be written -------------------------------------------------------
 
@@ -347,7 +361,10 @@ class BufferedHistory:
                         self._next_provisional -= 1
                     args = [remap.get(a, a) if isinstance(a, int) and not isinstance(a, bool) and a < 0 else a
                             for a in raw["args"]]
-                    parsed.append(_Write(str(raw["method"]), args, dict(raw["kwargs"]), provisional))
+                    method = str(raw["method"])
+                    if method not in WRITES:
+                        raise ValueError(f"not a history write: {method!r}")
+                    parsed.append(_Write(method, args, dict(raw["kwargs"]), provisional))
             except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue  # left in place for the user; the warning below counts only what was taken
             self._pending += parsed

@@ -8,7 +8,9 @@ runs every call there, in the order given:
   deletes) are queued and return at once; a failure reaches ``on_error`` (called on the writer thread);
 - creates (they return the new id) and reads wait for their turn and return the result, so a read always
   sees every write queued before it;
-- :meth:`chats_later` reads the chat list without waiting: the caller takes the result from a Future;
+- :meth:`chats_later`, :meth:`chat_later` and :meth:`export_later` read without waiting: the caller takes the
+  result from a Future (the window hands it to the GUI thread by a queued signal), so an fsync queued before
+  the read never holds the GUI thread;
 - the ``*_later`` creates return at once with a handle (a large negative number) that stands for the new id:
   every later call, read or write, may pass it, and the writer thread puts the real id in its place (the
   create ran before, in order). The chat list gives this session's new chats their handles back.
@@ -29,6 +31,7 @@ from typing import Any, TypeVar
 
 from app.errors import StorageError
 from app.storage.buffered_history import BufferedHistory
+from app.storage.chat_store import DraftedSpans
 from app.storage.history_rows import ChatSummary, StoredMessage
 
 T = TypeVar("T")
@@ -111,17 +114,18 @@ class HistoryThread:
         return [self._handles[a] if isinstance(a, int) and not isinstance(a, bool) and a <= HANDLE_BASE else a
                 for a in args]
 
-    def _create_later(self, method: str, *args: Any, chat: bool = False, **kwargs: Any) -> int:
+    def _create_later(self, create: Callable[..., int], *args: object, chat: bool = False,
+                      **kwargs: object) -> int:
         handle = next(self._handle_counter)
 
-        def create(*resolved: Any) -> None:
+        def run(*resolved: Any) -> None:
             # A keyword may name another create's handle too (new_chat's version_of).
             named = dict(zip(kwargs, self._resolve(tuple(kwargs.values())), strict=True))
-            self._handles[handle] = new_id = int(getattr(self._store, method)(*resolved, **named))
+            self._handles[handle] = new_id = int(create(*resolved, **named))
             if chat:
                 self._chat_handles[handle] = new_id
 
-        self._post(create, *args)
+        self._post(run, *args)
         return handle
 
     def _stop(self) -> None:
@@ -131,34 +135,50 @@ class HistoryThread:
 
     # --- writes the window waits for (they return new ids) -------------------------------------------------
 
-    def new_chat(self, title: str = "New chat", system_prompt: str = "", **kwargs: Any) -> int:
-        return self._call(self._store.new_chat, title, system_prompt, **kwargs)
+    def new_chat(self, title: str = "New chat", system_prompt: str = "", *, origin: str = "window",
+                 version_of: int | None = None) -> int:
+        return self._call(self._store.new_chat, title, system_prompt, origin=origin, version_of=version_of)
 
-    def add_message(self, chat_id: int, role: str, text: str, status: str = "complete", **kwargs: Any) -> int:
-        return self._call(self._store.add_message, chat_id, role, text, status, **kwargs)
+    def add_message(self, chat_id: int, role: str, text: str, status: str = "complete", *,
+                    model: str | None = None, drafter: str | None = None, sampling: object = None,
+                    stats: object = None, stop_reason: str | None = None,
+                    drafted: DraftedSpans | None = None) -> int:
+        return self._call(self._store.add_message, chat_id, role, text, status, model=model, drafter=drafter,
+                          sampling=sampling, stats=stats, stop_reason=stop_reason, drafted=drafted)
 
-    def begin_answer(self, chat_id: int, **kwargs: Any) -> int:
-        return self._call(self._store.begin_answer, chat_id, **kwargs)
+    def begin_answer(self, chat_id: int, *, model: str | None = None, drafter: str | None = None,
+                     sampling: object = None) -> int:
+        return self._call(self._store.begin_answer, chat_id, model=model, drafter=drafter, sampling=sampling)
 
     # --- creates that do not wait: a handle now, the id on the writer thread --------------------------------
 
-    def new_chat_later(self, title: str = "New chat", system_prompt: str = "", **kwargs: Any) -> int:
-        return self._create_later("new_chat", title, system_prompt, chat=True, **kwargs)
+    def new_chat_later(self, title: str = "New chat", system_prompt: str = "", *, origin: str = "window",
+                       version_of: int | None = None) -> int:
+        return self._create_later(self._store.new_chat, title, system_prompt, chat=True, origin=origin,
+                                  version_of=version_of)
 
-    def add_message_later(self, chat_id: int, role: str, text: str, status: str = "complete", **kwargs: Any) -> int:
-        return self._create_later("add_message", chat_id, role, text, status, **kwargs)
+    def add_message_later(self, chat_id: int, role: str, text: str, status: str = "complete", *,
+                          model: str | None = None, drafter: str | None = None, sampling: object = None,
+                          stats: object = None, stop_reason: str | None = None,
+                          drafted: DraftedSpans | None = None) -> int:
+        return self._create_later(self._store.add_message, chat_id, role, text, status, model=model,
+                                  drafter=drafter, sampling=sampling, stats=stats, stop_reason=stop_reason,
+                                  drafted=drafted)
 
-    def begin_answer_later(self, chat_id: int, **kwargs: Any) -> int:
-        return self._create_later("begin_answer", chat_id, **kwargs)
+    def begin_answer_later(self, chat_id: int, *, model: str | None = None, drafter: str | None = None,
+                           sampling: object = None) -> int:
+        return self._create_later(self._store.begin_answer, chat_id, model=model, drafter=drafter,
+                                  sampling=sampling)
 
     # --- writes queued without waiting ----------------------------------------------------------------
 
     def update_answer(self, message_id: int, text: str) -> None:
         self._post(self._store.update_answer, message_id, text)
 
-    def finish_answer(self, message_id: int, text: str, status: str = "complete", stats: object = None,
-                      **kwargs: Any) -> None:
-        self._post(self._store.finish_answer, message_id, text, status, stats, **kwargs)
+    def finish_answer(self, message_id: int, text: str, status: str = "complete", stats: object = None, *,
+                      stop_reason: str | None = None, drafted: DraftedSpans | None = None) -> None:
+        self._post(self._store.finish_answer, message_id, text, status, stats, stop_reason=stop_reason,
+                   drafted=drafted)
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._post(self._store.rename_chat, chat_id, title)
@@ -209,6 +229,19 @@ class HistoryThread:
             return chats, matching
 
         return self._submit(read)
+
+    def chat_later(self, chat_id: int) -> Future[tuple[ChatSummary, list[StoredMessage]]]:
+        """A chat and its messages without waiting for them (opening a chat): the Future gets them once the
+        writes queued before the read have run. KeyError in the Future: there is no such chat."""
+
+        def read(resolved: int) -> tuple[ChatSummary, list[StoredMessage]]:
+            return self._store.chat(resolved), self._store.messages(resolved)
+
+        return self._submit(read, chat_id)
+
+    def export_later(self, chat_id: int, *, as_json: bool = False) -> Future[str]:
+        """The chat as Markdown (or JSON) without waiting for it, after the writes queued before it."""
+        return self._submit(self._store.export_json if as_json else self._store.export_markdown, chat_id)
 
     def chat(self, chat_id: int) -> ChatSummary:
         return self._call(self._store.chat, chat_id)

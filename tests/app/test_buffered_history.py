@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -120,3 +121,22 @@ def test_writes_still_waiting_at_close_are_kept_and_written_next_time(tmp_path: 
     assert not side.exists()
     assert _saved_turns(path) == [
         ("unsaved", [("user", "unsaved: question", "complete"), ("assistant", "unsaved: answer", "complete")])]
+
+
+def test_a_side_file_naming_no_history_write_is_left_alone(tmp_path: Path) -> None:
+    """A side file is read at start: one naming anything but a history write (here a private method that
+    would move the database aside) is not run; it stays where it is, and the history opens untouched."""
+    path = tmp_path / "history.sqlite3"
+    with HistoryStore(path) as store:
+        store.new_chat("kept")
+    side = tmp_path / "history.sqlite3.unsaved-20260101-000000-1.json"
+    side.write_text(json.dumps({"format": "specdeck-unsaved-history", "version": 1, "writes": [
+        {"method": "_move_aside", "args": [], "kwargs": {}, "provisional": None}]}), encoding="utf-8")
+    store = BufferedHistory(path)
+    try:
+        assert [c.title for c in store.list_chats()] == ["kept"]
+        assert store.pending_count == 0
+    finally:
+        store.close()
+    assert side.exists()
+    assert path.exists()

@@ -10,9 +10,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from pytestqt.qtbot import QtBot
 
+from app.params import DraftSettings, LoadSettings
+from app.serve.metrics import ServeMetrics
+from app.serve.runner import EngineRunner
+from app.serve.server import ServeOptions, Server
 from ui.main_window import MainWindow
 from ui.notifier import Notifier
 
@@ -92,3 +97,21 @@ def set_sampling(window: MainWindow, **values: object) -> None:
     """Set sampling values in the form's fields, as a user would."""
     for name, value in values.items():
         window.sampling_form.set_value(name, value)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def served(tiny_target: Path, tmp_path: Path) -> Iterator[Server]:
+    """`specdeck serve` on 127.0.0.1 (a real HTTP server and its own engine) with the tiny target, its history
+    in tmp_path/served.sqlite3; stopped afterwards."""
+    settings = LoadSettings(target_path=str(tiny_target), n_ctx=512, n_threads=1,
+                            draft=DraftSettings(ngram=2, adaptive=False, k=3))
+    metrics = ServeMetrics()
+    server = Server(EngineRunner(settings, metrics, history_path=tmp_path / "served.sqlite3"), metrics,
+                    ServeOptions(port=0))
+    server.start_in_thread()
+    deadline = time.monotonic() + 120
+    while httpx.get(server.base_url + "/health").status_code != 200:
+        assert time.monotonic() < deadline, "the served model did not load"
+        time.sleep(0.1)
+    yield server
+    server.stop()

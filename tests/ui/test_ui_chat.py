@@ -105,7 +105,8 @@ def test_chat_streams_stops_regenerates_and_keeps_history(
     qtbot.waitUntil(lambda: chat.history_list.count() == 2, timeout=10_000)  # the list is read off the GUI thread
     item = next(chat.history_list.item(i) for i in range(chat.history_list.count())
                 if chat.history_list.item(i).text() == "Name three colours.")
-    chat.history_list.setCurrentItem(item)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # the chat is read off the GUI thread
+        chat.history_list.setCurrentItem(item)
     assert chat.chat_id == first_chat
     assert [m.text for m in chat.messages if m.role == "user"] == ["Name three colours.", "Say hi."]
     assert "Say hi." in chat.view.toPlainText()

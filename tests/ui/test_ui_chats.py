@@ -38,7 +38,8 @@ def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window:
     chat = window.chat
     lst = chat.history_list
     assert _titles(window) == ["Bread", "Rust lifetimes"]
-    lst.setCurrentRow(1)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # the chat is read off the GUI thread
+        lst.setCurrentRow(1)
     assert chat.view.toPlainText().count("About Rust lifetimes.") == 1  # choosing a chat shows it
     assert "cut at Max tokens" in chat.view.stats_lines()[-1]  # the stored stop reason
     assert chat.continue_button.isVisibleTo(chat)  # offered for an answer cut at Max tokens
@@ -57,7 +58,8 @@ def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window:
     current = chat.chat_id
     lst.setFocus()
     qtbot.waitUntil(lst.hasFocus, timeout=2000)
-    qtbot.keyClick(handle, Qt.Key.Key_Delete)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+        qtbot.keyClick(handle, Qt.Key.Key_Delete)
     assert chat.chat_id != current  # the deleted chat is no longer on screen; its neighbour is
     assert chat.chat_id == next(c.id for c in window.store.list_chats() if c.title == "Bread")
     assert chat.history_list.currentItem().text() == "Bread"
@@ -65,8 +67,7 @@ def test_rename_with_f2_and_delete_with_del_then_undo(qtbot: QtBot, make_window:
     assert "Borrow checker" not in _titles(window)
     assert chat.undo_delete_button.isVisibleTo(chat)
     chat.undo_delete_button.click()
-    qtbot.waitUntil(lambda: "Borrow checker" in _titles(window), timeout=10_000)
-    assert chat.chat_id == current
+    qtbot.waitUntil(lambda: "Borrow checker" in _titles(window) and chat.chat_id == current, timeout=10_000)
     lst.setFocus()
     qtbot.waitUntil(lst.hasFocus, timeout=2000)
     qtbot.keyClick(handle, Qt.Key.Key_Delete)
@@ -81,7 +82,8 @@ def test_context_menu_shows_the_clicked_chat_and_offers_rename_and_delete(qtbot:
     lst = chat.history_list
     lst.setCurrentRow(0)
     rect = lst.visualItemRect(lst.item(1))
-    lst.customContextMenuRequested.emit(QPoint(rect.center()))
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+        lst.customContextMenuRequested.emit(QPoint(rect.center()))
     assert chat.context_menu is not None
     assert [a.text().split("\t")[0] for a in chat.context_menu.actions()] == ["Rename", "Delete"]
     assert "About Rust lifetimes." in chat.view.toPlainText()  # not the chat that was open before
@@ -99,11 +101,12 @@ def test_search_filters_by_title_and_text(qtbot: QtBot, make_window: object) -> 
 
 def test_the_last_chat_reopens_on_start(qtbot: QtBot, make_window: object) -> None:
     window = _window_with_chats(qtbot, make_window)
-    window.chat.history_list.setCurrentRow(1)
+    with qtbot.waitSignal(window.chat.chat_opened, timeout=10_000):
+        window.chat.history_list.setCurrentRow(1)
     chat_id = window.chat.chat_id
     window.close()
     again = make_window(start_engine=False)  # type: ignore[operator]
-    assert again.chat.chat_id == chat_id
+    qtbot.waitUntil(lambda: again.chat.chat_id == chat_id, timeout=10_000)
     assert "About Rust lifetimes." in again.chat.view.toPlainText()
 
 
@@ -161,7 +164,8 @@ def test_a_refresh_updates_the_chat_list_in_place(qtbot: QtBot, make_window: obj
     rows = [lst.item(i) for i in range(lst.count())]
     ids = {item.text(): item.data(Qt.ItemDataRole.UserRole) for item in rows}
     opened = ids["Bread"]
-    chat.open_chat(opened)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+        chat.open_chat(opened)
     with qtbot.waitSignal(chat.history_refreshed, timeout=10_000):
         chat.refresh_history()
     assert [lst.item(i) for i in range(lst.count())] == rows  # the same row objects

@@ -104,8 +104,10 @@ def test_completion_mode_is_kept_per_chat(
     with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
         assert chat.send("two")
     second = chat.chat_id
-    chat.open_chat(first)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(first)
     assert chat.completion_mode == first_mode
     assert chat.view.verbatim == first_mode
-    chat.open_chat(second)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(second)
     assert chat.completion_mode == (not first_mode)

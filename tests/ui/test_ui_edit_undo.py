@@ -39,7 +39,8 @@ def test_edit_last_can_be_undone_and_deletes_only_when_sent(
     assert chat.edit_last()
     first = chat.chat_id
     chat.new_chat()
-    chat.open_chat(first)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(first)
     assert [m.text for m in chat.messages] == ["The first question", answer]
 
     assert chat.edit_last()

@@ -1,12 +1,13 @@
 """The window's history runs on one writer thread: while an answer streams (and is saved as it streams),
 the GUI thread never runs an SQL statement; every statement runs on the writer thread, which owns the
-connection."""
+connection. Reads (the chat list, opening a chat, an export) never wait for the writer on the GUI thread."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from pytestqt.qtbot import QtBot
 
 from app.storage.history_writer import HistoryThread
@@ -119,3 +120,60 @@ def test_sending_does_not_wait_for_a_busy_writer(
     assert real > 0
     assert chat.stored_chat_id() == real
     assert [c.id for c in store.list_chats()] == [real]
+
+
+def test_opening_and_exporting_a_chat_do_not_wait_for_a_busy_writer(
+    qtbot: QtBot, make_window, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Opening a chat and exporting it read behind the writes queued before them (an fsync'd commit, another
+    program's lock). The GUI thread asks and goes on, its event loop running (a timer fires); the chat is
+    shown, and the file written, when the read arrives."""
+    window = make_window(start_engine=False)
+    store = window.store
+    assert isinstance(store, HistoryThread)
+    chat = window.chat
+    chat_id = store.new_chat("Held up")
+    store.add_message(chat_id, "user", "A question the history keeps.")
+    ticks: list[int] = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(len(ticks)))
+    timer.start(5)
+
+    def hold_the_writer() -> threading.Event:
+        gate, holding = threading.Event(), threading.Event()
+
+        def busy_write() -> None:  # a commit that waits for a lock or a slow disk
+            holding.set()
+            gate.wait(60)
+
+        store._post(busy_write)
+        assert holding.wait(10)
+        return gate
+
+    gate = hold_the_writer()
+    try:
+        chat.open_chat(chat_id)  # returns while the writer is held
+        seen = len(ticks)
+        qtbot.waitUntil(lambda: len(ticks) >= seen + 3, timeout=10_000)  # the event loop runs meanwhile
+        assert chat.chat_id != chat_id  # not shown yet: the read waits its turn behind the write
+        assert chat.messages == []
+    finally:
+        with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+            gate.set()
+    assert chat.chat_id == chat_id
+    assert [m.text for m in chat.messages] == ["A question the history keeps."]
+    assert "A question the history keeps." in chat.view.toPlainText()
+
+    path = tmp_path / "chat.md"
+    gate = hold_the_writer()
+    try:
+        assert window.export_chat(str(path))  # returns while the writer is held
+        seen = len(ticks)
+        qtbot.waitUntil(lambda: len(ticks) >= seen + 3, timeout=10_000)
+        assert not path.exists()
+    finally:
+        with qtbot.waitSignal(window.export_done, timeout=10_000) as done:
+            gate.set()
+    timer.stop()
+    assert done.args == [str(path)]
+    assert "A question the history keeps." in path.read_text(encoding="utf-8")

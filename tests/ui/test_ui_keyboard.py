@@ -8,8 +8,8 @@ from PySide6.QtGui import QGuiApplication
 from pytestqt.qtbot import QtBot
 
 from app.events import MessageStats
-from ui.chat.view import ChatMessage
-from ui.main_window import SHORTCUTS, SHORTCUTS_HTML
+from ui.chat.message import ChatMessage
+from ui.shortcuts import SHORTCUTS, SHORTCUTS_HTML
 
 
 def _shown(qtbot: QtBot, make_window):  # type: ignore[no-untyped-def]
@@ -62,7 +62,8 @@ def test_f2_renames_the_open_chat_from_anywhere(qtbot: QtBot, make_window) -> No
     chat_id = chat.store.new_chat("first chat", "")
     with qtbot.waitSignal(chat.history_refreshed, timeout=5000):
         chat.refresh_history()
-    chat.open_chat(chat_id)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(chat_id)
     chat.input.setFocus()
     qtbot.waitUntil(chat.input.hasFocus)
     qtbot.keyClick(window.windowHandle(), Qt.Key.Key_F2)

@@ -8,7 +8,7 @@ from PySide6.QtCore import QSize
 from PySide6.QtWidgets import QAbstractScrollArea, QWidget
 from pytestqt.qtbot import QtBot
 
-from ui.main_window import default_window_size
+from ui.window_state import default_window_size
 
 SIZES = [(1366, 768), (1024, 700)]
 

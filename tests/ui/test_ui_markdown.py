@@ -12,14 +12,10 @@ from PySide6.QtGui import QGuiApplication, QTextCursor
 from pytestqt.qtbot import QtBot
 
 from app.events import FROM_MODEL, FROM_NGRAM, FROM_TARGET
-from ui.chat.view import (
-    MARKDOWN_LIMIT_CHARS,
-    ChatMessage,
-    ChatView,
-    footer_text,
-    source_colours,
-    stable_prefix_length,
-)
+from ui.chat.colours import source_colours
+from ui.chat.message import ChatMessage, footer_text
+from ui.chat.rendering import MARKDOWN_LIMIT_CHARS, stable_prefix_length
+from ui.chat.view import ChatView
 
 CODE_ANSWER = "Here:\n\n```python\nprint('hi')\nx = 1\n```\n\nDone **now**."
 # A 1×1 PNG: Qt's image reader would decode it if the document were allowed to.
@@ -210,7 +206,7 @@ def test_footer_says_why_the_answer_ended_and_who_wrote_it() -> None:
 
 
 def test_a_cached_prompt_says_cached_instead_of_an_absurd_rate() -> None:
-    from ui.chat.view import format_stats
+    from ui.chat.message import format_stats
 
     stats = {"ttft_seconds": 0.05, "prefill_tps": 20_111_051.0, "decode_tps": 21.3, "drafted": 0,
              "tokens_per_pass": 1.0, "speedup_estimate": 1.0}
@@ -221,7 +217,7 @@ def test_a_cached_prompt_says_cached_instead_of_an_absurd_rate() -> None:
 def test_a_remote_answer_shows_no_passes_or_speedup_it_never_reported() -> None:
     """A server's answer has decode figures but no passes: its footer must not invent 0 tokens/pass or 1.00×."""
     from app.remote.client import _stats
-    from ui.chat.view import format_stats
+    from ui.chat.message import format_stats
 
     remote = format_stats(_stats({"prompt_tokens": 9, "completion_tokens": 40},
                                  {"predicted_per_second": 44.7, "predicted_ms": 895.0, "prompt_per_second": 300.0},

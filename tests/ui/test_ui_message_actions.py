@@ -70,7 +70,8 @@ def test_message_actions_undo_and_the_previous_version(
     _action(chat, 3, "delete").trigger()
     chat.new_chat()
     assert [m.text for m in store.messages(chat_id)] == before[:3]
-    chat.open_chat(chat_id)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(chat_id)
     assert [m.text for m in chat.messages] == before[:3]
 
     # Edit the earlier question: the rest leaves the view, Ctrl+Z brings it back.
@@ -92,10 +93,12 @@ def test_message_actions_undo_and_the_previous_version(
     earlier = [c for c in store.list_chats() if c.version_of == store.real_id(chat_id)]
     assert len(earlier) == 1
     assert [m.text for m in store.messages(earlier[0].id)] == before[:3]
-    qtbot.mouseClick(chat.version_button, Qt.MouseButton.LeftButton)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        qtbot.mouseClick(chat.version_button, Qt.MouseButton.LeftButton)
     assert [m.text for m in chat.messages] == before[:3]
     qtbot.waitUntil(lambda: chat.version_button.text() == "Newer version", timeout=5000)
-    qtbot.mouseClick(chat.version_button, Qt.MouseButton.LeftButton)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+        qtbot.mouseClick(chat.version_button, Qt.MouseButton.LeftButton)
     assert chat.messages[0].text == "First question, edited"
 
     # Regenerate an earlier answer: it is answered again, and the old continuation is kept too.
@@ -106,7 +109,8 @@ def test_message_actions_undo_and_the_previous_version(
     # Ctrl+Z also takes back a chat deletion.
     chat.delete_chat(chat_id)
     assert chat.chat_id != chat_id
-    _undo_key(qtbot, window)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):
+        _undo_key(qtbot, window)
     assert chat.chat_id == chat_id
     assert all(chat.history_list.item(r).data(Qt.ItemDataRole.UserRole) != earlier[0].id
                for r in range(chat.history_list.count()))  # versions are reached from their chat, not listed
@@ -126,5 +130,4 @@ def test_edit_menu_undo_takes_back_a_chat_deletion(qtbot: QtBot, make_window) ->
     chat.delete_chat(chat_id)
     qtbot.waitUntil(lambda: chat.history_list.count() == 0, timeout=5000)
     window.undo_action.trigger()
-    qtbot.waitUntil(lambda: chat.history_list.count() == 1, timeout=5000)
-    assert chat.chat_id == chat_id
+    qtbot.waitUntil(lambda: chat.history_list.count() == 1 and chat.chat_id == chat_id, timeout=5000)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,33 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from pytestqt.qtbot import QtBot
 
 from app.events import MessageStats
-from app.params import DraftSettings, LoadSettings
 from app.remote.client import RemoteModel
-from app.serve.metrics import ServeMetrics
-from app.serve.runner import EngineRunner
-from app.serve.server import ServeOptions, Server
+from app.serve.server import Server
 from tests.ui.conftest import set_sampling
 from ui.models.picker import REMOTE_NOTE
 
 PROMPT = "abc abc abc abc abc abc abc abc abc abc abc abc"
 DRAFTED = "specdeck:spec_decode_num_draft_tokens_total"
 ACCEPTED = "specdeck:spec_decode_num_accepted_tokens_total"
-
-
-@pytest.fixture
-def served(tiny_target: Path, tmp_path: Path) -> Iterator[Server]:
-    settings = LoadSettings(target_path=str(tiny_target), n_ctx=512, n_threads=1,
-                            draft=DraftSettings(ngram=2, adaptive=False, k=3))
-    metrics = ServeMetrics()
-    server = Server(EngineRunner(settings, metrics, history_path=tmp_path / "served.sqlite3"), metrics,
-                    ServeOptions(port=0))
-    server.start_in_thread()
-    deadline = time.monotonic() + 120
-    while httpx.get(server.base_url + "/health").status_code != 200:
-        assert time.monotonic() < deadline, "the served model did not load"
-        time.sleep(0.1)
-    yield server
-    server.stop()
 
 
 def counters(url: str) -> dict[str, float]:

@@ -10,7 +10,8 @@ from pytestqt.qtbot import QtBot
 
 from app.events import FROM_NGRAM, FROM_TARGET, drafted_spans, pieces_from_spans
 from tests.ui.conftest import load_pair, set_sampling
-from ui.chat.view import ChatView, source_colours
+from ui.chat.colours import source_colours
+from ui.chat.view import ChatView
 
 ANSWER_TIMEOUT_MS = 60_000
 
@@ -52,7 +53,8 @@ def test_a_reopened_chat_shows_the_drafted_tokens_it_showed_live(
     first = chat.chat_id
     chat.new_chat()
     assert tinted(chat.view) == {}
-    chat.open_chat(first)
+    with qtbot.waitSignal(chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        chat.open_chat(first)
     assert tinted(chat.view) == live  # the same characters, in the same colours
 
 

@@ -10,7 +10,8 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QTextDocument
 from pytestqt.qtbot import QtBot
 
-from ui.chat.view import ChatMessage, ChatView
+from ui.chat.message import ChatMessage
+from ui.chat.view import ChatView
 
 HOSTILE = (
     "Look: <script>alert('x')</script> <img src=http://evil.example/pixel.png> "

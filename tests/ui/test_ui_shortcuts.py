@@ -27,7 +27,7 @@ def test_ctrl_enter_sends_and_esc_stops_window_wide(qtbot: QtBot, make_window: o
     assert sent == ["hello"]
     qtbot.keyClick(handle, Qt.Key.Key_Escape)
     assert stopped == []  # nothing streams: Esc is not taken from the focused widget
-    chat._set_generating(True)
+    chat.set_generating(True)
     qtbot.keyClick(handle, Qt.Key.Key_Escape)
     assert stopped == [True]
-    chat._set_generating(False)
+    chat.set_generating(False)

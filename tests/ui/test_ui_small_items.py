@@ -93,7 +93,8 @@ def test_a_new_answer_starts_the_time_axis_and_another_chat_clears_the_strip(
     dashboard._paint()
     assert dashboard.labels["scope"].text() == "answer:"
     chat_id = window.chat.store.new_chat("other", "")
-    window.chat.open_chat(chat_id)
+    with qtbot.waitSignal(window.chat.chat_opened, timeout=10_000):  # read off the GUI thread
+        window.chat.open_chat(chat_id)
     assert dashboard.labels["scope"].text() == ""
     assert dashboard.labels["tps"].text() == "– tok/s"
 
@@ -133,7 +134,7 @@ def test_wrapped_texts_get_the_height_their_lines_need(
 
 
 def test_api_chats_are_marked_in_the_list(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
-    from ui.chat.panel import API_ROLE
+    from ui.chat.chat_list import API_ROLE
 
     window = make_window(start_engine=False)
     chat = window.chat

@@ -13,7 +13,7 @@ from pytestqt.qtbot import QtBot
 from app.ceiling.builder import CeilingInfo
 from app.events import MessageStats, continued_stats, message_stats, speedup_over_plain
 from tests.ui.conftest import load_pair, set_sampling
-from ui.chat.view import format_stats
+from ui.chat.message import format_stats
 from ui.figures import speedup_text
 
 ANSWER_TIMEOUT_MS = 60_000

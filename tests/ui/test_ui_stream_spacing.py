@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from pytestqt.qtbot import QtBot
 
-from ui.chat.view import ChatMessage, ChatView
+from ui.chat.message import ChatMessage
+from ui.chat.view import ChatView
 
 TEXTS = [
     "First paragraph has some words.\n\nSecond paragraph has more.\n\n- item one\n- item two\n\nThird one.",

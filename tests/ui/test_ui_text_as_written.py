@@ -7,7 +7,9 @@ from __future__ import annotations
 from PySide6.QtGui import QTextTable
 from pytestqt.qtbot import QtBot
 
-from ui.chat.view import ChatMessage, ChatView, keep_lines
+from ui.chat.message import ChatMessage
+from ui.chat.rendering import keep_lines
+from ui.chat.view import ChatView
 
 SNIPPET = "\n".join(["def area(w, h):", "    # not a heading", "    return w * h", "", "*not emphasis*",
                      "print(area(2, 3))"] * 3)

@@ -2,13 +2,13 @@
 
 Model output is untrusted. It is rendered with Qt's Markdown reader with raw HTML turned off (it shows as
 text) into a scratch document, where every image is replaced by its name before the view ever lays it out:
-nothing is fetched or decoded (not even ``data:`` URIs), and links are never opened or followed.
-Over 450 lines: safe, bounded rendering (incremental streaming, code blocks, highlighting) shares the one
-document and its positions, so it lives with the view.
+nothing is fetched or decoded (not even ``data:`` URIs), and links are never opened or followed
+(``ui.chat.rendering``). Over 500 lines: incremental streaming, code blocks and highlighting share the one
+document and its positions, so they live with the view; the text rules, the message and the colours do not.
 
 Rendering stays cheap whatever the model writes: while an answer streams, only its last Markdown block is
-re-rendered (the blocks before a blank line are final); a block past ``TAIL_LIMIT_CHARS``, a line past
-``LINE_LIMIT_CHARS`` or a message past ``MARKDOWN_LIMIT_CHARS`` is shown as plain text, cut into short
+re-rendered (the blocks before a blank line are final); a block past ``TAIL_LIMIT_CHARS``, or text past
+``rendering``'s limits, is shown as plain text, cut into short
 paragraphs so a relayout never covers more than one of them.
 """
 
@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl, Signal, Slot
+from PySide6.QtCore import QUrl, Signal, Slot
 from PySide6.QtGui import (
     QAction,
-    QColor,
     QContextMenuEvent,
     QFont,
     QFontDatabase,
@@ -39,179 +35,25 @@ from PySide6.QtGui import (
     QTextDocumentFragment,
     QTextFormat,
 )
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QTextBrowser, QWidget
+from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
-from app.events import FROM_MODEL, FROM_NGRAM, SOURCE_NAMES, TRAINED_DRAFTERS, MessageStats
-from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
+from app.events import FROM_MODEL, FROM_NGRAM, TRAINED_DRAFTERS
+from ui.chat.colours import code_background, source_colours
+from ui.chat.message import ChatMessage, footer_text
+from ui.chat.rendering import (
+    COPY_SCHEME,
+    keep_lines,
+    make_safe,
+    needs_plain,
+    settled_tail,
+    stable_prefix_length,
+)
 
 MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
-# Qt's Markdown reader is superlinear in a line's length and a table's size (a 200 KB line took 6 s): past
-# these, text is shown as it is.
-MARKDOWN_LIMIT_CHARS = 60_000
-LINE_LIMIT_CHARS = 4_000
 TAIL_LIMIT_CHARS = 1_500  # the streaming block re-rendered each frame (~5 ms here; 4,000 took 27 ms)
 CHUNK_LIMIT_CHARS = 20_000  # a block rendered once, when it is complete
-# Qt lays out a table at roughly 0.2-0.6 ms a cell (a 50×50 table: 1.6 s): bigger tables stay text.
-TABLE_CELL_LIMIT = 300
 PLAIN_PARAGRAPH_CHARS = 2_000  # plain text is cut into paragraphs this long, so relayout stays small
-COPY_SCHEME = "specdeck-copy"
-STATUS_NOTES = {
-    "streaming": "",
-    "interrupted": "cut off: the engine stopped while answering",
-    "cancelled": "stopped",
-    "error": "failed",
-}
-STOP_NOTES = {
-    "eog": "end of turn",
-    "max_tokens": "cut at Max tokens",
-    "context_full": "context full",
-    "stop": "ended at a stop sequence",
-    "cancelled": "stopped",
-    "error": "failed",
-    "crashed": "engine crashed",
-}
-_FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
-# A last line of only Markdown markers ("-", "=", "#", "1.", "> ", "```"): its meaning depends on what follows
-# ("Intro\n-" is a heading for one frame, "Intro\n- item" a list), so a streaming answer shows it once it has text.
-_MARKERS_ONLY = re.compile(r"[ \t\-=#*+>|`~_:\d.)]+")
-_TABLE_RULE = re.compile(r"^ {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # a table's |---|:--:| line
-
-
-@dataclass
-class ChatMessage:
-    role: str
-    text: str
-    status: str = "complete"
-    stats: MessageStats | Mapping[str, Any] | None = None
-    store_id: int | None = None  # the row in the history store, when it was saved
-    pieces: list[tuple[str, str]] = field(default_factory=list)  # (text, source) per token, this session
-    stop_reason: str | None = None  # Finished.reason, "crashed", or None (user messages, older answers)
-    model: str | None = None  # the target model's path, for answers
-    drafter: str | None = None  # the drafter model's path, when one drafted
-
-
-def _stat(stats: MessageStats | Mapping[str, Any], name: str) -> float:
-    value = stats.get(name, 0.0) if isinstance(stats, Mapping) else getattr(stats, name, 0.0)
-    return float(value) if isinstance(value, int | float) else 0.0
-
-
-def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
-    """The line under an answer: TTFT, prefill and decode rates, acceptance, tokens per pass, speedup."""
-    parts = [
-        f"TTFT {_stat(stats, 'ttft_seconds') * 1000:.0f} ms",
-        prefill_text(_stat(stats, "prefill_tps")),
-        f"decode {decode_text(_stat(stats, 'decode_tps'))}",
-    ]
-    if _stat(stats, "drafted") > 0:
-        parts.append(f"acceptance {acceptance_text(_stat(stats, 'acceptance'))}")
-    if _stat(stats, "passes") > 0:  # a remote server reports no passes, so neither figure exists for its answers
-        parts.append(f"{tau_text(_stat(stats, 'tokens_per_pass'))} tokens/pass")
-    speedup = _stat(stats, "speedup_estimate")
-    if _stat(stats, "drafted") > 0 and speedup > 0:  # measured against the plain rate, and something drafted
-        parts.append(speedup_text(speedup))
-    return " · ".join(parts)
-
-
-def describe_writer(message: ChatMessage) -> str:
-    """Which model (by file name) and drafter wrote an answer."""
-    if not message.model:
-        return ""
-    name = Path(message.model).name
-    return f"{name} + {Path(message.drafter).name}" if message.drafter else name
-
-
-def footer_text(message: ChatMessage) -> str:
-    """The grey line under a message: why it ended, who wrote it, and its figures."""
-    if message.role != "assistant":
-        return ""
-    note = STATUS_NOTES.get(message.status, "")
-    if message.stop_reason and message.status not in ("streaming", "interrupted"):
-        note = STOP_NOTES.get(message.stop_reason, message.stop_reason)
-    parts = [p for p in (note, describe_writer(message)) if p]
-    if message.stats:
-        parts.append(format_stats(message.stats))
-    return " · ".join(parts)
-
-
-def stable_prefix_length(text: str) -> int:
-    """How much of a streaming Markdown text is final: up to the last blank line outside a code fence."""
-    cut = text.rfind("\n\n")
-    while cut >= 0:
-        if len(_FENCE.findall(text, 0, cut)) % 2 == 0:
-            return cut + 2
-        cut = text.rfind("\n\n", 0, cut)
-    return 0
-
-
-def settled_tail(text: str) -> str:
-    """The streaming tail without a last line of Markdown markers only (see _MARKERS_ONLY), which would change
-    the lines above it for a frame (a paragraph turned heading and back: the spacing jumped)."""
-    cut = text.rfind("\n")
-    if cut >= 0 and _MARKERS_ONLY.fullmatch(text, cut + 1):
-        return text[:cut]
-    return text
-
-
-def keep_lines(text: str) -> str:
-    """Markdown that reads as it was written: every line break outside code is a hard break (Markdown joins
-    consecutive lines into one paragraph, which collapsed unfenced code and line-by-line answers), and a pipe
-    table right under a line of text gets the blank line Markdown needs to see it as a table."""
-    lines = text.split("\n")
-    out: list[str] = []
-    fence: str | None = None
-    indented = False  # in an indented code block (it keeps its lines already, and a break would be copied)
-    previous_blank = True
-    for i, line in enumerate(lines):
-        following = lines[i + 1] if i + 1 < len(lines) else None
-        blank = not line.strip()
-        opened = _FENCE.match(line)
-        if opened:
-            marker = opened.group(1)
-            fence = None if fence == marker else (fence or marker)
-        elif fence is None:
-            if line.startswith(("    ", "\t")):
-                indented = indented or previous_blank
-            elif not blank:
-                indented = False
-            starts_table = "|" in line and following is not None and _TABLE_RULE.match(following) is not None
-            if starts_table and not previous_blank:
-                out.append("")
-            in_table = "|" in line and (starts_table or _TABLE_RULE.match(line) is not None or
-                                        (following is not None and "|" in following))
-            if (not (indented or blank or in_table) and following is not None and following.strip()
-                    and not line.endswith(("  ", "\\"))):
-                line += "  "
-        out.append(line)
-        previous_blank = blank
-    return "\n".join(out)
-
-
-def needs_plain(text: str, limit: int = MARKDOWN_LIMIT_CHARS) -> bool:
-    """Whether Qt's Markdown reader would take too long on this text (see the limits above)."""
-    if len(text) > limit or text.count("|") > TABLE_CELL_LIMIT:
-        return True
-    return any(len(line) > LINE_LIMIT_CHARS for line in text.split("\n"))
-
-
-class ColourKey(QWidget):
-    """What the highlight colours mean, on screen next to the switch."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        colours = source_colours(self.palette())
-        self.labels: dict[str, QLabel] = {}
-        for source, text in SOURCE_NAMES.items():
-            label = QLabel(text, self)
-            label.setTextFormat(Qt.TextFormat.PlainText)
-            label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
-            layout.addWidget(label)
-            self.labels[source] = label
-        rest = QLabel("plain: the target's own tokens", self)
-        rest.setTextFormat(Qt.TextFormat.PlainText)
-        layout.addWidget(rest)
 
 
 class ChatView(QTextBrowser):
@@ -490,7 +332,7 @@ class ChatView(QTextBrowser):
         scratch = QTextDocument()
         scratch.setDefaultFont(self.font())
         scratch.setMarkdown(keep_lines(text), MARKDOWN)
-        self._make_safe(scratch)
+        make_safe(scratch)
         self._dress_code_blocks(scratch)
         first = scratch.begin().blockFormat()
         start = cursor.position()
@@ -506,30 +348,6 @@ class ChatView(QTextBrowser):
         spacing.setTopMargin(first.topMargin())
         spacing.setBottomMargin(first.bottomMargin())
         QTextCursor(self.document().findBlock(start)).mergeBlockFormat(spacing)
-
-    def _make_safe(self, doc: QTextDocument) -> None:
-        """Images become their name in brackets before anything lays them out; links we did not make lose
-        their ``specdeck-copy`` scheme."""
-        block = doc.begin()
-        replacements: list[tuple[int, int, str]] = []
-        while block.isValid():
-            it = block.begin()
-            while not it.atEnd():
-                frag = it.fragment()
-                fmt = frag.charFormat()
-                if fmt.isImageFormat():
-                    name = fmt.toImageFormat().name()
-                    shown = name if not name.startswith("data:") else "data: image"
-                    replacements.append((frag.position(), frag.length(), f"[image not loaded: {shown[:80]}]"))
-                elif fmt.isAnchor() and any(h.startswith(f"{COPY_SCHEME}:") for h in fmt.anchorHref().split()):
-                    replacements.append((frag.position(), frag.length(), frag.text()))
-                it += 1
-            block = block.next()
-        for position, length, text in reversed(replacements):
-            cursor = QTextCursor(doc)
-            cursor.setPosition(position)
-            cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
-            cursor.insertText(text, QTextCharFormat())
 
     def _dress_code_blocks(self, doc: QTextDocument) -> None:
         """Each code block gets a tinted background, a monospace font and a header line with its language
@@ -739,19 +557,3 @@ def _block_marker(block: QTextBlock) -> object:
     """The marker our own lines carry in their first fragment ("stats", "code_header"), or None."""
     it = block.begin()
     return None if it.atEnd() else it.fragment().charFormat().property(QTextFormat.Property.UserProperty)
-
-
-def code_background(palette: QPalette) -> QColor:
-    """The base colour moved 8 % towards the text colour: visible on a light or a dark palette."""
-    base, text = palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text)
-    mix = 0.08
-    return QColor(*(round(b + (t - b) * mix) for b, t in ((base.red(), text.red()), (base.green(), text.green()),
-                                                           (base.blue(), text.blue()))))
-
-
-def source_colours(palette: QPalette) -> dict[str, QColor]:
-    """Backgrounds for drafted tokens, readable on a light or a dark palette."""
-    dark = palette.color(QPalette.ColorRole.Base).lightness() < 128
-    if dark:
-        return {FROM_NGRAM: QColor(40, 90, 60), FROM_MODEL: QColor(40, 70, 120)}
-    return {FROM_NGRAM: QColor(200, 240, 200), FROM_MODEL: QColor(200, 220, 250)}

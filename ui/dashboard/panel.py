@@ -2,23 +2,21 @@
 
 All numbers come from ``app.ceiling.metrics.LiveMetrics``; this module only paints them. Plot items are created once
 and fed copies of the ring buffers on a timer that runs only while a generation is streaming.
-Over 450 lines: six plots built once and painted incrementally, each with its own change checks.
+Over 500 lines: six plots built once and painted incrementally, each with its own change checks; the live
+figures' strip, the memory rows and the plotting parts live apart.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
 import numpy as np
-import psutil
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Slot
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QImage, QPainter, QPalette, QPen, QResizeEvent
+from PySide6.QtGui import QBrush, QImage, QPainter, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
-    QGraphicsItem,
     QGraphicsRectItem,
     QLabel,
     QScrollArea,
@@ -30,11 +28,25 @@ from PySide6.QtWidgets import (
 from app.ceiling.builder import CeilingInfo, ceiling_for_loaded
 from app.ceiling.memory import LoadedModels, MemoryProbe, MemoryReading, placement
 from app.ceiling.metrics import LiveMetrics, MetricsSnapshot
-from app.events import TRAINED_DRAFTERS, EngineCrashed, Finished, Loaded, PassStats
+from app.events import EngineCrashed, Finished, Loaded, PassStats
 from app.units import format_bytes
 from ui.bridge import EngineBridge
-from ui.figures import PLAIN_RATE, acceptance_text, decode_text, tau_text
-from ui.flow_layout import FlowLayout
+from ui.dashboard.memory import memory_rows, read_memory
+from ui.dashboard.plots import (
+    BLUE,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    RED,
+    XRange,
+    YRange,
+    decode_axis_top,
+    hline,
+    make_plot,
+    with_alpha,
+)
+from ui.dashboard.strip import LiveStrip
+from ui.figures import PLAIN_RATE
 from ui.tasks import TaskRunner
 
 REPAINT_MS = 100  # 10 Hz: a frame costs ~7 ms of software rendering with the axes cached
@@ -45,89 +57,7 @@ TWO_COLUMNS_MIN_WIDTH = 600  # narrower: the plots stack in one column
 MEMORY_PERIOD_S = 1.0
 IDLE_STOP_S = 3.0  # no pass for this long: stop the timer even if no Finished came (a crash, say)
 MB = 1e6
-# The widest text each live figure is expected to show; its label gets that fixed width (see _build).
-LIVE_LABEL_TEMPLATES = {
-    "scope": "last second:",
-    "tps": "9999.9 tok/s",
-    "pct": "9999% of the bandwidth roof ▲",
-    "acceptance": "accept 100%",
-    "alpha": "α 0.00",
-    "tau": "τ 99.99",
-    "k": "k 99",
-    "sources": "accepted: suffix 99,999 · trained 99,999",
-    "context": "999,999 of 999,999 tokens",
-}
-
-# Hues readable on light and dark backgrounds; the neutral colours come from the palette.
-BLUE = QColor(31, 119, 180)
-ORANGE = QColor(255, 127, 14)
-GREEN = QColor(44, 160, 44)
-RED = QColor(214, 39, 40)
-PURPLE = QColor(148, 103, 189)
-
 CeilingProvider = Callable[[Loaded], CeilingInfo | None]
-
-
-def _alpha(c: QColor, a: int) -> QColor:
-    out = QColor(c)
-    out.setAlpha(a)
-    return out
-
-
-def decode_axis_top(data_top: float, ceilings: dict[str, float | None]) -> tuple[float, dict[str, float]]:
-    """The decode chart's top: the data plus the nearest ceiling above it (or all ceilings below it).
-    Returns it with the ceilings left off the scale, which the title names instead."""
-    known = {n: v for n, v in ceilings.items() if v is not None and np.isfinite(v) and v > 0}
-    above = [v for v in known.values() if v >= data_top]
-    top = max(data_top, min(above) if above else 0.0, *(v for v in known.values() if v < data_top))
-    off = {n: v for n, v in known.items() if v > top * 1.02}
-    return top, off
-
-
-class _XRange:
-    """A time axis that jumps ahead in steps instead of sliding every frame: a moving range repaints the
-    axis (text rendering dominates a frame's cost), a still one does not."""
-
-    def __init__(self, plots: tuple[pg.PlotItem, ...]) -> None:
-        self.plots = plots
-        self.lo = 0.0
-        self.hi = 0.0
-
-    def fit(self, t0: float, t1: float) -> None:
-        span = max(self.hi - self.lo, 1e-9)
-        if t1 > self.hi or t1 < self.lo or t0 - self.lo > 0.1 * span or t0 < self.lo:
-            self.lo = t0
-            self.hi = t0 + max((t1 - t0) * 1.25, 2.0)
-            for p in self.plots:
-                p.setXRange(self.lo, self.hi, padding=0)
-
-
-class _YRange:
-    """Sets a plot's y range only when the data outgrows it or shrinks well below it (no per-frame churn)."""
-
-    def __init__(self, plot: pg.PlotItem, minimum: float) -> None:
-        self.plot = plot
-        self.minimum = minimum
-        self.top = 0.0
-
-    def fit(self, wanted: float) -> None:
-        wanted = max(wanted, self.minimum)
-        # Keep 10 % headroom: a line near the top would have its label cut off.
-        if wanted * 1.1 > self.top or wanted < 0.5 * self.top:
-            self.top = wanted * 1.25
-            self.plot.setYRange(0.0, self.top, padding=0)
-
-
-def _read_memory(probe: MemoryProbe, engine_pid: int | None) -> tuple[MemoryReading | None, int | None]:
-    """Memory per device and RAM, and the engine worker's resident memory (None: could not be read)."""
-    reading: MemoryReading | None = None
-    rss: int | None = None
-    with contextlib.suppress(Exception):
-        reading = probe.read()
-    if engine_pid is not None:
-        with contextlib.suppress(psutil.Error):
-            rss = int(psutil.Process(engine_pid).memory_info().rss)
-    return reading, rss
 
 
 class DashboardPanel(QWidget):
@@ -299,44 +229,8 @@ class DashboardPanel(QWidget):
         outer.setContentsMargins(4, 4, 4, 4)
         outer.setSpacing(4)
 
-        self.strip = QWidget(self)
-        strip = FlowLayout(self.strip, h_spacing=14, v_spacing=2)
-        self.labels: dict[str, QLabel] = {}
-        tips = {
-            "scope": "While an answer streams: the last second and the last 32 passes. After it: the "
-                     "answer's totals, as in its stats line in the chat",
-            "tps": "Decode speed (tokens per second of wall clock)",
-            "pct": "Speed as a share of the bandwidth roof: memory bandwidth (a CPU's probed on this machine, a "
-                   "GPU's from its spec sheet) ÷ bytes read per token, at one token per pass, at the current "
-                   "context (doctor gives it at its --ctx). Above 100% is only possible by speculating",
-            "acceptance": "Draft tokens accepted / drafted",
-            "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
-            "tau": "τ: tokens per verify pass, last 32 passes",
-            "k": "Draft depth the controller chose for the last pass",
-            "sources": f"This answer's accepted draft tokens by source: the suffix drafter and the trained drafter "
-                       f"({TRAINED_DRAFTERS})",
-            "context": "Context fill",
-            "device": "llama.cpp backend and the device whose bandwidth sets the ceiling",
-        }
-        for name, tip in tips.items():
-            lab = QLabel("–", self)
-            lab.setObjectName(f"dashboard_{name}")
-            lab.setToolTip(tip)
-            lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            lab.setTextFormat(Qt.TextFormat.PlainText)  # device names come from the system
-            strip.addWidget(lab)
-            self.labels[name] = lab
-        f = self.labels["tps"].font()
-        f.setPointSizeF(f.pointSizeF() * 1.4)
-        f.setBold(True)
-        self.labels["tps"].setFont(f)
-        for name, widest in LIVE_LABEL_TEMPLATES.items():
-            # A fixed size: Qt then skips the relayout a new text asks for (it reached the whole window, ten
-            # times a second while tokens stream; the soak caught it in the strip's layout).
-            lab = self.labels[name]
-            bold = QFont(lab.font())
-            bold.setBold(True)  # the share of the roof turns bold above 100 %
-            lab.setFixedSize(QFontMetrics(bold).horizontalAdvance(widest) + 4, lab.sizeHint().height())
+        self.strip = LiveStrip(self)
+        self.labels = self.strip.labels
         outer.addWidget(self.strip)
 
         # The plots keep a readable height and scroll when the window is shorter than that.
@@ -352,20 +246,7 @@ class DashboardPanel(QWidget):
         g = self.graphics
 
         def plot(row: int, col: int, title: str, left: str, bottom: str, colspan: int = 1) -> pg.PlotItem:
-            p = g.addPlot(row=row, col=col, colspan=colspan, title=title)
-            p.setLabel("left", left)
-            p.setLabel("bottom", bottom)
-            p.disableAutoRange()
-            p.setMouseEnabled(x=False, y=False)
-            p.hideButtons()
-            p.setMenuEnabled(False)
-            p.showGrid(x=True, y=True, alpha=0.15)
-            # Axes (tick text, grid) are drawn into a cached pixmap: replaying their text every frame was
-            # most of a frame's cost, and that CPU comes out of decoding on a small machine.
-            for side in ("left", "bottom"):
-                p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-            p.titleLabel.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-            return p
+            return make_plot(g, row, col, title, left, bottom, colspan)
 
         # tok/s over time with the ceilings.
         self.p_tps = plot(0, 0, "Decode speed", "tok/s", "seconds", colspan=2)
@@ -377,26 +258,26 @@ class DashboardPanel(QWidget):
         self.above_wall.setVisible(False)
         self.p_tps.addItem(self.above_wall)
         self._wall_rect = QRectF()
-        self.c_tps = self.p_tps.plot(pen=pg.mkPen(_alpha(BLUE, 110), width=1), connect="finite",
+        self.c_tps = self.p_tps.plot(pen=pg.mkPen(with_alpha(BLUE, 110), width=1), connect="finite",
                                      name="per pass")
         self.c_tps_smooth = self.p_tps.plot(pen=pg.mkPen(BLUE, width=2.5), connect="finite",
                                             name="1 s average")
         solid, dash, dot = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
-        self.l_spec = self._hline(self.p_tps, RED, solid, "bandwidth roof: {value:.0f}")
-        self.l_measured = self._hline(self.p_tps, ORANGE, dash, PLAIN_RATE + ": {value:.0f}", at=0.42)
-        self.l_spec_tau = self._hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.74)
+        self.l_spec = hline(self.p_tps, RED, solid, "bandwidth roof: {value:.0f}")
+        self.l_measured = hline(self.p_tps, ORANGE, dash, PLAIN_RATE + ": {value:.0f}", at=0.42)
+        self.l_spec_tau = hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.74)
         # What the lines mean, under the chart. The two differ by design: the roof is the memory bandwidth over
         # the bytes each token reads; the plain rate is one-token decoding timed here at load (the rate the
         # chat's "× the plain rate" divides by).
         self.tps_legend = pg.LabelItem("", size="7pt", justify="left")
         self._tps_legend_note: str | None = None
-        self.y_tps = _YRange(self.p_tps, 10.0)
+        self.y_tps = YRange(self.p_tps, 10.0)
 
         # Acceptance over time and per draft position.
         self.p_acc = plot(1, 0, "Acceptance", "accepted / drafted", "seconds")
         self.p_acc.setYRange(0, 1.05, padding=0)
         # A faint line, not symbols: a 2048-point scatter costs ~10 ms a frame.
-        self.c_acc = self.p_acc.plot(pen=pg.mkPen(_alpha(PURPLE, 70), width=1), connect="finite")
+        self.c_acc = self.p_acc.plot(pen=pg.mkPen(with_alpha(PURPLE, 70), width=1), connect="finite")
         self.c_acc_roll = self.p_acc.plot(pen=pg.mkPen(PURPLE, width=2), connect="finite")
         self.p_pos = plot(1, 1, "Acceptance per draft position", "accepted / drafted", "position")
         self.p_pos.setYRange(0, 1.05, padding=0)
@@ -418,9 +299,9 @@ class DashboardPanel(QWidget):
         self._tau_k_mean = np.zeros(0)
         self.p_k = plot(2, 1, "k chosen (orange), τ (blue)", "k", "seconds")
         self.c_k = self.p_k.plot(pen=pg.mkPen(ORANGE, width=1.5))
-        self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(_alpha(BLUE, 160), width=1.5))
-        self.y_k = _YRange(self.p_k, 4.0)
-        self.x_time = _XRange((self.p_tps, self.p_acc, self.p_k))
+        self.c_tau_roll = self.p_k.plot(pen=pg.mkPen(with_alpha(BLUE, 160), width=1.5))
+        self.y_k = YRange(self.p_k, 4.0)
+        self.x_time = XRange((self.p_tps, self.p_acc, self.p_k))
         self._x_request: int | None = None  # the answer the time axis was fitted to
 
         # Memory: one bar per part of the loaded model and per process, in MB (a 0.1 GB model stays visible).
@@ -481,24 +362,13 @@ class DashboardPanel(QWidget):
         source = self.metrics.ceiling.bandwidth_source if self.metrics.ceiling is not None else ""
         return {"probed": "probed", "spec sheet": "spec-sheet"}.get(source, "memory")
 
-    def _hline(self, p: pg.PlotItem, color: QColor, style: Qt.PenStyle, fmt: str,
-               at: float = 0.02) -> pg.InfiniteLine:
-        # Labels sit at different points along the plot, so lines at similar heights stay readable, and hang
-        # below their line: above it, a line near the top edge had its label cut off.
-        line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(color, width=1.5, style=style),
-                               label=fmt, labelOpts={"position": at, "color": color,
-                                                     "anchors": [(0, 0), (0, 0)]})
-        line.setVisible(False)
-        p.addItem(line)
-        return line
-
     def _apply_palette(self) -> None:
         pal = self.palette()
         bg = pal.color(QPalette.ColorRole.Base)
         fg = pal.color(QPalette.ColorRole.WindowText)
         self._fg = fg
         self._tps_legend_note = None  # the key is drawn again in the new colours at the next paint
-        self._mem_bg = _alpha(fg, 40)
+        self._mem_bg = with_alpha(fg, 40)
         self.graphics.setBackground(bg)
         for p in (self.p_tps, self.p_acc, self.p_pos, self.p_tau, self.p_k, self.p_mem):
             for name in ("left", "bottom"):
@@ -508,11 +378,11 @@ class DashboardPanel(QWidget):
             p.titleLabel.setAttr("color", fg)
             p.titleLabel.setText(p.titleLabel.text)
         self.tau_legend.setLabelTextColor(fg)
-        self.tau_legend.setBrush(pg.mkBrush(_alpha(bg, 210)))  # readable over the points it may cover
+        self.tau_legend.setBrush(pg.mkBrush(with_alpha(bg, 210)))  # readable over the points it may cover
         for _sample, label in self.tau_legend.items:
             label.setText(label.text, color=fg)
         # Tint above the one-token wall: speeds there are only possible by speculating.
-        self.above_wall.setBrush(QBrush(_alpha(GREEN, 35)))
+        self.above_wall.setBrush(QBrush(with_alpha(GREEN, 35)))
 
     # --- painting ---------------------------------------------------------------------------------
 
@@ -529,7 +399,7 @@ class DashboardPanel(QWidget):
         self._memory_reading = True
         probe = self._probe()
         pid = self._bridge.worker_pid if self._bridge is not None else None
-        self._memory_tasks.run(lambda: _read_memory(probe, pid), self._on_memory_read,
+        self._memory_tasks.run(lambda: read_memory(probe, pid), self._on_memory_read,
                                lambda _exc: self._on_memory_read((None, None)))
 
     def _on_memory_read(self, read: tuple[MemoryReading | None, int | None]) -> None:
@@ -550,7 +420,7 @@ class DashboardPanel(QWidget):
     def _paint(self) -> None:
         s = self.metrics.snapshot()
         self.repaints += 1
-        self._paint_strip(s)
+        self.strip.paint(s, loaded=self.metrics.loaded is not None)
         t = s.t
         if self.metrics.request_id != self._x_request:
             self._x_request = self.metrics.request_id
@@ -618,83 +488,10 @@ class DashboardPanel(QWidget):
             self.p_tau.setYRange(0, kmax + 1.5, padding=0)
         self.y_k.fit(float(np.nanmax(s.k)) + 1 if len(s.k) else 0.0)
 
-    def _set_live(self, name: str, text: str) -> None:
-        """A live figure's new text; its fixed width grows (one relayout) only for a text wider than it."""
-        lab = self.labels[name]
-        if lab.text() == text:
-            return
-        need = lab.fontMetrics().horizontalAdvance(text) + 4
-        if need > lab.width() and name in LIVE_LABEL_TEMPLATES:
-            lab.setFixedWidth(need)
-        lab.setText(text)
-
-    def _paint_strip(self, s: MetricsSnapshot) -> None:
-        """Live figures (last second, last 32 passes) while an answer streams; the answer's own totals, as
-        its stats line in the chat reads them, once it has ended."""
-        c = s.current
-        set_text = self._set_live
-        totals = s.last_stats if not s.generating else None
-        spec = s.spec_ceiling
-        if totals is not None:
-            set_text("scope", "answer:")
-            tps: float | None = totals.decode_tps
-            set_text("tps", decode_text(totals.decode_tps))
-            set_text("acceptance", f"accept {acceptance_text(totals.acceptance)}" if totals.drafted
-                     else "accept –")
-            set_text("tau", f"τ {tau_text(totals.tokens_per_pass)}")
-            alpha = s.message_alpha
-        else:
-            set_text("scope", "last second:" if s.generating else "")
-            tps = c.tps
-            set_text("tps", decode_text(c.tps) if c.tps is not None else "– tok/s")
-            set_text("acceptance", f"accept {acceptance_text(c.acceptance)}" if c.acceptance is not None
-                     else "accept –")
-            set_text("tau", f"τ {tau_text(c.tau)}" if c.tau is not None else "τ –")
-            alpha = c.alpha
-        pct = 100.0 * tps / spec if tps is not None and spec else None
-        if pct is not None:
-            above = pct > 100.0
-            set_text("pct", f"{pct:.0f}% of the bandwidth roof" + (" ▲" if above else ""))
-            self._style_pct(f"color: {GREEN.name()}; font-weight: bold" if above else "")
-        else:
-            # Between answers there is no speed to compare: the roof itself, when it is known.
-            roof = "roof unknown" if spec is None else f"roof {spec:.0f} tok/s"
-            set_text("pct", roof if self.metrics.loaded else "–")
-            self._style_pct("")
-        set_text("alpha", f"α {alpha:.2f}" if alpha is not None else "α –")
-        set_text("k", f"k {c.k}" if c.k is not None else "k –")
-        set_text("sources", c.sources_text)
-        set_text("context", c.context_text if c.n_ctx else "no model")
-        set_text("device", " · ".join(x for x in (c.backend, c.device) if x) or "–")
-
-    def _style_pct(self, sheet: str) -> None:
-        label = self.labels["pct"]
-        if label.styleSheet() != sheet:  # a style sheet is parsed and the label polished at every set
-            label.setStyleSheet(sheet)
-
     def memory_rows(self) -> list[tuple[str, float]]:
-        """The memory chart's bars, top to bottom: (label, bytes). The engine process holds the weights and
-        the KV cache; the window's own process is listed apart."""
-        ld = self.metrics.loaded
-        rows: list[tuple[str, float]] = []
-        if ld is not None:
-            rows.append(("target weights", float(ld.target.size_bytes)))
-            if ld.drafter is not None:
-                rows.append(("drafter weights", float(ld.drafter.size_bytes)))
-            rows.append(("KV allocated", float(ld.kv_bytes_total)))
-            rows.append(("KV used", float(self.metrics.current().kv_bytes_used)))
-        for g in self._memory.gpus if self._memory is not None else ():
-            # Per GPU: the device's memory in use, and the loaded models' weights + KV placed on it.
-            name = g.device or f"GPU{g.index}"
-            if g.used is not None:  # a device that does not report its use gets no bar, not a zero
-                rows.append((f"{name} in use", float(g.used)))
-            if g.placed is not None:
-                rows.append((f"{name} weights+KV", float(g.placed)))
-        if self._engine_rss is not None:
-            rows.append(("engine process", float(self._engine_rss)))
-        if self._memory is not None:
-            rows.append(("window process", float(self._memory.process_rss)))
-        return rows
+        """The memory chart's bars, top to bottom (see ``memory_rows``)."""
+        kv_used = self.metrics.current().kv_bytes_used if self.metrics.loaded is not None else 0
+        return memory_rows(self.metrics.loaded, kv_used, self._memory, self._engine_rss)
 
     def _paint_memory(self) -> None:
         m = self._memory
@@ -703,7 +500,7 @@ class DashboardPanel(QWidget):
                    "engine process": BLUE, "window process": BLUE}
         ys = [float(len(rows) - 1 - i) for i in range(len(rows))]
         widths = [b / MB for _, b in rows]
-        brushes = [_alpha(colours.get(label, ORANGE if label.endswith("weights+KV") else BLUE),
+        brushes = [with_alpha(colours.get(label, ORANGE if label.endswith("weights+KV") else BLUE),
                           110 if label == "KV allocated" else 220) for label, _ in rows]
         # pyqtgraph 0.14 fails on an empty list of pens (nothing to draw: no model, no reading yet).
         self.bars_mem.setOpts(x0=np.zeros(len(rows)), y=np.array(ys), width=np.array(widths), height=0.6,
