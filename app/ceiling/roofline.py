@@ -19,23 +19,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine.adaptive import expected_tokens
+from app.engine.adaptive import expected_tokens, pass_seconds
+from app.engine_limits import kv_cache_type
 from app.library.gguf_reader import GGUFInfo
 from app.units import format_bytes
 
-# Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
-KV_TYPE_BYTES: dict[str, float] = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q4_0": 18 / 32,
-    "q4_1": 20 / 32,
-    "q5_0": 22 / 32,
-    "q5_1": 24 / 32,
-    "iq4_nl": 18 / 32,
-}
-_BLOCK = 32
 # llama.cpp pads the context (and the SWA cache) to a multiple of 256 cells.
 KV_PAD = 256
 
@@ -49,12 +37,7 @@ def _pad(n: int, to: int) -> int:
 
 def kv_row_bytes(kv_type: str, n_elements: int) -> int:
     """Bytes of one cache row of n_elements values (ggml_row_size)."""
-    per = KV_TYPE_BYTES.get(kv_type)
-    if per is None:
-        raise ValueError(f"unknown KV cache type {kv_type!r}; known: {', '.join(KV_TYPE_BYTES)}")
-    if kv_type in ("f32", "f16", "bf16"):
-        return int(per * n_elements)
-    return math.ceil(n_elements / _BLOCK) * round(per * _BLOCK)
+    return kv_cache_type(kv_type).row_bytes(n_elements)
 
 
 # --- models -------------------------------------------------------------------------------------
@@ -490,7 +473,8 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
     """Leviathan's walltime improvement: c is a drafter step's cost relative to a target pass."""
     if c < 0:
         raise ValueError("c must be >= 0")
-    return expected_tokens_per_pass(alpha, k) / (bandwidth_bound_pass(k + 1) + k * c)
+    seconds = pass_seconds(k, bandwidth_bound_pass, draft_seconds=k * c)
+    return expected_tokens_per_pass(alpha, k) / seconds * bandwidth_bound_pass(1)
 
 
 # --- fit ----------------------------------------------------------------------------------------

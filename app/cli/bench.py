@@ -7,15 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.bench import EngineCrashedError, add_bench_arguments, bench
 from app.errors import AppError
 from app.library.verify_cost import record_report as record_verify_cost
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
-
-EXIT_ERROR = 1  # bad input or a refused model: the message says what to change
-EXIT_ENGINE_CRASHED = 3  # llama.cpp died in the worker: the message names the signal and the phase
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bench_arguments(parser)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.client import EngineClient
 from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.errors import AppError
@@ -19,8 +20,6 @@ from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProce
 from app.library.pair_stats import measured_start
 from app.safe_text import terminal_safe
 
-EXIT_ERROR = 1  # bad arguments, or the model could not be loaded
-EXIT_ENGINE_LOST = 3  # the engine crashed and could not be brought back
 MAX_RESTARTS = 3  # crashes in a row (without an answer in between) before giving up
 CUT_MARK = "[answer cut off: the engine stopped]"
 
@@ -161,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             if not line.strip():
                 break
             if not chat.check_idle() or not chat.ask(line):
-                return EXIT_ENGINE_LOST
+                return EXIT_ENGINE_CRASHED
     except KeyboardInterrupt:
         pass
     finally:

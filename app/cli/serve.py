@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.engine.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings
 from app.errors import AppError
 from app.library.pair_stats import measured_start
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                                max_waiting=max(args.queue, 0)).check()
     except (AppError, ValueError) as exc:
         print(f"specdeck serve: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_OPTIONS
 
     def log(line: str) -> None:
         # Model names, file names and engine messages come from files: never raw to the terminal.
@@ -79,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"specdeck serve: could not listen on {options.host}:{options.port}: "
               f"{terminal_safe(exc, one_line=True)}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     if unusable:
         print(f"specdeck serve: the model cannot be served: {terminal_safe(unusable[0], one_line=True)}",
               file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     return 0
 
 

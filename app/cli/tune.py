@@ -9,15 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.cli.exit_codes import EXIT_CANCELLED, EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.bench import EngineCrashedError, read_prompts
 from app.engine.tune import Progress, history_prompts, save_winner, table, tune
 from app.errors import AppError
 from app.safe_text import terminal_safe
-
-EXIT_ERROR = 1
-EXIT_ENGINE_CRASHED = 3
-EXIT_CANCELLED = 130  # Ctrl-C, as a shell reports it; what was measured is still saved
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")

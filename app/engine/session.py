@@ -23,7 +23,7 @@ from app.ceiling.roofline import (
     recurrent_state_allocated,
 )
 from app.engine.adaptive import DepthController
-from app.engine.chat_template import clean_messages, render_chat, warm_renderer
+from app.engine.chat_template import clean_messages, completion_text, render_chat, warm_renderer
 from app.engine.dflash import DFLASH_ARCH, DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
 from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
@@ -32,6 +32,7 @@ from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
 from app.engine.params import LoadSettings, SamplingSettings
 from app.engine.speculative import RunTotals, SpeculativeDecoder, StopReason
 from app.engine.suffix_tree import suffix_drafter
+from app.engine_limits import kv_quantized
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
@@ -120,8 +121,6 @@ def summarize(model: Model) -> ModelSummary:
     )
 
 
-UNQUANTIZED_KV = ("f16", "f32", "bf16")
-
 
 def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> str:
     """The flash-attention setting as llama.cpp gets it: "auto" is "off" where layers go to a Vulkan device.
@@ -131,7 +130,7 @@ def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type:
     back after every rejected draft; "auto" turns it on there. "on" stays the user's choice, and a quantized
     KV cache keeps "auto" (llama.cpp refuses a quantized V cache without flash attention).
     """
-    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and kv_type in UNQUANTIZED_KV:
+    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and not kv_quantized(kv_type):
         return "off"
     return setting
 
@@ -310,7 +309,7 @@ class EngineSession:
         """Completion (base models): the user and assistant texts joined are the prompt, with no template;
         control-token text in them stays plain text."""
         model = self.target
-        text = "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
+        text = completion_text(messages)
         head = [model.bos] if model.add_bos and model.bos >= 0 else []
         return head + model.tokenize(text, parse_special=False)
 

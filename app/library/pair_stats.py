@@ -23,7 +23,7 @@ from app.storage.atomic import atomic_write_json, read_json_object
 FILE_NAME = "acceptance.json"
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
 WEIGHT_CAP = 2000.0  # drafted tokens the running mean remembers at most: newer runs keep counting
-MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most 32)
+MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most DEPTH_CAP)
 
 
 def default_path() -> Path:

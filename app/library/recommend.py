@@ -24,13 +24,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from app.ceiling.roofline import bandwidth_bound_pass, expected_tokens_per_pass
-from app.engine.adaptive import best_depth, conditional, expected_tokens
+from app.engine.adaptive import MODEL_PRIOR, best_depth, conditional, expected_tokens
 from app.engine.params import K_MAX
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
 from app.library.verify_cost import VerifyCurve
 
-DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
+DEFAULT_ACCEPTANCE = MODEL_PRIOR  # the depth policy's own start for a pair never measured
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
