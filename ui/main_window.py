@@ -220,7 +220,7 @@ class MainWindow(QMainWindow):
         self._history_retry = QTimer(self)
         self._history_retry.timeout.connect(self._on_history_retry_timeout)
         self._history_retry.start(1000)
-        self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
+        self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.load.target_path)
         self._closed = False
         self._default_docks_pending = False
         self._raise_dashboard_on_load = False  # docks tabbed on a small screen: show the dashboard after a load
@@ -552,7 +552,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_picker_drafters_ranked(self) -> None:
-        if self._reload_pending and self.picker.target_path() == self.settings.target_path:
+        if self._reload_pending and self.picker.target_path() == self.settings.load.target_path:
             self._reload_pending = False
             self.picker.request_load()
 
