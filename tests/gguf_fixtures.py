@@ -27,6 +27,7 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -711,6 +712,22 @@ def write_dflash_drafter(
     writer.add_mask_token_id(n_vocab - 1)
     for tensor_name, tensor in weights.items():
         writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
+def write_small_gguf(path: Path, architecture: str, prepare: Callable[[Any], None] | None = None, *,
+                     rows: int = 4) -> Path:
+    """A GGUF of metadata and one tensor (``token_embd.weight``, rows × 8 zeros), written with the gguf package
+    as converters write them: enough for the header readers, not for llama.cpp to run. ``prepare(writer)``
+    adds keys first."""
+    from gguf import GGUFWriter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, architecture)
+    if prepare is not None:
+        prepare(writer)
+    writer.add_tensor("token_embd.weight", np.zeros((rows, 8), dtype=np.float32))
     save(writer)
     return path
 
