@@ -25,9 +25,9 @@ from __future__ import annotations
 import functools
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np

@@ -14,6 +14,7 @@ from app.library.verify_cost import record_report as record_verify_cost
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bench_arguments(parser)
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.ceiling.backend_modules import describe_modules
 from app.ceiling.decode_check import one_line
 from app.ceiling.report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
+from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.engine.params import K_MAX
 from app.engine_limits import KV_TYPES
 from app.errors import AppError

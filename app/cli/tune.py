@@ -15,6 +15,7 @@ from app.engine.tune import Progress, history_prompts, save_winner, table, tune
 from app.errors import AppError
 from app.safe_text import terminal_safe
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, type=Path, help="target model (GGUF)")
     parser.add_argument("--drafter", type=Path, help="drafter model to try alone and under the n-gram drafter")
