@@ -149,11 +149,6 @@ def _replaced(obj: Any, names: list[str], value: Any) -> Any:
 # --- reading a file's values into the schema, field by field -----------------------------------------------
 
 @functools.cache
-def _annotations(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-@functools.cache
 def _adapter(hint: Any) -> TypeAdapter[Any]:
     return TypeAdapter(hint)
 
@@ -179,6 +174,7 @@ def _merge(current: Any, raw: object, where: str, check: Callable[[Any], object]
         problems.append(f"The {where or 'top'} settings must be a group of values, not {_shown(raw)}.")
         return current
     cls = type(current)
+    hints = typing.get_type_hints(cls)  # the engine's modules annotate with strings
     for f in fields(cls):
         if f.name not in raw or f"{cls.__name__}.{f.name}" in NOT_SAVED:
             continue
@@ -188,7 +184,7 @@ def _merge(current: Any, raw: object, where: str, check: Callable[[Any], object]
             child = _merge(old, value, path, functools.partial(_within, check, current, f.name), problems)
             current = replace(current, **{f.name: child})
             continue
-        hint = _annotations(cls)[f.name]
+        hint = hints[f.name]
         try:
             typed, type_error = _typed(hint, value, strict=True), None
         except (ValidationError, ValueError, RecursionError) as exc:
