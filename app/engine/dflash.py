@@ -169,10 +169,6 @@ class DFlashDrafter(FollowsTarget):
             return
         ctx.inject(tokens, self._features(len(tokens)))
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Nothing to read: the prompt's features went in with every target batch (``mirror``)."""
-        return 0
-
     def propose(
         self,
         tokens: Sequence[int],

@@ -254,6 +254,10 @@ class FollowsTarget(ABC):
             self.target.clear()
             self.reset()
 
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Nothing to read: the prompt went through the drafter with every target batch (``mirror``)."""
+        return 0
+
 
 class MTPDrafter(FollowsTarget):
     """Drafts with the target's MTP heads; fills the model drafter's slot of the loop (``prefill``,
@@ -329,10 +333,6 @@ class MTPDrafter(FollowsTarget):
         self.stats.batches += 1
         self.stats.tokens += n
         self.stats.seconds += time.perf_counter() - t0
-
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Nothing to read: the prompt went through the MTP heads with every target batch (``mirror``)."""
-        return 0
 
     def propose(
         self,
