@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
+from app.engine_limits import DEPTH_CAP, KV_TYPES, kv_quantized
 from app.errors import SettingsError
 
-KV_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16")
 MAX_CTX = 1 << 20
 
 
@@ -34,6 +33,17 @@ def _number(name: str, value: object, lo: float, hi: float, *, integer: bool = F
         raise SettingsError(f"{name} must be a whole number, not {value}.")
     if not lo <= value <= hi:
         raise SettingsError(f"{name} must be between {_show(lo)} and {_show(hi)}; {_show(value)} is out of range.")
+
+
+def _flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise SettingsError(f"{name} must be true or false, not {value!r}.")
+
+
+def _path(name: str, value: object) -> None:
+    """A model file path, or none (None or ""); a NUL byte would end the path early in llama.cpp's C strings."""
+    if value is not None and (not isinstance(value, str) or "\x00" in value):
+        raise SettingsError(f"{name} must be a file path, not {value!r}.")
 
 
 JSON_OBJECT = "json_object"  # SamplingSettings.response_format for "any JSON object"
@@ -133,13 +143,16 @@ class DraftSettings:
     mtp: bool = False  # the target's own MTP heads draft (in the model drafter's place)
 
     def validate(self) -> DraftSettings:
+        _path("The drafter model", self.drafter_path)
         _number("Shortest suffix match", self.ngram, 0, 16, integer=True)
         _number("Earlier answers to draft from", self.history_tokens, 0, MAX_CTX, integer=True)
-        _number("Draft depth k", self.k, 0, 32, integer=True)
-        _number("Maximum draft depth", self.k_max, 0, 32, integer=True)
+        _flag("Adaptive draft depth", self.adaptive)
+        _number("Draft depth k", self.k, 0, DEPTH_CAP, integer=True)
+        _number("Maximum draft depth", self.k_max, 0, DEPTH_CAP, integer=True)
         _number("Drafter confidence cut", self.p_min, 0.0, 1.0)
         if self.model_start is not None:
             _number("Model drafter's starting acceptance", self.model_start, 0.0, 1.0)
+        _flag("Drafting with the target's own MTP heads", self.mtp)
         if self.mtp and self.drafter_path:
             raise SettingsError("Choose a drafter model or the target's own MTP heads, not both.")
         return self
@@ -172,6 +185,7 @@ class LoadSettings:
     def validate(self) -> LoadSettings:
         if not self.target_path:
             raise SettingsError("Choose a target model first.")
+        _path("The target model", self.target_path)
         _number("Context size", self.n_ctx, 16, MAX_CTX, integer=True)
         _number("Batch size", self.n_batch, 16, 65536, integer=True)
         _number("GPU layers", self.n_gpu_layers, -1, 10_000, integer=True)
@@ -190,7 +204,7 @@ class LoadSettings:
         if self.rpc_servers and self.main_gpu is not None:
             raise SettingsError("With RPC servers the layers are split over every device: choose all GPUs, not "
                                 "one GPU.")
-        if self.kv_type in ("q8_0", "q4_0") and self.flash_attn == "off":
+        if kv_quantized(self.kv_type) and self.flash_attn == "off":
             raise SettingsError("A quantized KV cache needs flash attention: set it to auto or on.")
         self.draft.validate()  # first: an out-of-range depth is named with its own limit
         if self.draft.k_max + 1 > self.n_batch:
@@ -242,11 +256,3 @@ def threads_beside_window() -> int:
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     return max(1, cores - 1)
 
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    """A dataclass as plain JSON-ready values (nested dataclasses included)."""
-    out: dict[str, Any] = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        out[f.name] = as_dict(value) if hasattr(value, "__dataclass_fields__") else value
-    return out

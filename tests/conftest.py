@@ -11,6 +11,8 @@ import pytest
 
 from tests.gguf_fixtures import write_tiny_model
 
+pytest_plugins = ["tests.logfail", "pytester"]
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 # Relative noise of the perturbed drafter. Measured with seed 0: greedy agreement with the target is about
@@ -88,3 +90,4 @@ def specdeck_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECDECK_MODELS_DIR", str(real_models))
     monkeypatch.setenv("SPECDECK_HOME", str(home))
     return home
+

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,8 +234,7 @@ def _weights(
     head_dim = n_embd // n_head
     n_embd_kv = head_dim * n_head_kv
 
-    def linear(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    linear = functools.partial(_linear, rng)
 
     w: dict[str, np.ndarray] = {}
     w["token_embd.weight"] = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
@@ -288,8 +288,7 @@ def _recurrent_weights(
     head_dim = n_embd // n_head
     d_inner = 2 * n_embd  # llama.cpp supports only an expansion factor of 2
 
-    def linear(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    linear = functools.partial(_linear, rng)
 
     def ones(*shape: int) -> np.ndarray:
         return np.ones(shape, dtype=np.float32)
@@ -408,10 +407,9 @@ def _mtp_block_weights(il: int, *, seed: int, n_embd: int, n_head: int, n_head_k
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
 
-    def linear(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    linear = functools.partial(_linear, rng)
 
-    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    ones = _ones
     p = f"blk.{il}."
     return {
         p + "attn_norm.weight": ones(n_embd),
@@ -591,17 +589,15 @@ def write_eagle3_drafter(
     """A random EAGLE-3 drafter (src/models/eagle3.cpp): one decoder layer reading the token embedding beside
     ``fc`` of three target layers' inputs (``target_layers``, each ``target_hidden`` wide). It has no token
     embeddings or output matrix of its own: llama.cpp lends it the target's, so its width is the target's."""
-    from gguf import GGUFWriter, LlamaFileType
 
     voc = _vocab(vocab)
     n_embd, n_head, n_head_kv, n_ff = (EAGLE3_SHAPE[k] for k in ("n_embd", "n_head", "n_head_kv", "n_ff"))
     head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
 
-    def linear(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    linear = functools.partial(_linear, rng)
 
-    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    ones = _ones
     weights = {
         "fc.weight": linear(n_embd, 3 * target_hidden),
         "output_norm.weight": ones(n_embd),
@@ -616,28 +612,11 @@ def write_eagle3_drafter(
         "blk.0.ffn_up.weight": linear(n_ff, n_embd),
         "blk.0.ffn_down.weight": linear(n_embd, n_ff),
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, "eagle3")
-    writer.add_name(name)
-    writer.add_file_type(LlamaFileType.ALL_F32)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(voc.tokens))
-    writer.add_array("eagle3.target_layers", list(target_layers))
-    writer.add_uint32("eagle3.target_hidden_size", target_hidden)
+    writer = _head_writer(Path(path), "eagle3", name=name, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                          n_head_kv=n_head_kv, n_vocab=len(voc.tokens), target_layers=target_layers,
+                          target_hidden=target_hidden)
     _add_vocab(writer, voc, None)
-    for tensor_name, tensor in weights.items():
-        writer.add_tensor(tensor_name, tensor)
-    save(writer)
-    return path
+    return _save_weights(writer, weights, Path(path))
 
 
 def write_dflash_drafter(
@@ -655,7 +634,6 @@ def write_dflash_drafter(
     [last token, <mask> × (block_size − 1)] whose keys and values start with the injected, ``fc``-fused inputs
     of ``target_layers``. No token embeddings or output matrix of its own: it borrows the target's, so its width
     is the target's. ``dspark`` adds the Markov head (``markov_w1/w2``) that makes it a DSpark drafter."""
-    from gguf import GGUFWriter, LlamaFileType
 
     voc = _vocab(vocab)
     n_head, n_head_kv, n_ff = 4, 2, 128
@@ -663,10 +641,9 @@ def write_dflash_drafter(
     n_vocab = len(voc.tokens)
     rng = np.random.default_rng(seed)
 
-    def linear(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    linear = functools.partial(_linear, rng)
 
-    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    ones = _ones
     weights = {
         "fc.weight": linear(n_embd, len(target_layers) * n_embd),
         "enc.output_norm.weight": ones(n_embd),
@@ -687,9 +664,31 @@ def write_dflash_drafter(
         rank = 8
         weights["markov_w1.weight"] = linear(n_vocab, rank)
         weights["markov_w2.weight"] = linear(n_vocab, rank)
-    path = Path(path)
+    writer = _head_writer(Path(path), "dflash", name=name, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                          n_head_kv=n_head_kv, n_vocab=n_vocab, target_layers=target_layers, target_hidden=n_embd)
+    writer.add_uint32("dflash.block_size", block_size)
+    if dspark:
+        writer.add_string("dflash.has_confidence_head", "false")
+    _add_vocab(writer, voc, None)
+    writer.add_mask_token_id(n_vocab - 1)
+    return _save_weights(writer, weights, Path(path))
+
+
+def _linear(rng: np.random.Generator, n_out: int, n_in: int) -> np.ndarray:
+    return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+
+def _ones(n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.float32)
+
+
+def _head_writer(path: Path, arch: str, *, name: str, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
+                 n_vocab: int, target_layers: tuple[int, ...], target_hidden: int) -> Any:
+    """A GGUFWriter holding the keys of a one-block drafter head that reads target layers (EAGLE-3, DFlash)."""
+    from gguf import GGUFWriter, LlamaFileType
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, "dflash")
+    writer = GGUFWriter(path, arch)
     writer.add_name(name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(4096)
@@ -698,19 +697,34 @@ def write_dflash_drafter(
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
-    writer.add_array("dflash.target_layers", list(target_layers))
-    writer.add_uint32("dflash.target_hidden_size", n_embd)
-    writer.add_uint32("dflash.block_size", block_size)
-    if dspark:
-        writer.add_string("dflash.has_confidence_head", "false")
-    _add_vocab(writer, voc, None)
-    writer.add_mask_token_id(n_vocab - 1)
+    writer.add_array(f"{arch}.target_layers", list(target_layers))
+    writer.add_uint32(f"{arch}.target_hidden_size", target_hidden)
+    return writer
+
+
+def _save_weights(writer: Any, weights: dict[str, np.ndarray], path: Path) -> Path:
     for tensor_name, tensor in weights.items():
         writer.add_tensor(tensor_name, tensor)
+    save(writer)
+    return path
+
+
+def write_small_gguf(path: Path, architecture: str, prepare: Callable[[Any], None] | None = None, *,
+                     rows: int = 4) -> Path:
+    """A GGUF of metadata and one tensor (``token_embd.weight``, rows × 8 zeros), written with the gguf package
+    as converters write them: enough for the header readers, not for llama.cpp to run. ``prepare(writer)``
+    adds keys first."""
+    from gguf import GGUFWriter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, architecture)
+    if prepare is not None:
+        prepare(writer)
+    writer.add_tensor("token_embd.weight", np.zeros((rows, 8), dtype=np.float32))
     save(writer)
     return path
 

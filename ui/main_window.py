@@ -118,7 +118,7 @@ class MainWindow(QMainWindow):
         self._history_retry = QTimer(self)
         self._history_retry.timeout.connect(self._on_history_retry_timeout)
         self._history_retry.start(1000)
-        self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.target_path)
+        self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.load.target_path)
         self._closed = False
         self.window_state = WindowState(self)
         self._build()
@@ -138,7 +138,7 @@ class MainWindow(QMainWindow):
         if start_engine:
             self.bridge.start()
             self._probe_build()
-            self.bridge.list_devices(self.settings.rpc_servers)  # the picker's GPU choice and RPC servers
+            self.bridge.list_devices(self.settings.load.rpc_servers)  # the picker's GPU choice and RPC servers
         self.picker.rescan()
 
     def _open_store(self, *, quiet: bool = False) -> HistoryThread | None:
@@ -377,7 +377,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_picker_drafters_ranked(self) -> None:
-        if self._reload_pending and self.picker.target_path() == self.settings.target_path:
+        if self._reload_pending and self.picker.target_path() == self.settings.load.target_path:
             self._reload_pending = False
             self.picker.request_load()
 

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from app.ceiling import speculation
 from app.ceiling.builder import CeilingInfo
+from app.engine_limits import DEPTH_CAP
 from app.events import (
     FROM_MODEL,
     FROM_NGRAM,
@@ -43,7 +44,7 @@ FloatArray = npt.NDArray[np.float64]
 DEFAULT_CAPACITY = 2048
 SMOOTH_SECONDS = 1.0  # window of the smoothed tok/s
 ACCEPT_WINDOW = 32  # passes in the rolling acceptance, α and τ
-MAX_K = 32  # DraftSettings caps k at 32
+MAX_K = DEPTH_CAP  # the deepest draft a setting may ask for
 CURVE_K_MIN = 8  # the Leviathan curve spans at least k = 0..8
 
 # Ring-buffer rows.

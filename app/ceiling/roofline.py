@@ -20,21 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.engine_limits import kv_cache_type
 from app.library.gguf_reader import GGUFInfo
 
-# Bytes per element of a KV cache type (llama.cpp's quantized types pack 32 values per block).
-KV_TYPE_BYTES: dict[str, float] = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q4_0": 18 / 32,
-    "q4_1": 20 / 32,
-    "q5_0": 22 / 32,
-    "q5_1": 24 / 32,
-    "iq4_nl": 18 / 32,
-}
-_BLOCK = 32
 # llama.cpp pads the context (and the SWA cache) to a multiple of 256 cells.
 KV_PAD = 256
 
@@ -49,12 +37,7 @@ def padded(n: int, to: int) -> int:
 
 def kv_row_bytes(kv_type: str, n_elements: int) -> int:
     """Bytes of one cache row of n_elements values (ggml_row_size)."""
-    per = KV_TYPE_BYTES.get(kv_type)
-    if per is None:
-        raise ValueError(f"unknown KV cache type {kv_type!r}; known: {', '.join(KV_TYPE_BYTES)}")
-    if kv_type in ("f32", "f16", "bf16"):
-        return int(per * n_elements)
-    return math.ceil(n_elements / _BLOCK) * round(per * _BLOCK)
+    return kv_cache_type(kv_type).row_bytes(n_elements)
 
 
 # --- models -------------------------------------------------------------------------------------

@@ -9,15 +9,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
 from app.errors import AppError
 from app.params import RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
 from app.storage.verify_cost import record_report as record_verify_cost
-
-EXIT_ERROR = 1  # bad input or a refused model: the message says what to change
-EXIT_ENGINE_CRASHED = 3  # llama.cpp died in the worker: the message names the signal and the phase
 
 # Every option's default is the setting's own (one home): the drafting, load and bench settings' defaults.
 DRAFT = DraftSettings()

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from app.ceiling.memory import placement
 from app.cli.bench import add_rpc_argument
+from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.client import EngineClient
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
@@ -21,8 +22,6 @@ from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSe
 from app.safe_text import terminal_safe
 from app.storage.pair_stats import measured_start
 
-EXIT_ERROR = 1  # bad arguments, or the model could not be loaded
-EXIT_ENGINE_LOST = 3  # the engine crashed and could not be brought back
 MAX_RESTARTS = 3  # crashes in a row (without an answer in between) before giving up
 CUT_MARK = "[answer cut off: the engine stopped]"
 
@@ -167,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             if not line.strip():
                 break
             if not chat.check_idle() or not chat.ask(line):
-                return EXIT_ENGINE_LOST
+                return EXIT_ENGINE_CRASHED
     except KeyboardInterrupt:
         pass
     finally:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_ERROR
 from app.errors import DownloadError
 from app.library.demo_install import install_demo_models
 from app.safe_text import terminal_safe
@@ -20,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
         paths = install_demo_models(args.dir, log=lambda m: print(terminal_safe(m), file=sys.stderr))
     except DownloadError as exc:
         print(f"specdeck demo-models: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     for path in paths:
         print(terminal_safe(path, one_line=True))
     return 0

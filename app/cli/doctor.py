@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from app.ceiling.backend_modules import describe_modules
+from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.engine.decode_check import one_line
 from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
+from app.engine_limits import KV_TYPES
 from app.errors import AppError
-from app.params import K_MAX, KV_TYPES
+from app.params import K_MAX
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 
@@ -52,7 +54,7 @@ def options_from(args: argparse.Namespace) -> DoctorOptions:
 
 def fail(message: str) -> int:
     print(f"specdeck doctor: {terminal_safe(one_line(message), one_line=True)}", file=sys.stderr)
-    return 2
+    return EXIT_BAD_OPTIONS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         reason = check.get("message") or "unknown reason"
         print(f"specdeck doctor: decode check failed: {terminal_safe(one_line(reason), one_line=True)}",
               file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     return 0
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.cli.exit_codes import EXIT_ERROR
 from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.errors import ModelFileError
 from app.library.discovery import LibraryEntry, discover
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             target = check_model_file(args.target, "target")
         except ModelFileError as exc:
             print(f"specdeck models: {_cell(exc)}", file=sys.stderr)
-            return 1
+            return EXIT_ERROR
     entries = discover(extra_folders=args.folder)
     report = drafters_for(target, entries, load_measured()) if target is not None else None
 

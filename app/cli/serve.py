@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.cli.bench import add_rpc_argument
+from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.errors import AppError
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                                max_waiting=max(args.queue, 0)).check()
     except (AppError, ValueError) as exc:
         print(f"specdeck serve: {terminal_safe(exc, one_line=True)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_OPTIONS
 
     def log(line: str) -> None:
         # Model names, file names and engine messages come from files: never raw to the terminal.
@@ -82,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"specdeck serve: could not listen on {options.host}:{options.port}: "
               f"{terminal_safe(exc, one_line=True)}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     if unusable:
         print(f"specdeck serve: the model cannot be served: {terminal_safe(unusable[0], one_line=True)}",
               file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     return 0
 
 

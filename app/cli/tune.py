@@ -8,15 +8,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_CANCELLED, EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.engine.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
 from app.engine.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.errors import AppError
 from app.params import DraftSettings, LoadSettings
 from app.safe_text import terminal_safe
-
-EXIT_ERROR = 1
-EXIT_ENGINE_CRASHED = 3
-EXIT_CANCELLED = 130  # Ctrl-C, as a shell reports it; what was measured is still saved
 
 LOAD = LoadSettings(target_path="")  # the load settings' defaults, which the options share
 

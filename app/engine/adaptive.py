@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.ceiling.speculation import expected_tokens
+from app.ceiling.speculation import expected_tokens, pass_seconds
 
 DECAY = 0.92  # weight of the old estimate per observation: recent text matters most, but one miss in a
 # copy must not talk the policy out of it (0.85 lost 3 % on a short answer in the replay)
@@ -29,6 +29,7 @@ PROBE_MAX_INTERVAL = 64  # most passes between probes, whatever a wide pass was 
 NGRAM_PRIORS = (0.2, 0.4, 0.7, 0.9)  # per match-length bucket: < 3, < 6, < 16 and longer
 SHORT_MATCH_BUCKETS = 2  # the buckets whose evidence is relaxed at each new answer (matches under 6 tokens)
 MODEL_PRIOR = 0.6  # a model drafter's acceptance before this pair has been measured
+BETTER = 1.0001  # how much more tokens per second a deeper draft must promise to be chosen (ties stay shallow)
 
 
 @dataclass
@@ -259,32 +260,22 @@ def conditional(probs: Sequence[float]) -> list[float]:
     return out
 
 
-def verify_seconds(verify: Callable[[int], float], k: int, drafted: Sequence[float] = ()) -> float:
-    """The mean cost of a pass of depth k when only the share ``drafted[i]`` of passes has a draft of at least
-    i + 1 tokens to offer (a text match runs out; the rest verify fewer): every pass by default."""
-    if not drafted:
-        return verify(k + 1)
-    seconds = verify(1)
-    for width in range(1, k + 1):
-        share = drafted[width - 1] if width - 1 < len(drafted) else 0.0
-        seconds += share * (verify(width + 1) - verify(width))
-    return seconds
-
-
 def best_depth(rates: Sequence[float], limit: int, verify: Callable[[int], float], *, free: int = 0,
                draft_step: float = 0.0, rollback: float = 0.0, drafted: Sequence[float] = ()) -> tuple[int, float]:
     """(k, expected tokens per unit of time) for the depth 0..limit that emits the most tokens per unit of time.
 
     ``verify(width)`` is the cost of a target pass of that width; positions past the first ``free`` cost
-    ``draft_step`` each (a model drafter's step), and a pass that drafts pays ``rollback``; ``drafted`` as in
-    ``verify_seconds``. The one rule for the depth policy, the drafter ranking and the roofline: only the
-    rates and the costs differ.
+    ``draft_step`` each (a model drafter's step), and a pass that drafts pays ``rollback``. The drafter
+    ranking's rule; the depth policy's split search (``DepthController``) and the roofline's speedup weigh a
+    depth with the same ``expected_tokens`` and ``pass_seconds``: only the rates and the costs differ.
+    ``drafted`` as in ``verify_seconds``.
     """
-    best_k, best = 0, 1.0 / verify(1)
+    best_k, best = 0, 1.0 / pass_seconds(0, verify)
     for k in range(1, limit + 1):
-        seconds = verify_seconds(verify, k, drafted) + max(0, k - free) * draft_step + rollback
+        seconds = pass_seconds(k, verify, draft_seconds=max(0, k - free) * draft_step, rollback=rollback,
+                               drafted=drafted)
         rate = expected_tokens(rates, k) / seconds
-        if rate > best * 1.0001:
+        if rate > best * BETTER:
             best_k, best = k, rate
     return best_k, best
 
@@ -412,13 +403,14 @@ class DepthController:
         predicted = _padded(conditional(probs), ngram_available)
         ngram_rates = [self.ngram.rate(i, predicted[i]) for i in range(ngram_limit)]
         model_rates = [self.model.rate(i) for i in range(model_limit)]
-        best, best_rate = DraftPlan(0, 0), (1.0 / self.cost.verify(1) if k_low <= 0 else 0.0)
+        best, best_rate = DraftPlan(0, 0), (1.0 / pass_seconds(0, self.cost.verify) if k_low <= 0 else 0.0)
         for k in range(max(k_low, 1), k_high + 1):
             for n in range(min(k, ngram_limit), max(0, k - model_limit) - 1, -1):  # suffix first: it is free
                 rates = ngram_rates[:n] + model_rates[: k - n]
-                seconds = self.cost.verify(k + 1) + self.trained_seconds(k - n) + self.cost.rollback
+                seconds = pass_seconds(k, self.cost.verify, draft_seconds=self.trained_seconds(k - n),
+                                       rollback=self.cost.rollback)
                 rate = expected_tokens(rates, k) / seconds
-                if rate > best_rate * 1.0001:
+                if rate > best_rate * BETTER:
                     best, best_rate = DraftPlan(k, n), rate
         return best
 
@@ -435,10 +427,10 @@ class DepthController:
 
     def model_can_pay(self) -> bool:
         """Whether some depth of model drafts beats plain decoding if every draft were accepted."""
-        one = self.cost.verify(1)
-        extra = self.cost.rollback
-        return any((k + 1) / (self.cost.verify(k + 1) + self.trained_seconds(k) + extra) > 1.0001 / one
-                   for k in range(1, self.k_max + 1))
+        verify, rollback = self.cost.verify, self.cost.rollback
+        plain = pass_seconds(0, verify)
+        return any((k + 1) / pass_seconds(k, verify, draft_seconds=self.trained_seconds(k), rollback=rollback)
+                   > BETTER / plain for k in range(1, self.k_max + 1))
 
     def trained_seconds(self, tokens: int) -> float:
         """What drafting ``tokens`` with the trained drafter costs: a step each, or one block for any number."""

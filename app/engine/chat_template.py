@@ -351,6 +351,12 @@ def _clean_content(text: str) -> tuple[str, bool, bool]:
     return (text.replace("\x00", "") if has_nul else text), bad_surrogates, has_nul
 
 
+def completion_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """Completion mode's prompt (base models, no template): the user and assistant texts joined as written. The
+    local engine and a remote server's /v1/completions read the same text."""
+    return "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
+
+
 def clean_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, str]], list[str]]:
     """Check roles and content; return ``{"role", "content"}`` dicts and notes about what was changed.
 

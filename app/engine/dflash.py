@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from app.engine.drafters import Draft, draft_step
-from app.engine.eagle3 import _api, target_layer_ids
+from app.engine.eagle3 import _api, target_layer_ids, target_layer_inputs
 from app.engine.llama import Context, ContextParams, Model
-from app.engine.mtp import _F32P, MTPContext
+from app.engine.mtp import _F32P, FollowsTarget, MTPContext
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_format import read_header
 from app.library.gguf_reader import GGUFInfo
@@ -130,9 +130,11 @@ class DFlashContext(MTPContext):
         return out
 
 
-class DFlashDrafter:
+class DFlashDrafter(FollowsTarget):
     """A DFlash or DSpark drafter in the model drafter's slot of the loop (``prefill``, ``propose``, ``reset``,
     ``ctx``): one block decode per draft, however deep."""
+
+    ctx: DFlashContext
 
     def __init__(self, target: Context, ctx: DFlashContext, layer_ids: Sequence[int], block: int, *,
                  dspark: bool = False, p_min: float = 0.0) -> None:
@@ -151,35 +153,11 @@ class DFlashDrafter:
             self._layer_api["set_layer_inp"](target._ptr, lid, True)
         target.on_decode = self.mirror
 
-    def detach(self) -> None:
-        if self.target.on_decode == self.mirror:
-            self.target.on_decode = None
-
-    def follow(self, on: bool) -> None:
-        """As ``MTPDrafter.follow``: plain answers do not feed the drafter."""
-        if not on:
-            self.detach()
-            return
-        if self.target.on_decode == self.mirror:
-            return
-        self.target.on_decode = self.mirror
-        held = self.target.tokens
-        if self.ctx.tokens[: len(held)] != held:
-            self.target.clear()
-            self.reset()
-
     def reset(self) -> None:
         self.ctx.clear()
 
     def _features(self, n: int) -> npt.NDArray[np.float32]:
-        width = self.n_embd_target
-        features = np.empty((n, len(self.layer_ids) * width), dtype=np.float32)
-        for k, lid in enumerate(self.layer_ids):
-            ptr = self._layer_api["get_layer_inp"](self.target._ptr, lid)
-            if not ptr:
-                raise EngineLoadError(f"llama.cpp kept no input rows of target layer {lid} for the DFlash drafter.")
-            features[:, k * width : (k + 1) * width] = np.ctypeslib.as_array(ptr, shape=(n, width))
-        return features
+        return target_layer_inputs(self._layer_api, self.target, self.layer_ids, n, self.n_embd_target, "DFlash")
 
     def mirror(self, tokens: Sequence[int], first: int) -> None:
         """The target just decoded ``tokens`` from ``first``: their features go in at the same positions (the last
@@ -190,10 +168,6 @@ class DFlashDrafter:
             self.gaps += 1  # the positions before this batch were never injected: no drafts until a fresh start
             return
         ctx.inject(tokens, self._features(len(tokens)))
-
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Nothing to read: the prompt's features went in with every target batch (``mirror``)."""
-        return 0
 
     def propose(
         self,

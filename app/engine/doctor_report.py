@@ -28,6 +28,7 @@ from app.ceiling.roofline import (
 )
 from app.ceiling.speculation import expected_tokens_per_pass
 from app.engine.decode_check import calibrate, decode_check, one_line
+from app.engine_limits import DEPTH_CAP
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
@@ -156,8 +157,8 @@ def build_report(args: DoctorOptions,
     AppError (a ModelFileError for a bad file) with one sentence."""
     if args.ctx is not None and args.ctx < 16:
         raise AppError(f"--ctx must be at least 16, not {args.ctx}.")
-    if args.draft_k < 0 or args.draft_k > 32:
-        raise AppError(f"--draft-k must be between 0 and 32, not {args.draft_k}.")
+    if args.draft_k < 0 or args.draft_k > DEPTH_CAP:
+        raise AppError(f"--draft-k must be between 0 and {DEPTH_CAP}, not {args.draft_k}.")
     if args.gpu_bandwidth is not None and not args.gpu_bandwidth > 0:
         raise AppError(f"--gpu-bandwidth must be a positive number of GB/s, not {args.gpu_bandwidth}.")
     target_path: Path | None = args.model

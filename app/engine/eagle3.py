@@ -64,6 +64,19 @@ def _api() -> dict[str, Any]:
     return _funcs
 
 
+def target_layer_inputs(api: dict[str, Any], target: Context, layer_ids: Sequence[int], n: int, width: int,
+                        drafter: str) -> npt.NDArray[np.float32]:
+    """The input rows of the chosen target layers for the target's last batch of ``n`` tokens, side by side:
+    what an EAGLE-3 or DFlash drafter reads."""
+    features = np.empty((n, len(layer_ids) * width), dtype=np.float32)
+    for k, lid in enumerate(layer_ids):
+        ptr = api["get_layer_inp"](target._ptr, lid)
+        if not ptr:
+            raise EngineLoadError(f"llama.cpp kept no input rows of target layer {lid} for the {drafter} drafter.")
+        features[:, k * width : (k + 1) * width] = np.ctypeslib.as_array(ptr, shape=(n, width))
+    return features
+
+
 def target_layer_ids(drafter: Model) -> list[int]:
     """The target layers whose inputs this EAGLE-3 drafter reads, as llama.cpp loaded them."""
     api = _api()
@@ -142,12 +155,6 @@ class Eagle3Drafter(MTPDrafter):
             self._layer_api["set_layer_inp"](self.target._ptr, lid, True)
 
     def _target_rows(self, n: int) -> npt.NDArray[np.float32]:
-        width = self.n_embd_target
-        features = np.empty((n, 3 * width), dtype=np.float32)
-        for k, lid in enumerate(self.layer_ids):
-            ptr = self._layer_api["get_layer_inp"](self.target._ptr, lid)
-            if not ptr:
-                raise EngineLoadError(f"llama.cpp kept no input rows of target layer {lid} for the EAGLE-3 drafter.")
-            features[:, k * width : (k + 1) * width] = np.ctypeslib.as_array(ptr, shape=(n, width))
+        features = target_layer_inputs(self._layer_api, self.target, self.layer_ids, n, self.n_embd_target, "EAGLE-3")
         assert isinstance(self.ctx, Eagle3Context)
         return self.ctx.encode(features)

@@ -22,11 +22,11 @@ import numpy.typing as npt
 
 from app.ceiling.backend_modules import load_backend_modules
 from app.ceiling.rpc import model_devices
+from app.engine_limits import kv_cache_type
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError
 
 Logits = npt.NDArray[np.float32]
 
-KV_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 # llama.cpp's vocab type enum, named as GGUF's tokenizer.ggml.model spells it.
 VOCAB_TYPES = {0: "none", 1: "llama", 2: "gpt2", 3: "bert", 4: "t5", 5: "rwkv", 6: "plamo2"}
@@ -302,8 +302,7 @@ def llama_context_params(params: ContextParams) -> lc.llama_context_params:
     cp.n_threads = threads
     cp.n_threads_batch = threads
     cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
-    cp.type_k = KV_GGML_TYPES[params.kv_type]
-    cp.type_v = KV_GGML_TYPES[params.kv_type]
+    cp.type_k = cp.type_v = kv_cache_type(params.kv_type).ggml_type
     cp.no_perf = True
     cp.swa_full = SWA_FULL
     return cp

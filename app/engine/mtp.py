@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -221,7 +222,44 @@ class MirrorStats:
     gaps: int = 0  # batches the MTP context could not follow (it lacked the positions before them)
 
 
-class MTPDrafter:
+class FollowsTarget(ABC):
+    """A drafter that reads the target's batches as the target decodes them (``mirror``, set as the target's
+    ``on_decode``): the MTP heads, EAGLE-3, DFlash and DSpark."""
+
+    target: Context
+    ctx: MTPContext
+
+    @abstractmethod
+    def mirror(self, tokens: Sequence[int], first: int) -> None: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    def detach(self) -> None:
+        if self.target.on_decode == self.mirror:
+            self.target.on_decode = None
+
+    def follow(self, on: bool) -> None:
+        """Mirror the target's batches (speculative answers) or not (plain ones, which then cost what plain
+        decoding costs). Following again after a pause, a target cache the drafter's cache does not match is
+        emptied, so the next answer reads its prompt through both."""
+        if not on:
+            self.detach()
+            return
+        if self.target.on_decode == self.mirror:
+            return
+        self.target.on_decode = self.mirror
+        held = self.target.tokens
+        if self.ctx.tokens[: len(held)] != held:
+            self.target.clear()
+            self.reset()
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Nothing to read: the prompt went through the drafter with every target batch (``mirror``)."""
+        return 0
+
+
+class MTPDrafter(FollowsTarget):
     """Drafts with the target's MTP heads; fills the model drafter's slot of the loop (``prefill``,
     ``propose``, ``reset``, ``ctx``). Greedy targets get top-1 drafts; sampling targets get drafts sampled
     from q under the target's sampler settings, with q kept for the acceptance test.
@@ -246,25 +284,6 @@ class MTPDrafter:
 
     def _enable_target_rows(self) -> None:
         self.api.set_embeddings_nextn(self.target._ptr, True, False)  # a row for every token of every batch
-
-    def detach(self) -> None:
-        if self.target.on_decode == self.mirror:
-            self.target.on_decode = None
-
-    def follow(self, on: bool) -> None:
-        """Mirror the target's batches (speculative answers) or not (plain ones, which then cost what plain
-        decoding costs). Following again after a pause, a target cache the MTP cache does not match is
-        emptied, so the next answer reads its prompt through both."""
-        if not on:
-            self.detach()
-            return
-        if self.target.on_decode == self.mirror:
-            return
-        self.target.on_decode = self.mirror
-        held = self.target.tokens
-        if self.ctx.tokens[: len(held)] != held:
-            self.target.clear()
-            self.reset()
 
     def reset(self) -> None:
         self.ctx.clear()
@@ -314,10 +333,6 @@ class MTPDrafter:
         self.stats.batches += 1
         self.stats.tokens += n
         self.stats.seconds += time.perf_counter() - t0
-
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Nothing to read: the prompt went through the MTP heads with every target batch (``mirror``)."""
-        return 0
 
     def propose(
         self,

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from app.ceiling.speculation import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
-from app.engine.adaptive import best_depth, conditional
+from app.engine.adaptive import MODEL_PRIOR, best_depth, conditional
 from app.library.compat import CompatResult, VocabInfo, check_compatible
 from app.library.discovery import LibraryEntry, compatible_drafters, head_offers
 from app.library.gguf_reader import GGUFInfo
@@ -34,7 +34,7 @@ from app.params import K_MAX
 from app.storage.pair_stats import NGRAM_KEY
 from app.storage.verify_cost import VerifyCurve
 
-DEFAULT_ACCEPTANCE = 0.6  # a typical same-family small/large pair at greedy
+DEFAULT_ACCEPTANCE = MODEL_PRIOR  # the depth policy's own start for a pair never measured
 NGRAM_DEFAULT_ACCEPTANCE = 0.3  # depends on how much the answer repeats the prompt (code edits: more)
 _NO_MEASUREMENTS: Mapping[tuple[str, str], float] = MappingProxyType({})
 BANDWIDTH_BOUND = "a bandwidth-bound device (GPU-style figure: no verify cost measured here for this target)"

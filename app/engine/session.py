@@ -25,7 +25,7 @@ from app.ceiling.roofline import (
 )
 from app.ceiling.rpc import ROUND_TRIPS, connect_servers, network_seconds_per_pass
 from app.engine.adaptive import DepthController
-from app.engine.chat_template import clean_messages, render_chat, warm_renderer
+from app.engine.chat_template import clean_messages, completion_text, render_chat, warm_renderer
 from app.engine.dflash import DFLASH_ARCH, DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
 from app.engine.drafters import ModelDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
@@ -318,7 +318,7 @@ class EngineSession:
         """Completion (base models): the user and assistant texts joined are the prompt, with no template;
         control-token text in them stays plain text."""
         model = self.target
-        text = "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
+        text = completion_text(messages)
         head = [model.bos] if model.add_bos and model.bos >= 0 else []
         return head + model.tokenize(text, parse_special=False)
 

@@ -28,7 +28,7 @@ FILE_NAME = "acceptance.json"
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
 WEIGHT_CAP = 2000.0  # drafted tokens the running mean remembers at most: newer runs keep counting
-MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most 32)
+MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most DEPTH_CAP)
 
 
 def default_path() -> Path:

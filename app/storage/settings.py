@@ -1,5 +1,10 @@
 """The app's settings: one typed, versioned schema, saved atomically as JSON.
 
+The schema is ``AppSettings``: the engine's own ``LoadSettings`` (with its ``DraftSettings``) and
+``SamplingSettings``, whole, beside what only the window keeps. Every field is read and written from the
+dataclasses' own annotations (pydantic types and converts each value), and checked by the dataclass's own
+``validate()``, so a new load setting is saved without a line here and each rule keeps one sentence.
+
 ``load_settings`` never raises: a missing file gives the defaults; a file that is corrupt, from a newer
 SpecDeck, or holds invalid values is moved aside (``settings.json.bad-<timestamp>``) and a warning says
 what happened. Each invalid value falls back to its own default, so one bad number does not reset the rest.
@@ -11,15 +16,20 @@ dict into a version-``old + 1`` dict. Files are migrated step by step on load.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
+import reprlib
 import stat
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from app.errors import SettingsError, StorageError
 from app.params import (
@@ -28,42 +38,38 @@ from app.params import (
     DraftSettings,
     LoadSettings,
     SamplingSettings,
-    as_dict,
-    parse_rpc_servers,
 )
 from app.paths import config_dir
 from app.storage.atomic import atomic_write_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "settings.json"
 MAX_SYSTEM_PROMPT_CHARS = 1_000_000  # about 250k tokens: more than any context SpecDeck loads
 MAX_FILE_BYTES = 16 * 1024 * 1024  # far above any real settings file; a bigger one is not ours
 MAX_BANDWIDTH_GBPS = 100_000.0
+OVERFLOW_POLICIES = ("stop", "drop_oldest")
 
-_DRAFT = DraftSettings()
-_LOAD = LoadSettings(target_path="")
+# Fields of the engine's dataclasses that are not settings, and why. Every other field is saved.
+NOT_SAVED = {
+    "DraftSettings.model_start": "the pair's acceptance measured in earlier runs, read afresh at each load",
+    "SamplingSettings.response_format": "set by an API request, never kept as a window setting",
+}
+
+
+def fresh_load() -> LoadSettings:
+    """The load settings of a fresh home: the engine's defaults with no target yet, and the suffix drafter on,
+    reading the chat history. It costs nothing to run, and speculation is the point of the app
+    (DraftSettings stays off by default, so bench's and the API's plain runs stay plain)."""
+    return LoadSettings(target_path="", draft=DraftSettings(ngram=NGRAM_KEY_LENGTH, history_tokens=HISTORY_TOKENS))
 
 
 @dataclass(frozen=True)
 class AppSettings:
-    """Everything SpecDeck remembers between runs. Frozen: change it with ``dataclasses.replace``."""
+    """Everything SpecDeck remembers between runs. Frozen: change it with ``dataclasses.replace`` (or
+    ``with_settings`` for a nested field)."""
 
     schema_version: int = SCHEMA_VERSION
-    target_path: str | None = None  # last target model
-    drafter_path: str | None = None  # last drafter model
-    # The suffix drafter's shortest match; 0 = off. On in a fresh home: it costs nothing to run, and speculation
-    # is the point of the app (DraftSettings stays off by default, so bench's and the API's plain runs stay plain).
-    ngram: int = NGRAM_KEY_LENGTH
-    draft_from_history: bool = True  # the suffix drafter also drafts from earlier answers in the chat history
-    adaptive: bool = _DRAFT.adaptive
-    k: int = _DRAFT.k
-    k_max: int = _DRAFT.k_max
-    n_ctx: int = _LOAD.n_ctx
-    n_gpu_layers: int = _LOAD.n_gpu_layers
-    kv_type: str = _LOAD.kv_type
-    flash_attn: str = _LOAD.flash_attn
-    main_gpu: int | None = _LOAD.main_gpu  # the one GPU chosen; None: all GPUs, split by free memory
-    rpc_servers: tuple[str, ...] = _LOAD.rpc_servers  # llama.cpp RPC servers that take the layers
+    load: LoadSettings = field(default_factory=fresh_load)  # the last pair and how it loads ("" target: none yet)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     system_prompt: str = ""
     model_folders: tuple[str, ...] = ()  # extra folders the user added to model discovery
@@ -75,179 +81,137 @@ class AppSettings:
     # oldest messages. Stopping is the default: nothing the model reads is dropped without the user knowing.
     context_overflow: str = "stop"
 
-    def draft_settings(self) -> DraftSettings:
-        return DraftSettings(drafter_path=self.drafter_path, ngram=self.ngram, adaptive=self.adaptive,
-                             k=self.k, k_max=self.k_max,
-                             history_tokens=HISTORY_TOKENS if self.draft_from_history else 0)
-
     def to_load_settings(self) -> LoadSettings | None:
         """The settings to load the remembered pair with; None when no target was chosen yet."""
-        if not self.target_path:
-            return None
-        return LoadSettings(
-            target_path=self.target_path,
-            draft=self.draft_settings(),
-            n_ctx=self.n_ctx,
-            n_gpu_layers=self.n_gpu_layers,
-            kv_type=self.kv_type,
-            flash_attn=self.flash_attn,
-            main_gpu=self.main_gpu,
-            rpc_servers=self.rpc_servers,
-        )
+        return self.load if self.load.target_path else None
 
     def validate(self) -> AppSettings:
         """Raises SettingsError naming the first invalid value."""
-        for f in fields(self):
-            if f.name == "sampling":
-                self.sampling.validate()
-            else:
-                _FIELD_CHECKS[f.name](getattr(self, f.name))
-        _check_combination(self)
+        if self.schema_version != SCHEMA_VERSION:
+            raise SettingsError(f"schema_version must be {SCHEMA_VERSION}, not {self.schema_version!r}.")
+        # No target chosen yet is a valid setting; every other load rule is the engine's.
+        replace(self.load, target_path=self.load.target_path or "-").validate()
+        self.sampling.validate()
+        if not isinstance(self.system_prompt, str):
+            raise SettingsError(f"The system prompt must be text, not {type(self.system_prompt).__name__}.")
+        if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise SettingsError(f"The system prompt is {len(self.system_prompt):,} characters long; at most "
+                                f"{MAX_SYSTEM_PROMPT_CHARS:,} are accepted.")
+        _check_paths("Model folders must be a list of folder paths", self.model_folders)
+        _check_paths("The models with a switched chat mode must be a list of file paths", self.switched_mode_models)
+        if not isinstance(self.reload_last_pair_on_start, bool):
+            raise SettingsError(f"Reload the last models on start must be true or false, not "
+                                f"{_shown(self.reload_last_pair_on_start)}.")
+        _check_bandwidth(self.bandwidth_override_gbps)
+        if self.context_overflow not in OVERFLOW_POLICIES:
+            raise SettingsError(f"context_overflow must be one of {', '.join(OVERFLOW_POLICIES)}, not "
+                                f"{_shown(self.context_overflow)}.")
         return self
 
 
-# --- one check per field: returns the normalised value or raises SettingsError ----------------------
+def _shown(value: object) -> str:
+    """A value from the file, short enough for a sentence (a file may hold megabytes in one field)."""
+    return reprlib.repr(value)
 
 
-def _via(factory: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Check a value with app.params's own validate(), so the rules and messages live in one place."""
-
-    def check(value: Any) -> Any:
-        factory(value).validate()
-        return convert(value)
-
-    return check
+def _check_paths(sentence: str, value: object) -> None:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v and "\x00" not in v for v in value):
+        raise SettingsError(f"{sentence}, not {_shown(value)}.")
 
 
-def _draft(name: str) -> Callable[[Any], Any]:
-    return lambda v: replace(_DRAFT, **{name: v})
+def _check_bandwidth(value: object) -> None:
+    if value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or not 0 < value <= MAX_BANDWIDTH_GBPS):
+        raise SettingsError(f"The bandwidth override must be empty or a number of GB/s above 0 and up to "
+                            f"{MAX_BANDWIDTH_GBPS:g}, not {_shown(value)}.")
 
 
-def _load(name: str) -> Callable[[Any], Any]:
-    return lambda v: replace(_LOAD, target_path="-", **{name: v})
+# --- nested fields by path ("load.draft.k"): the window's one map between widgets and settings ------------
 
 
-def _bool(label: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise SettingsError(f"{label} must be true or false, not {value!r}.")
-        return value
-
-    return check
-
-
-def _optional_path(label: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> str | None:
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str) or "\x00" in value:
-            raise SettingsError(f"{label} must be a file path, not {value!r}.")
-        return value
-
-    return check
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise SettingsError(f"The system prompt must be text, not {type(value).__name__}.")
-    if len(value) > MAX_SYSTEM_PROMPT_CHARS:
-        raise SettingsError(f"The system prompt is {len(value):,} characters long; at most "
-                            f"{MAX_SYSTEM_PROMPT_CHARS:,} are accepted.")
+def setting(settings: AppSettings, path: str) -> Any:
+    """The value at a dotted path of fields, e.g. ``setting(s, "load.draft.k")``."""
+    value: Any = settings
+    for name in path.split("."):
+        value = getattr(value, name)
     return value
 
 
-def _folders(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(v, str) and v and "\x00" not in v for v in value
-    ):
-        raise SettingsError(f"Model folders must be a list of folder paths, not {value!r}.")
-    return tuple(dict.fromkeys(value))  # drop repeats, keep order
+def with_settings(settings: AppSettings, values: Mapping[str, Any]) -> AppSettings:
+    """``settings`` with the value at each dotted path of ``values`` replaced."""
+    out: AppSettings = settings
+    for path, value in values.items():
+        out = _replaced(out, path.split("."), value)
+    return out
 
 
-def _rpc_servers(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list | tuple):
-        raise SettingsError(f"RPC servers must be a list of host:port, not {value!r}.")
-    return parse_rpc_servers(value)
+def _replaced(obj: Any, names: list[str], value: Any) -> Any:
+    head, *rest = names
+    return replace(obj, **{head: _replaced(getattr(obj, head), rest, value) if rest else value})
 
 
-def _model_paths(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(v, str) and v and "\x00" not in v for v in value
-    ):
-        raise SettingsError(f"The models with a switched chat mode must be a list of file paths, not {value!r}.")
-    return tuple(dict.fromkeys(value))
+# --- reading a file's values into the schema, field by field -----------------------------------------------
+
+@functools.cache
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(hint)
 
 
-def _bandwidth(value: Any) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= MAX_BANDWIDTH_GBPS
-    ):
-        raise SettingsError(
-            f"The bandwidth override must be empty or a number of GB/s above 0 and up to "
-            f"{MAX_BANDWIDTH_GBPS:g}, not {value!r}."
-        )
-    return float(value)
+def _typed(hint: Any, value: Any, *, strict: bool) -> Any:
+    """``value`` (from JSON) as the field's type: ValidationError when it is not one. Strict: a number stays a
+    number and true stays a boolean; lax (only once the field's own rules accepted the value): 512.0 is 512."""
+    if strict:
+        return _adapter(hint).validate_json(json.dumps(value), strict=True)  # JSON: a list is a tuple
+    return _adapter(hint).validate_python(value)
 
 
-OVERFLOW_POLICIES = ("stop", "drop_oldest")
+def _within(check: Callable[[Any], object], parent: Any, name: str, child: Any) -> object:
+    """Check a nested dataclass where it sits: its parent's rules may span both (the batch and the depth)."""
+    return check(replace(parent, **{name: child}))
 
 
-def _overflow(value: Any) -> str:
-    if value not in OVERFLOW_POLICIES:
-        raise SettingsError(f"context_overflow must be one of {', '.join(OVERFLOW_POLICIES)}, not {value!r}.")
-    return str(value)
+def _merge(current: Any, raw: object, where: str, check: Callable[[Any], object], problems: list[str]) -> Any:
+    """``current`` with each of ``raw``'s values put in that is of its field's type and passes ``check`` (the
+    dataclass's own rules, over everything accepted so far), in field order; nested dataclasses value by
+    value. A refused value keeps what ``current`` holds (its default) and its sentence joins ``problems``."""
+    if not isinstance(raw, dict):
+        problems.append(f"The {where or 'top'} settings must be a group of values, not {_shown(raw)}.")
+        return current
+    cls = type(current)
+    hints = typing.get_type_hints(cls)  # the engine's modules annotate with strings
+    for f in fields(cls):
+        if f.name not in raw or f"{cls.__name__}.{f.name}" in NOT_SAVED:
+            continue
+        value, path = raw[f.name], f"{where}.{f.name}" if where else f.name
+        old = getattr(current, f.name)
+        if is_dataclass(old):
+            child = _merge(old, value, path, functools.partial(_within, check, current, f.name), problems)
+            current = replace(current, **{f.name: child})
+            continue
+        hint = hints[f.name]
+        try:
+            typed, type_error = _typed(hint, value, strict=True), None
+        except (ValidationError, ValueError, RecursionError) as exc:
+            typed, type_error = value, exc
+        try:
+            check(replace(current, **{f.name: typed}))
+            if type_error is not None:
+                typed = _typed(hint, value, strict=False)
+        except SettingsError as exc:
+            problems.append(str(exc))
+            continue
+        except Exception as exc:  # a value of a kind the rules never expected (a list where a number goes)
+            problems.append(_type_sentence(path, value, type_error or exc))
+            continue
+        current = replace(current, **{f.name: typed})
+    return current
 
 
-def _version(value: Any) -> int:
-    if value != SCHEMA_VERSION:
-        raise SettingsError(f"schema_version must be {SCHEMA_VERSION}, not {value!r}.")
-    return SCHEMA_VERSION
-
-
-_FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "schema_version": _version,
-    "target_path": _optional_path("The target model"),
-    "drafter_path": _optional_path("The drafter model"),
-    "ngram": _via(_draft("ngram"), int),
-    "draft_from_history": _bool("Draft from earlier answers"),
-    "adaptive": _bool("Adaptive draft depth"),
-    "k": _via(_draft("k"), int),
-    "k_max": _via(_draft("k_max"), int),
-    "n_ctx": _via(_load("n_ctx"), int),
-    "n_gpu_layers": _via(_load("n_gpu_layers"), int),
-    "kv_type": _via(_load("kv_type"), str),
-    "flash_attn": _via(_load("flash_attn"), str),
-    "main_gpu": _via(_load("main_gpu"), lambda v: None if v is None else int(v)),
-    "rpc_servers": _rpc_servers,
-    "system_prompt": _text,
-    "model_folders": _folders,
-    "reload_last_pair_on_start": _bool("Reload the last models on start"),
-    "bandwidth_override_gbps": _bandwidth,
-    "switched_mode_models": _model_paths,
-    "context_overflow": _overflow,
-}
-
-_SAMPLING_DEFAULTS = SamplingSettings()
-
-
-PER_REQUEST_SAMPLING = ("response_format",)  # set by an API request, never kept as a window setting
-
-
-def _sampling_field(name: str, value: Any) -> Any:
-    replace(_SAMPLING_DEFAULTS, **{name: value}).validate()
-    # JSON has one number type: store ints where the field is an int and floats where it is a float.
-    return type(getattr(_SAMPLING_DEFAULTS, name))(value)
-
-
-def _check_combination(s: AppSettings) -> None:
-    """Rules that span fields (a quantized KV cache needs flash attention, ...)."""
-    replace(_LOAD, target_path="-", draft=s.draft_settings(), n_ctx=s.n_ctx, n_gpu_layers=s.n_gpu_layers,
-            kv_type=s.kv_type, flash_attn=s.flash_attn).validate()
+def _type_sentence(path: str, value: object, exc: Exception) -> str:
+    reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
+    return f"The setting {path} cannot hold {_shown(value)} ({reason.lower()})."
 
 
 # --- migrations ------------------------------------------------------------------------------------
@@ -258,7 +222,28 @@ def _from_v0(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 1}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _from_v0}
+# Version 1 kept a flat copy of some load settings; version 2 keeps the engine's LoadSettings whole.
+_V1_LOAD = ("n_ctx", "n_gpu_layers", "kv_type", "flash_attn")
+_V1_DRAFT = ("ngram", "adaptive", "k", "k_max")
+
+
+def _from_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    moved = {*_V1_LOAD, *_V1_DRAFT, "target_path", "drafter_path", "draft_from_history"}
+    out = {key: value for key, value in raw.items() if key not in moved}
+    load = {key: raw[key] for key in _V1_LOAD if key in raw}
+    draft = {key: raw[key] for key in _V1_DRAFT if key in raw}
+    if "target_path" in raw:
+        load["target_path"] = raw["target_path"] or ""  # version 1: None for no target
+    if "drafter_path" in raw:
+        draft["drafter_path"] = raw["drafter_path"] or None
+    if "draft_from_history" in raw:  # a flag then; now how many tokens (a non-flag is refused on load)
+        flag = raw["draft_from_history"]
+        draft["history_tokens"] = (HISTORY_TOKENS if flag else 0) if isinstance(flag, bool) else flag
+    out["load"] = {**load, "draft": draft}
+    return out
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _from_v0, 1: _from_v1}
 
 
 class _Unreadable(Exception):
@@ -293,31 +278,10 @@ def default_path() -> Path:
 
 def _parse(raw: dict[str, Any]) -> tuple[AppSettings, list[str]]:
     problems: list[str] = []
-    values: dict[str, Any] = {}
-    for name, check in _FIELD_CHECKS.items():
-        if name in raw:
-            try:
-                values[name] = check(raw[name])
-            except SettingsError as exc:
-                problems.append(str(exc))
-    sampling = raw.get("sampling", {})
-    if isinstance(sampling, dict):
-        sampled: dict[str, Any] = {}
-        for f in fields(SamplingSettings):
-            if f.name in sampling and f.name not in PER_REQUEST_SAMPLING:
-                try:
-                    sampled[f.name] = _sampling_field(f.name, sampling[f.name])
-                except SettingsError as exc:
-                    problems.append(str(exc))
-        values["sampling"] = SamplingSettings(**sampled)
-    else:
-        problems.append(f"Sampling settings must be a group of values, not {sampling!r}.")
-    settings = AppSettings(**values)
-    try:
-        _check_combination(settings)
-    except SettingsError as exc:
-        problems.append(f"{exc} (KV cache type and flash attention were reset)")
-        settings = replace(settings, kv_type=_LOAD.kv_type, flash_attn=_LOAD.flash_attn)
+    settings: AppSettings = _merge(AppSettings(), raw, "", AppSettings.validate, problems)
+    # Repeats are dropped, not refused: the rest of the list stays the user's.
+    settings = replace(settings, model_folders=tuple(dict.fromkeys(settings.model_folders)),
+                       switched_mode_models=tuple(dict.fromkeys(settings.switched_mode_models)))
     return settings, problems
 
 
@@ -402,10 +366,23 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> tuple[AppSettin
     )
 
 
-def to_json_dict(settings: AppSettings) -> dict[str, Any]:
-    out = as_dict(settings)
-    out["model_folders"] = list(settings.model_folders)
+@functools.cache
+def _schema() -> TypeAdapter[AppSettings]:
+    return TypeAdapter(AppSettings)
+
+
+def _drop_unsaved(out: dict[str, Any], obj: Any) -> dict[str, Any]:
+    for f in fields(obj):
+        if f"{type(obj).__name__}.{f.name}" in NOT_SAVED:
+            del out[f.name]
+        elif is_dataclass(value := getattr(obj, f.name)):
+            _drop_unsaved(out[f.name], value)
     return out
+
+
+def to_json_dict(settings: AppSettings) -> dict[str, Any]:
+    """The settings as JSON values, every field but those in NOT_SAVED."""
+    return _drop_unsaved(_schema().dump_python(settings, mode="json"), settings)
 
 
 def save_settings(settings: AppSettings, path: str | os.PathLike[str] | None = None) -> None:

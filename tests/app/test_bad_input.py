@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pytest
 
 from app.engine.client import EngineClient
@@ -24,7 +24,7 @@ from app.engine.session import EngineSession
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError, SettingsError
 from app.events import EngineCrashed, EngineError, Event, Finished, Loaded, Token
 from app.params import DraftSettings, LoadSettings, SamplingSettings
-from tests.gguf_fixtures import save
+from tests.gguf_fixtures import write_small_gguf
 
 TIMEOUT = 60.0
 N_CTX = 256  # llama.cpp rounds a context up to a multiple of 256; the tests read session.ctx.n_ctx anyway
@@ -82,20 +82,16 @@ def assert_clear(message: str, *needles: str) -> None:
 
 
 def write_header(path: Path, arch: str, **kv: str | int) -> Path:
-    """A small GGUF (metadata and one tensor) written with the gguf package, as converters write them."""
-    from gguf import GGUFWriter
+    """A small GGUF with these keys ("__" for "."): strings as strings, numbers as uint16."""
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, arch)
-    for key, value in kv.items():
-        key = key.replace("__", ".")
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_uint16(key, value)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    save(writer)
-    return path
+    def add_keys(writer: Any) -> None:
+        for key, value in kv.items():
+            if isinstance(value, str):
+                writer.add_string(key.replace("__", "."), value)
+            else:
+                writer.add_uint16(key.replace("__", "."), value)
+
+    return write_small_gguf(path, arch, add_keys)
 
 
 # case -> (builder(folder, tiny_target) -> path, what the message must say)

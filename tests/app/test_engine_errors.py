@@ -15,7 +15,7 @@ from app.engine.session import EngineSession, chat_prompt_tokens
 from app.errors import IncompatibleDrafterError, PromptTooLongError
 from app.events import Finished, Token
 from app.params import DraftSettings, LoadSettings, SamplingSettings
-from tests.gguf_fixtures import BYTES_EOT_ID, BYTES_FIRST_BYTE_ID
+from tests.gguf_fixtures import BYTES_EOT_ID, BYTES_FIRST_BYTE_ID, write_small_gguf
 
 IM_START, IM_END = 2, BYTES_EOT_ID  # control tokens of the tiny byte vocabulary
 
@@ -237,15 +237,7 @@ def test_gemma_cannot_draft_for_smollm2(demo_models: tuple[Path, Path]) -> None:
 
 def _unknown_architecture_gguf(path: Path) -> Path:
     """A well-formed GGUF llama.cpp refuses to load: its architecture is one llama.cpp does not know."""
-    import numpy as np
-    from gguf import GGUFWriter
-
-    from tests.gguf_fixtures import save
-
-    writer = GGUFWriter(path, "no-such-architecture")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    save(writer)
-    return path
+    return write_small_gguf(path, "no-such-architecture")
 
 
 def test_load_failure_advice_mentions_gpu_layers_only_when_layers_were_offloaded(tmp_path: Path) -> None:

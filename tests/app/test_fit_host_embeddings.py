@@ -12,7 +12,7 @@ from app.ceiling.fit import fit_estimate
 from app.ceiling.roofline import Device, ModelShape
 from app.ceiling.tensor_split import tensor_split
 from app.library.gguf_reader import read_gguf_info
-from tests.gguf_fixtures import write_tiny_model
+from tests.gguf_fixtures import save, write_tiny_model
 
 N_LAYER = 4
 DEVICES = [Device("cpu", "CPU", "cpu", 1.0), Device("gpu0", "GPU", "gpu", 1.0, free_bytes=1 << 30)]
@@ -74,10 +74,7 @@ def test_tied_embeddings_are_copied_to_the_output_layer_on_the_gpu(tmp_path: Pat
     for t in reader.tensors:
         if t.name != "output.weight":
             writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    save(writer)
     s = sizes(tied)
     assert "output.weight" not in s
     placed = weights(tied, -1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.errors import SettingsError, StorageError
-from app.params import SamplingSettings
+from app.params import HISTORY_TOKENS, DraftSettings, LoadSettings, SamplingSettings
 from app.storage import settings as settings_module
-from app.storage.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings
+from app.storage.settings import (
+    NOT_SAVED,
+    SCHEMA_VERSION,
+    AppSettings,
+    fresh_load,
+    load_settings,
+    save_settings,
+    with_settings,
+)
 
 
 def _bad_copies(folder: Path) -> list[Path]:
@@ -24,23 +32,26 @@ def _bad_copies(folder: Path) -> list[Path]:
 
 
 def _custom() -> AppSettings:
+    """Every saved field away from its default (MTP heads aside: they exclude a drafter model, see _with_mtp)."""
+    draft = DraftSettings(drafter_path="/models/small.gguf", ngram=5, history_tokens=0, adaptive=False, k=6,
+                          k_max=12, p_min=0.2)
+    load = LoadSettings(target_path="/models/big.gguf", draft=draft, n_ctx=8192, n_batch=1024, n_gpu_layers=20,
+                        main_gpu=1, flash_attn="on", kv_type="q8_0", n_threads=3, recurrent_rollback="checkpoints")
     return AppSettings(
-        target_path="/models/big.gguf",
-        drafter_path="/models/small.gguf",
-        ngram=3,
-        adaptive=False,
-        k=6,
-        k_max=12,
-        n_ctx=8192,
-        n_gpu_layers=20,
-        kv_type="q8_0",
-        flash_attn="on",
-        sampling=SamplingSettings(temperature=0.7, top_k=50, top_p=0.9, min_p=0.0, seed=42, max_tokens=1000),
+        load=load,
+        sampling=SamplingSettings(temperature=0.7, top_k=50, top_p=0.9, min_p=0.0, repeat_penalty=1.1,
+                                  repeat_last_n=128, seed=42, max_tokens=1000),
         system_prompt="Be brief. ✓",
         model_folders=("/a", "/b"),
         reload_last_pair_on_start=True,
         bandwidth_override_gbps=936.5,
+        switched_mode_models=("/models/base.gguf",),
+        context_overflow="drop_oldest",
     )
+
+
+def _with_mtp() -> AppSettings:
+    return with_settings(_custom(), {"load.draft.drafter_path": None, "load.draft.mtp": True})
 
 
 def test_missing_file_gives_defaults_without_warning(tmp_path: Path) -> None:
@@ -64,21 +75,72 @@ def test_round_trip(tmp_path: Path) -> None:
     assert raw["model_folders"] == ["/a", "/b"]
 
 
+def _saved_fields(cls: type, obj: object, default: object) -> list[tuple[str, object, object]]:
+    """(name, value, default) of each field of ``cls`` that the settings file keeps, nested dataclasses by field."""
+    out: list[tuple[str, object, object]] = []
+    for f in fields(cls):
+        if f"{cls.__name__}.{f.name}" in NOT_SAVED:
+            continue
+        value, base = getattr(obj, f.name), getattr(default, f.name)
+        if hasattr(value, "__dataclass_fields__"):
+            out += [(f"{f.name}.{n}", v, b) for n, v, b in _saved_fields(type(value), value, base)]
+        else:
+            out.append((f.name, value, base))
+    return out
+
+
+@pytest.mark.parametrize("custom", [_custom, _with_mtp])
+def test_every_load_setting_survives_a_save(tmp_path: Path, custom: Any) -> None:
+    """Every field of the engine's LoadSettings, DraftSettings and SamplingSettings is saved and read back, from
+    the dataclasses' own fields: a new field that the file does not keep fails here (unless NOT_SAVED says why)."""
+    changed = [name for name, value, base in _saved_fields(AppSettings, _custom(), AppSettings()) if value != base]
+    changed += [name for name, value, base in _saved_fields(AppSettings, _with_mtp(), AppSettings()) if value != base]
+    unchanged = {name for name, _v, _b in _saved_fields(AppSettings, _custom(), AppSettings())} - set(changed)
+    assert unchanged == {"schema_version"}, f"give these a value away from the default in _custom: {unchanged}"
+    path = tmp_path / "settings.json"
+    save_settings(custom(), path)
+    assert load_settings(path) == (custom(), None)
+    raw = json.loads(path.read_text())
+    for name, value, _base in _saved_fields(AppSettings, custom(), AppSettings()):
+        *groups, leaf = name.split(".")
+        held = raw
+        for group in groups:
+            held = held[group]
+        assert held[leaf] == (list(value) if isinstance(value, tuple) else value), name
+
+
+def test_what_is_not_saved_names_real_fields_and_stays_out_of_the_file(tmp_path: Path) -> None:
+    owners = {cls.__name__: cls for cls in (LoadSettings, DraftSettings, SamplingSettings)}
+    for key, reason in NOT_SAVED.items():
+        owner, name = key.split(".")
+        assert name in owners[owner].__dataclass_fields__, key
+        assert reason
+    measured = with_settings(_custom(), {"load.draft.model_start": 0.9, "sampling.response_format": "json_object"})
+    path = tmp_path / "settings.json"
+    save_settings(measured, path)
+    raw = json.loads(path.read_text())
+    assert "model_start" not in raw["load"]["draft"]
+    assert "response_format" not in raw["sampling"]
+    assert load_settings(path) == (_custom(), None)
+
+
 def test_default_path_follows_specdeck_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECK_HOME", str(tmp_path))
-    save_settings(replace(AppSettings(), n_ctx=2048))
+    save_settings(with_settings(AppSettings(), {"load.n_ctx": 2048}))
     assert (tmp_path / "config" / "settings.json").is_file()
-    assert load_settings()[0].n_ctx == 2048
+    assert load_settings()[0].load.n_ctx == 2048
 
 
 def test_load_settings_for_the_engine() -> None:
     assert AppSettings().to_load_settings() is None
+    assert AppSettings().load == fresh_load()
     load = _custom().to_load_settings()
     assert load is not None
     load.validate()
     assert (load.target_path, load.draft.drafter_path) == ("/models/big.gguf", "/models/small.gguf")
-    assert load.draft.ngram == 3
+    assert load.draft.ngram == 5
     assert (load.n_ctx, load.kv_type, load.flash_attn, load.draft.k_max) == (8192, "q8_0", "on", 12)
+    assert (load.n_batch, load.main_gpu, load.n_threads, load.draft.p_min) == (1024, 1, 3, 0.2)
 
 
 @pytest.mark.parametrize("garbage", [b"\x00\xff\xfe garbage \x89PNG", b"{\"n_ctx\": 4096,", b"", b"[1, 2, 3]",
@@ -103,12 +165,12 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
     raw: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "n_ctx": "big",
-        "adaptive": "yes",
-        "k": 3,  # valid: kept
-        "k_max": 2.5,
-        "target_path": 17,
-        "drafter_path": "/models/d.gguf",  # valid: kept
+        "load": {
+            "n_ctx": "big",
+            "target_path": 17,
+            "main_gpu": [0],
+            "draft": {"adaptive": "yes", "k": 3, "k_max": 2.5, "drafter_path": "/models/d.gguf", "mtp": 1},
+        },
         "model_folders": "/not/a/list",
         "system_prompt": ["not", "text"],
         "sampling": {"temperature": "hot", "top_k": 10, "max_tokens": True, "top_p": 0.5},
@@ -117,15 +179,17 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
     path.write_text(json.dumps(raw))
     loaded, warning = load_settings(path)
     defaults = AppSettings()
-    assert (loaded.k, loaded.drafter_path) == (3, "/models/d.gguf")
-    assert (loaded.n_ctx, loaded.adaptive) == (defaults.n_ctx, defaults.adaptive)
-    assert loaded.k_max == defaults.k_max
-    assert (loaded.target_path, loaded.model_folders, loaded.system_prompt) == (None, (), "")
+    assert (loaded.load.draft.k, loaded.load.draft.drafter_path) == (3, "/models/d.gguf")
+    assert (loaded.load.n_ctx, loaded.load.draft.adaptive) == (defaults.load.n_ctx, defaults.load.draft.adaptive)
+    assert (loaded.load.draft.k_max, loaded.load.draft.mtp, loaded.load.main_gpu) == (16, False, None)
+    assert (loaded.load.target_path, loaded.model_folders, loaded.system_prompt) == ("", (), "")
     assert loaded.sampling == SamplingSettings(top_k=10, top_p=0.5)
     assert warning is not None
     for fragment in ("Context size must be a number", "Adaptive draft depth must be true or false",
                      "Maximum draft depth must be a whole number", "Temperature must be a number",
-                     "Max tokens must be a number", "The system prompt must be text"):
+                     "Max tokens must be a number", "The system prompt must be text",
+                     "Drafting with the target's own MTP heads must be true or false",
+                     "The target model must be a file path, not 17", "Main GPU must be a number"):
         assert fragment in warning
     assert len(_bad_copies(tmp_path)) == 1
     loaded.validate()
@@ -135,8 +199,8 @@ def test_wrong_types_fall_back_per_field(tmp_path: Path) -> None:
 
 def test_nan_and_infinity(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text('{"schema_version": 1, "sampling": {"temperature": NaN, "top_p": Infinity,'
-                    ' "min_p": -Infinity}, "bandwidth_override_gbps": NaN, "n_ctx": 1e400}')
+    path.write_text('{"schema_version": 2, "sampling": {"temperature": NaN, "top_p": Infinity,'
+                    ' "min_p": -Infinity}, "bandwidth_override_gbps": NaN, "load": {"n_ctx": 1e400}}')
     loaded, warning = load_settings(path)
     assert loaded == AppSettings()
     assert warning is not None
@@ -149,15 +213,19 @@ def test_nan_and_infinity(tmp_path: Path) -> None:
 
 def test_out_of_range_and_cross_field(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"schema_version": 1, "n_ctx": 1, "kv_type": "q4_0", "flash_attn": "off",
+    path.write_text(json.dumps({"schema_version": 2, "load": {"n_ctx": 1, "kv_type": "q4_0", "flash_attn": "off",
+                                                              "n_batch": 16, "draft": {"k_max": 15}},
                                 "bandwidth_override_gbps": -5, "sampling": {"top_p": 0}}))
     loaded, warning = load_settings(path)
     assert warning is not None
-    assert loaded.n_ctx == AppSettings().n_ctx
+    assert loaded.load.n_ctx == AppSettings().load.n_ctx
     assert "Context size must be between 16" in warning
-    # Each of kv_type and flash_attn is valid alone, the pair is not: both go back to their defaults.
-    assert (loaded.kv_type, loaded.flash_attn) == ("f16", "auto")
+    # Each of kv_type and flash_attn is valid alone, the pair is not: flash attention comes first in the
+    # engine's fields and is kept, the KV cache type that needs it goes back to its default.
+    assert (loaded.load.kv_type, loaded.load.flash_attn) == ("f16", "off")
     assert "quantized KV cache needs flash attention" in warning
+    # A batch of 16 holds a draft 15 deep, read first: both kept.
+    assert (loaded.load.n_batch, loaded.load.draft.k_max) == (16, 15)
     assert loaded.bandwidth_override_gbps is None
     assert loaded.sampling.top_p == SamplingSettings().top_p
     loaded.validate()
@@ -190,25 +258,45 @@ def test_unversioned_file_is_migrated(tmp_path: Path) -> None:
     path.write_text(json.dumps({"n_ctx": 2048, "k": 3}))  # version 0: before versions existed
     loaded, warning = load_settings(path)
     assert warning is None
-    assert (loaded.n_ctx, loaded.k, loaded.schema_version) == (2048, 3, SCHEMA_VERSION)
+    assert (loaded.load.n_ctx, loaded.load.draft.k, loaded.schema_version) == (2048, 3, SCHEMA_VERSION)
     assert path.exists()
     assert not _bad_copies(tmp_path)
 
 
+def test_a_version_1_file_keeps_its_values(tmp_path: Path) -> None:
+    """Version 1 kept a flat copy of some load settings; they move into the engine's LoadSettings."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({
+        "schema_version": 1, "target_path": "/models/big.gguf", "drafter_path": "", "ngram": 2,
+        "draft_from_history": False, "adaptive": False, "k": 6, "k_max": 12, "n_ctx": 8192, "n_gpu_layers": 20,
+        "kv_type": "q8_0", "flash_attn": "on", "sampling": {"temperature": 0.5}, "system_prompt": "Hi.",
+        "model_folders": ["/a"], "reload_last_pair_on_start": True, "bandwidth_override_gbps": None,
+        "switched_mode_models": [], "context_overflow": "drop_oldest"}))
+    loaded, warning = load_settings(path)
+    assert warning is None
+    draft = DraftSettings(drafter_path=None, ngram=2, history_tokens=0, adaptive=False, k=6, k_max=12)
+    load = LoadSettings(target_path="/models/big.gguf", draft=draft, n_ctx=8192, n_gpu_layers=20, kv_type="q8_0",
+                        flash_attn="on")
+    assert loaded == AppSettings(load=load, sampling=SamplingSettings(temperature=0.5), system_prompt="Hi.",
+                                 model_folders=("/a",), reload_last_pair_on_start=True, context_overflow="drop_oldest")
+    path.write_text(json.dumps({"schema_version": 1, "target_path": None, "draft_from_history": True}))
+    assert load_settings(path) == (AppSettings(), None)
+
+
 def test_migration_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A future version 2 renames "context" to "n_ctx": the hook turns a version-1 file into version 2.
-    def to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    # A future version 3 renames "context" to the load settings' "n_ctx": the hook turns a version-2 file into 3.
+    def to_v3(raw: dict[str, Any]) -> dict[str, Any]:
         raw = dict(raw)
-        raw["n_ctx"] = raw.pop("context")
+        raw["load"] = {"n_ctx": raw.pop("context")}
         return raw
 
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"schema_version": 1, "context": 16384}))
-    monkeypatch.setattr(settings_module, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(settings_module.MIGRATIONS, 1, to_v2)
+    path.write_text(json.dumps({"schema_version": 2, "context": 16384}))
+    monkeypatch.setattr(settings_module, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(settings_module.MIGRATIONS, 2, to_v3)
     loaded, warning = load_settings(path)
     assert warning is None
-    assert (loaded.n_ctx, loaded.schema_version) == (16384, 2)
+    assert (loaded.load.n_ctx, loaded.schema_version) == (16384, 3)
 
 
 def test_huge_file_is_not_read(tmp_path: Path) -> None:
@@ -238,7 +326,7 @@ def test_save_validates_and_keeps_old_file(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="Temperature must be a finite number"):
         save_settings(bad, path)
     with pytest.raises(SettingsError, match="quantized KV cache"):
-        save_settings(replace(_custom(), flash_attn="off"), path)
+        save_settings(with_settings(_custom(), {"load.flash_attn": "off"}), path)
     assert path.read_bytes() == before
 
 
@@ -252,7 +340,7 @@ def test_save_on_full_disk_keeps_old_file(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(StorageError, match=r"Could not save settings.json: the disk is full \(errno 28\)"):
-        save_settings(replace(_custom(), n_ctx=2048), path)
+        save_settings(with_settings(_custom(), {"load.n_ctx": 2048}), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
 
@@ -262,20 +350,24 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
-_field_names = st.sampled_from([*AppSettings.__dataclass_fields__, "sampling"])
-_sampling_names = st.sampled_from(list(SamplingSettings.__dataclass_fields__))
+def _group(cls: type) -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.sampled_from(list(cls.__dataclass_fields__)), _json, max_size=6)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    top=st.dictionaries(_field_names, _json, max_size=8),
-    sampling=st.dictionaries(_sampling_names, _json, max_size=4),
+    top=_group(AppSettings),
+    load=_group(LoadSettings),
+    draft=_group(DraftSettings),
+    sampling=_group(SamplingSettings),
 )
 def test_any_json_loads_to_valid_settings(
-    tmp_path: Path, top: dict[str, Any], sampling: dict[str, Any]
+    tmp_path: Path, top: dict[str, Any], load: dict[str, Any], draft: dict[str, Any], sampling: dict[str, Any]
 ) -> None:
     path = tmp_path / "settings.json"
     doc = {"schema_version": SCHEMA_VERSION, **top}
+    if load and "load" not in top:
+        doc["load"] = {**load, "draft": draft} if draft and "draft" not in load else load
     if sampling and "sampling" not in top:
         doc["sampling"] = sampling
     path.write_text(json.dumps(doc))
@@ -347,27 +439,25 @@ def test_a_huge_system_prompt_is_refused_with_a_warning(tmp_path: Path) -> None:
 def test_the_unused_theme_setting_is_gone(tmp_path: Path) -> None:
     assert "theme" not in AppSettings.__dataclass_fields__
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "theme": "dark", "n_ctx": 2048}))
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "theme": "dark", "load": {"n_ctx": 2048}}))
     loaded, warning = load_settings(path)  # an older file's theme is ignored quietly
-    assert (loaded.n_ctx, warning) == (2048, None)
+    assert (loaded.load.n_ctx, warning) == (2048, None)
 
 
 def test_drafting_from_the_chat_history_is_a_setting_that_reaches_the_engine(tmp_path: Path) -> None:
     """On by default (the suffix drafter reads the user's earlier answers at load); off, nothing is read. A file
     from before the setting existed loads with it on; a wrong value falls back with a sentence."""
-    from app.params import HISTORY_TOKENS
-
-    assert AppSettings().draft_settings().history_tokens == HISTORY_TOKENS
-    assert AppSettings(draft_from_history=False).draft_settings().history_tokens == 0
+    assert AppSettings().to_load_settings() is None
+    assert AppSettings().load.draft.history_tokens == HISTORY_TOKENS
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "ngram": 2}))
+    path.write_text(json.dumps({"schema_version": 1, "ngram": 2}))
     loaded, warning = load_settings(path)
     assert warning is None
-    assert (loaded.ngram, loaded.draft_from_history) == (2, True)
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "draft_from_history": "no"}))
+    assert (loaded.load.draft.ngram, loaded.load.draft.history_tokens) == (2, HISTORY_TOKENS)
+    path.write_text(json.dumps({"schema_version": 1, "draft_from_history": "no"}))
     loaded, warning = load_settings(path)
-    assert loaded.draft_from_history is True
+    assert loaded.load.draft.history_tokens == HISTORY_TOKENS
     assert warning is not None
-    assert "Draft from earlier answers must be true or false" in warning
-    save_settings(replace(loaded, draft_from_history=False), path)
-    assert load_settings(path)[0].draft_from_history is False
+    assert "Earlier answers to draft from must be a number, not 'no'" in warning
+    save_settings(with_settings(loaded, {"load.draft.history_tokens": 0}), path)
+    assert load_settings(path)[0].load.draft.history_tokens == 0

@@ -11,7 +11,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.errors import StorageError
-from app.storage.settings import AppSettings, load_settings, save_settings
+from app.storage.settings import AppSettings, load_settings, save_settings, with_settings
 from tests.ui.conftest import LOAD_TIMEOUT_MS, load_pair
 
 TIMEOUT_MS = 30_000
@@ -20,9 +20,10 @@ TIMEOUT_MS = 30_000
 def test_last_pair_reloads_on_start_and_settings_are_saved(
     qtbot: QtBot, make_window, tiny_target: Path, tiny_drafter_same: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    save_settings(AppSettings(target_path=str(tiny_target), drafter_path=str(tiny_drafter_same),
-                              model_folders=(str(tiny_target.parent),), reload_last_pair_on_start=True,
-                              n_ctx=512, system_prompt="Be brief."))
+    saved = AppSettings(model_folders=(str(tiny_target.parent),), reload_last_pair_on_start=True,
+                        system_prompt="Be brief.")
+    save_settings(with_settings(saved, {"load.target_path": str(tiny_target), "load.n_ctx": 512,
+                                        "load.draft.drafter_path": str(tiny_drafter_same)}))
     window = make_window()
     qtbot.waitUntil(lambda: window.bridge.loaded is not None, timeout=LOAD_TIMEOUT_MS)
     assert window.bridge.loaded.target.path == str(tiny_target)
@@ -33,7 +34,7 @@ def test_last_pair_reloads_on_start_and_settings_are_saved(
     saved, warning = load_settings()
     assert warning is None
     assert saved.sampling.temperature == 0.7
-    assert saved.drafter_path == str(tiny_drafter_same)
+    assert saved.load.draft.drafter_path == str(tiny_drafter_same)
 
 
 def test_storage_failure_is_shown_and_the_chat_stays_in_memory(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt, QUrl
@@ -91,17 +92,10 @@ HTML_ARCH = '<img src="file:///usr/share/pixmaps/debian-logo.png"><h1 style="col
 
 
 def _hostile_gguf(path: Path) -> Path:
-    import numpy as np
-    from gguf import GGUFWriter
+    from tests.gguf_fixtures import write_small_gguf
 
-    from tests.gguf_fixtures import save
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, HTML_ARCH)  # general.architecture, shown by the picker's model-info label
-    writer.add_name("<b>bold name</b>")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    save(writer)
-    return path
+    # general.architecture is shown by the picker's model-info label
+    return write_small_gguf(path, HTML_ARCH, lambda writer: writer.add_name("<b>bold name</b>"))
 
 
 def test_every_label_with_file_derived_text_is_plain_text(
@@ -198,18 +192,13 @@ TOKENS_DRAFTER = ["<|bos|>", "<|eos|>", "a", "b", "c", ZERO_IMAGE, "<b>bold</b>"
 
 
 def _vocab_gguf(path: Path, architecture: str, tokens: list[str]) -> Path:
-    import numpy as np
-    from gguf import GGUFWriter
+    from tests.gguf_fixtures import write_small_gguf
 
-    from tests.gguf_fixtures import save
+    def add_vocab(writer: Any) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(path, architecture)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    save(writer)
-    return path
+    return write_small_gguf(path, architecture, add_vocab, rows=len(tokens))
 
 
 def _shown_text(tip: str) -> str:

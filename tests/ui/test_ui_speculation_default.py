@@ -10,7 +10,7 @@ from pathlib import Path
 from pytestqt.qtbot import QtBot
 
 from app.params import NGRAM_KEY_LENGTH
-from app.storage.settings import AppSettings, save_settings
+from app.storage.settings import AppSettings, save_settings, setting, with_settings
 
 
 def _big_and_small(factory: Callable[..., Path]) -> tuple[Path, Path]:
@@ -35,7 +35,7 @@ def test_a_fresh_home_drafts_with_the_ngram_drafter_and_the_best_drafter_model(
     window = make_window(folders=(target.parent,))
     picker = window.picker
     assert picker.ngram_check.isChecked()
-    assert picker.ngram_spin.value() == NGRAM_KEY_LENGTH == AppSettings().ngram
+    assert picker.ngram_spin.value() == NGRAM_KEY_LENGTH == AppSettings().load.draft.ngram
     _choose_target(qtbot, window, target)
     assert picker.drafter_path() == str(drafter), picker.drafter_combo.currentText()
     draft = picker.load_settings().draft
@@ -49,14 +49,15 @@ def test_the_widgets_show_the_settings_defaults(make_window) -> None:  # type: i
     window = make_window(start_engine=False)
     shown = window.picker.shown_values()
     defaults = AppSettings()
-    assert shown == {name: getattr(defaults, name) for name in shown}
+    assert shown == {name: setting(defaults, name) for name in shown}
 
 
 def test_a_saved_pair_without_a_drafter_model_stays_without_one(
     qtbot: QtBot, make_window, tiny_model_factory  # type: ignore[no-untyped-def]
 ) -> None:
     target, _drafter = _big_and_small(tiny_model_factory)
-    save_settings(AppSettings(target_path=str(target), drafter_path=None, model_folders=(str(target.parent),)))
+    save_settings(with_settings(AppSettings(model_folders=(str(target.parent),)),
+                                {"load.target_path": str(target), "load.draft.drafter_path": None}))
     window = make_window(start_engine=False)
     picker = window.picker
     qtbot.waitUntil(lambda: picker._report_for == str(target), timeout=30_000)

@@ -35,11 +35,11 @@ def test_the_suffix_drafter_is_named_and_drafting_from_history_is_a_switch(
 
     check = picker.history_check
     assert check.text() == "Draft from earlier answers"
-    assert check.isChecked() == AppSettings().draft_from_history
+    assert check.isChecked() == (AppSettings().load.draft.history_tokens > 0)
     check.setChecked(True)
     assert picker.load_settings().draft.history_tokens == HISTORY_TOKENS
     check.setChecked(False)
     assert picker.load_settings().draft.history_tokens == 0
-    assert picker.update_settings(AppSettings()).draft_from_history is False
-    picker.apply_settings(AppSettings(draft_from_history=True))
+    assert picker.update_settings(AppSettings()).load.draft.history_tokens == 0
+    picker.apply_settings(AppSettings())
     assert check.isChecked()

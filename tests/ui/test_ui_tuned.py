@@ -14,7 +14,7 @@ from app.engine.bench import BENCH_SAMPLING
 from app.engine.tune import Candidate, TuneConfig, TuneReport
 from app.events import Loaded, ModelSummary
 from app.params import DraftSettings, LoadSettings
-from app.storage.settings import AppSettings, save_settings
+from app.storage.settings import AppSettings, save_settings, with_settings
 from app.storage.tuned import TunedSettings, load_tuned, save_tuned
 from ui.dashboard.sweep import TuneDialog, TunePair
 
@@ -27,7 +27,9 @@ def test_choosing_a_tuned_pair_keeps_the_users_settings_until_asked(
     tuned = TunedSettings(DraftSettings(ngram=5, adaptive=False, k=6, k_max=6), 1.9, 1.8, 2.0, 3, "p.jsonl", 0.0)
     save_tuned(str(tiny_target), None, tuned)  # into the test's scratch SPECDECK_HOME
     # The user's own saved drafting settings, as the window finds them at start-up.
-    save_settings(AppSettings(target_path=str(tiny_target), ngram=2, adaptive=True, k=3, k_max=12))
+    save_settings(with_settings(AppSettings(), {"load.target_path": str(tiny_target), "load.draft.ngram": 2,
+                                                "load.draft.adaptive": True, "load.draft.k": 3,
+                                                "load.draft.k_max": 12}))
     window = make_window(start_engine=False, folders=(tiny_target.parent,))
     picker = window.picker
     with qtbot.waitSignal(picker.drafters_ranked, timeout=30_000):
@@ -173,5 +175,5 @@ def test_picker_tunes_the_loaded_pair(
     tuned = DraftSettings(ngram=4, adaptive=True, k=4, k_max=16)
     dialog.use_settings.emit(tuned)
     draft = picker.shown_values()
-    assert (draft["ngram"], draft["adaptive"], draft["k_max"]) == (4, True, 16)
+    assert (draft["load.draft.ngram"], draft["load.draft.adaptive"], draft["load.draft.k_max"]) == (4, True, 16)
     dialog.close()

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from app.ceiling.backend import BackendDevice
 from app.engine.chat_template import fallback_name
 from app.engine.recommend import DrafterReport, Recommendation, drafters_for
+from app.engine_limits import DEPTH_CAP, KV_TYPES
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Devices, Loaded, LoadProgress, drafted_by
 from app.library.compat import CompatResult
@@ -39,7 +40,6 @@ from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
 from app.params import (
     HISTORY_TOKENS,
-    KV_TYPES,
     MAX_CTX,
     NGRAM_KEY_LENGTH,
     DraftSettings,
@@ -48,7 +48,7 @@ from app.params import (
 )
 from app.remote.client import RemoteModel
 from app.storage.pair_stats import load_measured, measured_start
-from app.storage.settings import AppSettings
+from app.storage.settings import AppSettings, setting, with_settings
 from app.storage.tuned import TunedSettings, load_tuned
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
@@ -127,6 +127,7 @@ class ModelPicker(QWidget):
         # Until the user picks a drafter (or settings name a pair), the best compatible one predicted to pay
         # is chosen for them: speculation is on from the first answer.
         self._drafter_auto = True
+        self._saved = AppSettings()  # the settings last applied: Load keeps what no widget shows (n_batch, main GPU)
         self._scan_serial = 0
         self._rank_serial = 0
         self.scanning = False
@@ -212,9 +213,9 @@ class ModelPicker(QWidget):
         dform = QFormLayout(draft)
         self.adaptive_check = QCheckBox("Adaptive draft depth", draft)
         self.k_spin = QSpinBox(draft)
-        self.k_spin.setRange(0, 32)
+        self.k_spin.setRange(0, DEPTH_CAP)
         self.k_max_spin = QSpinBox(draft)
-        self.k_max_spin.setRange(0, 32)
+        self.k_max_spin.setRange(0, DEPTH_CAP)
         self.adaptive_check.toggled.connect(self._on_adaptive_check_toggled)
         dform.addRow(self.adaptive_check)
         dform.addRow("Fixed depth k", self.k_spin)
@@ -317,26 +318,29 @@ class ModelPicker(QWidget):
         # The defaults live in AppSettings alone: a fresh home shows them, a saved file replaces them.
         defaults = AppSettings()
         for name, (_read, show) in self._bindings().items():
-            show(getattr(defaults, name))
+            show(setting(defaults, name))
         self._on_adaptive_check_toggled(self.adaptive_check.isChecked())
 
     # --- settings in and out ------------------------------------------------------------------------
 
     def _bindings(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
-        """Each saved setting the picker shows: how to read it from its widgets and how to show it. The one
-        map between widgets and settings (saving, restoring and Load all go through it)."""
+        """Each saved setting the picker shows, by its path in AppSettings: how to read it from its widgets and
+        how to show it. The one map between widgets and settings (saving, restoring and Load all go through it)."""
         return {
-            "ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0, self._show_ngram),
-            "draft_from_history": (self.history_check.isChecked, self.history_check.setChecked),
-            "adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
-            "k": (self.k_spin.value, self.k_spin.setValue),
-            "k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
-            "n_gpu_layers": (self.gpu_layers_spin.value, self.gpu_layers_spin.setValue),
-            "n_ctx": (self.ctx_spin.value, lambda v: self.ctx_spin.setValue(max(self.ctx_spin.minimum(), v))),
-            "kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
-            "flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
-            "main_gpu": (self.device_choice.main_gpu, self.device_choice.show_main_gpu),
-            "rpc_servers": (self.device_choice.saved_rpc_servers, self.device_choice.show_rpc_servers),
+            "load.draft.ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
+                                 self._show_ngram),
+            "load.draft.history_tokens": (lambda: HISTORY_TOKENS if self.history_check.isChecked() else 0,
+                                          lambda tokens: self.history_check.setChecked(tokens > 0)),
+            "load.draft.adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
+            "load.draft.k": (self.k_spin.value, self.k_spin.setValue),
+            "load.draft.k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
+            "load.n_gpu_layers": (self.gpu_layers_spin.value, self.gpu_layers_spin.setValue),
+            "load.n_ctx": (self.ctx_spin.value, lambda v: self.ctx_spin.setValue(max(self.ctx_spin.minimum(), v))),
+            "load.kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
+            "load.flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
+            "load.n_threads": (self.threads_spin.value, self.threads_spin.setValue),
+            "load.main_gpu": (self.device_choice.main_gpu, self.device_choice.show_main_gpu),
+            "load.rpc_servers": (self.device_choice.saved_rpc_servers, self.device_choice.show_rpc_servers),
             "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
             "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
         }
@@ -353,17 +357,19 @@ class ModelPicker(QWidget):
         return {name: read() for name, (read, _show) in self._bindings().items()}
 
     def apply_settings(self, s: AppSettings) -> None:
+        self._saved = s
         self.folders = s.model_folders
-        self._wanted_target = s.target_path
-        self._wanted_drafter = s.drafter_path
-        self._drafter_auto = s.target_path is None  # a saved pair is the user's choice, drafter or none
+        self._wanted_target = s.load.target_path or None
+        self._wanted_drafter = OWN_MTP_HEADS if s.load.draft.mtp else s.load.draft.drafter_path
+        self._drafter_auto = not s.load.target_path  # a saved pair is the user's choice, drafter or none
         for name, (_read, show) in self._bindings().items():
-            show(getattr(s, name))
+            show(setting(s, name))
 
     def update_settings(self, s: AppSettings) -> AppSettings:
-        drafter = s.drafter_path if self.remote_model() else self.drafter_path()  # a remote model has none
-        return replace(s, target_path=self.target_path() or s.target_path, drafter_path=drafter,
-                       model_folders=self.folders, **self.shown_values())
+        chosen = {} if self.remote_model() else {  # a remote model has no drafter here: keep the saved one
+            "load.draft.drafter_path": self.drafter_path(), "load.draft.mtp": self.own_mtp_heads_chosen()}
+        return replace(with_settings(s, {"load.target_path": self.target_path() or s.load.target_path, **chosen,
+                                         **self.shown_values()}), model_folders=self.folders)
 
     def target_path(self) -> str | None:
         data = self.target_combo.currentData()
@@ -448,16 +454,8 @@ class ModelPicker(QWidget):
             if not result.ok:
                 raise IncompatibleDrafterError(
                     f"This drafter cannot speculate for this target: {result.reason.rstrip('.')}.")
-        v = self.shown_values()
-        draft = DraftSettings(drafter_path=drafter, ngram=v["ngram"], adaptive=v["adaptive"], k=v["k"],
-                              k_max=v["k_max"], model_start=measured_start(target, drafter),
-                              history_tokens=HISTORY_TOKENS if v["draft_from_history"] else 0,
-                              mtp=self.own_mtp_heads_chosen())
-        return LoadSettings(
-            target_path=target, draft=draft, n_ctx=v["n_ctx"], n_gpu_layers=v["n_gpu_layers"],
-            flash_attn=v["flash_attn"], kv_type=v["kv_type"], n_threads=self.threads_spin.value(),
-            main_gpu=v["main_gpu"], rpc_servers=self.device_choice.rpc_servers(),
-        ).validate()
+        load = self.update_settings(self._saved).load
+        return replace(load, draft=replace(load.draft, model_start=measured_start(target, drafter))).validate()
 
     # --- library ------------------------------------------------------------------------------------
 
@@ -668,7 +666,7 @@ class ModelPicker(QWidget):
         """Show ``draft``'s suffix-drafter match and depth settings (Load sends them); later changes are the user's."""
         bindings = self._bindings()
         for name in ("ngram", "adaptive", "k", "k_max"):
-            bindings[name][1](getattr(draft, name))
+            bindings[f"load.draft.{name}"][1](getattr(draft, name))
 
     @Slot()
     def _on_use_tuned_button_clicked(self) -> None:

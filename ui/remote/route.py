@@ -17,6 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app.engine.chat_template import completion_text
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -124,7 +125,7 @@ class RemoteChat(QObject):
                                   "options": sampling_options(sampling),
                                   "cancelled": lambda: request_id in self._cancelled}
         if raw:  # the same prompt the local engine's completion mode reads: the turns' texts joined
-            prompt = "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
+            prompt = completion_text(messages)
             answer = self._engine.complete(prompt, **common)
         else:
             answer = self._engine.chat(messages, **common)
