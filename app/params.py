@@ -220,7 +220,6 @@ class LoadSettings:
                 "smallest size llama.cpp allocates for it.")
 
 
-UNQUANTIZED_KV = ("f16", "f32", "bf16")
 
 
 def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type: str = "f16") -> str:
@@ -231,7 +230,7 @@ def flash_attention_mode(setting: str, backend: str, n_gpu_layers: int, kv_type:
     back after every rejected draft; "auto" turns it on there. "on" stays the user's choice, and a quantized
     KV cache keeps "auto" (llama.cpp refuses a quantized V cache without flash attention).
     """
-    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and kv_type in UNQUANTIZED_KV:
+    if setting == "auto" and backend == "vulkan" and n_gpu_layers != 0 and not kv_quantized(kv_type):
         return "off"
     return setting
 

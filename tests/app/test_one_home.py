@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from app.ceiling import metrics, roofline
-from app.engine import adaptive
+from app.ceiling import metrics, roofline, speculation
+from app.engine import adaptive, recommend
 from app.engine.chat_template import completion_text
 from app.engine_limits import DEPTH_CAP, KV_CACHE_TYPES, KV_TYPES, kv_quantized
 from app.errors import SettingsError
-from app.library import recommend
 from app.params import DraftSettings, LoadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,14 +98,14 @@ def test_the_policy_the_ranking_and_the_roofline_price_a_pass_alike() -> None:
     assert k == best
     assert rate == pytest.approx(adaptive.expected_tokens(rates, k) / adaptive.pass_seconds(
         k, verify, draft_seconds=k * 0.1))
-    assert recommend.predict([0.8] * 8, 8, 0.1)[0] == adaptive.best_depth([0.8] * 8, 8, roofline.bandwidth_bound_pass,
-                                                                          draft_step=0.1)[0]
+    assert recommend.predict([0.8] * 8, 8, 0.1)[0] == adaptive.best_depth(
+        [0.8] * 8, 8, speculation.bandwidth_bound_pass, draft_step=0.1)[0]
     for alpha, depth, c in ((0.8, 4, 0.05), (0.5, 0, 0.2), (0.95, 8, 0.0)):
-        assert roofline.expected_speedup(alpha, depth, c) == pytest.approx(
-            roofline.expected_tokens_per_pass(alpha, depth)
-            / adaptive.pass_seconds(depth, roofline.bandwidth_bound_pass, draft_seconds=depth * c))
+        assert speculation.expected_speedup(alpha, depth, c) == pytest.approx(
+            speculation.expected_tokens_per_pass(alpha, depth)
+            / adaptive.pass_seconds(depth, speculation.bandwidth_bound_pass, draft_seconds=depth * c))
     # The pass cost is written once: no module adds a wide pass to its drafting by hand.
-    assert _copies(r"verify\(k \+ 1\) \+|bandwidth_bound_pass\(k \+ 1\) \+", "app/engine/adaptive.py") == []
+    assert _copies(r"verify\(k \+ 1\) \+|bandwidth_bound_pass\(k \+ 1\) \+", "app/ceiling/speculation.py") == []
 
 
 def test_the_ranking_drafts_as_deep_as_the_engine() -> None:

@@ -174,7 +174,7 @@ def test_per_pass_shares_are_kept_from_answers_that_drafted_nothing(tmp_path: Pa
 def test_verify_seconds_charges_only_the_drafts_on_offer() -> None:
     verify = CPU_CURVE.relative
     assert best_depth([0.9] * 4, 4, verify) == best_depth([0.9] * 4, 4, verify, drafted=[1.0] * 4)
-    from app.engine.adaptive import verify_seconds
+    from app.ceiling.speculation import verify_seconds
 
     assert verify_seconds(verify, 3, [1.0, 1.0, 1.0]) == pytest.approx(verify(4))
     # Half the passes offer no draft at all: they cost a one-token pass.

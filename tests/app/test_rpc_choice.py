@@ -18,7 +18,6 @@ from app.ceiling.rpc import (
     ServerProbe,
     add_rpc_servers,
     network_seconds_per_pass,
-    parse_rpc_servers,
     probe_server,
     rpc_available,
     rpc_failure,
@@ -27,8 +26,8 @@ from app.engine.client import EngineClient
 from app.errors import EngineLoadError, SettingsError
 from app.events import Devices
 from app.library.gguf_reader import read_gguf_info
-from app.params import LoadSettings, fit_flash_attention
-from app.storage.settings import AppSettings, load_settings, save_settings
+from app.params import LoadSettings, fit_flash_attention, parse_rpc_servers
+from app.storage.settings import AppSettings, load_settings, save_settings, with_settings
 
 GIB = 1 << 30
 CPU = BackendDevice("CPU", "AMD EPYC", "cpu", "CPU", 60 * GIB, 64 * GIB)
@@ -78,27 +77,28 @@ def test_load_settings_take_servers_but_not_with_one_gpu() -> None:
 
 def test_the_gpu_choice_and_the_servers_are_saved_and_restored(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    save_settings(AppSettings(main_gpu=1), path)
-    assert load_settings(path)[0].main_gpu == 1
-    save_settings(AppSettings(rpc_servers=("10.0.0.2:50052", "10.0.0.3:50052")), path)
+    save_settings(with_settings(AppSettings(), {"load.main_gpu": 1}), path)
+    assert load_settings(path)[0].load.main_gpu == 1
+    servers = ("10.0.0.2:50052", "10.0.0.3:50052")
+    save_settings(with_settings(AppSettings(), {"load.rpc_servers": servers}), path)
     restored, warning = load_settings(path)
     assert warning is None
-    assert restored.rpc_servers == ("10.0.0.2:50052", "10.0.0.3:50052")
-    assert restored.main_gpu is None
-    loaded = AppSettings(target_path="m.gguf", rpc_servers=restored.rpc_servers).to_load_settings()
+    assert restored.load.rpc_servers == servers
+    assert restored.load.main_gpu is None
+    loaded = with_settings(restored, {"load.target_path": "m.gguf"}).to_load_settings()
     assert loaded is not None
-    assert loaded.rpc_servers == restored.rpc_servers
+    assert loaded.rpc_servers == servers
 
 
 def test_a_bad_saved_server_list_falls_back_alone(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text('{"schema_version": 1, "rpc_servers": "not a list", "main_gpu": 2.0, "n_ctx": 2048}')
+    path.write_text('{"schema_version": 2, "load": {"rpc_servers": "not a list", "main_gpu": 2, "n_ctx": 2048}}')
     settings, warning = load_settings(path)
-    assert settings.rpc_servers == ()
-    assert settings.main_gpu == 2
-    assert settings.n_ctx == 2048
+    assert settings.load.rpc_servers == ()
+    assert settings.load.main_gpu == 2
+    assert settings.load.n_ctx == 2048
     assert warning is not None
-    assert "RPC servers must be a list" in warning
+    assert "An RPC server is written host:port" in warning
 
 
 def test_nothing_listening_is_one_sentence() -> None:

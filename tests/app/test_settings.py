@@ -51,7 +51,9 @@ def _custom() -> AppSettings:
 
 
 def _with_mtp() -> AppSettings:
-    return with_settings(_custom(), {"load.draft.drafter_path": None, "load.draft.mtp": True})
+    """The MTP heads instead of a drafter model, and RPC servers instead of one GPU (each excludes the other)."""
+    return with_settings(_custom(), {"load.draft.drafter_path": None, "load.draft.mtp": True, "load.main_gpu": None,
+                                     "load.rpc_servers": ("10.0.0.2:50052",)})
 
 
 def test_missing_file_gives_defaults_without_warning(tmp_path: Path) -> None:
