@@ -390,7 +390,7 @@ def bench(config: BenchConfig, out: TextIO, *, client: EngineClient | None = Non
 
 def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: TextIO, told: set[str],
              note: Callable[[str], None]) -> BenchReport:
-    from app.storage.pair_stats import drafter_key
+    from app.storage.pair_stats import drafter_key, record_step_cost
     from app.storage.pair_stats import record as record_acceptance
 
     draft, target = config.settings.draft, config.settings.target_path
@@ -485,6 +485,8 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
         total_json["identical"] = speedup.identical
     verify_cost_ms = {str(w): round(t * 1000, 3) for w, t in verify_cost}
     drafter_cost = _drafter_cost(draft_step[0], dict(verify_cost))
+    if key is not None and "c" in drafter_cost:  # the ranking prices this drafter with its measured step
+        record_step_cost(target, key, drafter_cost["c"])
     report: JSONObject = {
         "version": JSON_VERSION,
         "target": target,

@@ -108,6 +108,7 @@ def recommend_drafters(
     verify_curves: Mapping[str, VerifyCurve] | None = None,
     profiles: Mapping[tuple[str, str], Sequence[float]] | None = None,
     pass_profiles: Mapping[tuple[str, str], tuple[Sequence[float], Sequence[float]]] | None = None,
+    step_costs: Mapping[tuple[str, str], float] | None = None,
 ) -> list[Recommendation]:
     """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
     Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
@@ -127,6 +128,10 @@ def recommend_drafters(
         from app.storage.pair_stats import load_pass_profiles
 
         pass_profiles = load_pass_profiles()
+    if step_costs is None:
+        from app.storage.pair_stats import load_step_costs
+
+        step_costs = load_step_costs()
     curve = verify_curves.get(target.path)
     target_vocab = VocabInfo.from_gguf(target)
     models: list[Recommendation] = []
@@ -146,7 +151,10 @@ def recommend_drafters(
         c_source = "weight bytes, bandwidth-bound"
         if curve is not None:
             own = verify_curves.get(cand.path)  # a drafter step costs its own one-token pass, where measured
-            if own is not None:
+            step = step_costs.get((target.path, cand.path))
+            if step is not None:  # timed inside the loop, beside this target: what a step really costs here
+                c, c_source = step, "measured drafter steps"
+            elif own is not None:
                 c, c_source = own.widths_ms[1] / curve.widths_ms[1], "measured one-token passes"
             else:
                 c_source = "weight bytes"

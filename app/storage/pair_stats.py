@@ -60,6 +60,9 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
                 per_pass = _per_pass(value.get("per_pass"))
                 if per_pass is not None:
                     out[key]["per_pass"] = per_pass
+                c = value.get("c")
+                if isinstance(c, float | int) and not isinstance(c, bool) and math.isfinite(c) and 0 < c < 100:
+                    out[key]["c"] = float(c)
     return out
 
 
@@ -151,6 +154,8 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
         alpha = stats.proposal_matches[0] / stats.proposal_lengths[0] if stats.proposal_matches else 0.0
         weight, profile = 1.0, []
     entry: dict[str, Any] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
+    if old is not None and "c" in old:
+        entry["c"] = old["c"]
     per_pass = _fold_passes(old.get("per_pass") if old is not None else None, stats) if passes else (
         old.get("per_pass") if old is not None else None)
     if per_pass is not None:
@@ -182,3 +187,33 @@ def _fold_passes(old: dict[str, Any] | None, stats: MessageStats) -> dict[str, A
 
     return {"drafted": fold(drafted, old["drafted"]), "matched": fold(matched, old["matched"]),
             "weight": min(old["weight"] + passes, WEIGHT_CAP)}
+
+
+def record_step_cost(target: str, drafter: str, c: float, path: Path | None = None) -> None:
+    """Keep a model drafter's measured step cost, c (a drafter step over a one-token target pass), for the pair.
+
+    On a CPU two small models compete for the same cores, so a step costs far more than the drafter's weight
+    bytes say (0.69 against 0.36 for SmolLM2's Q4_1 drafting for its F16); the ranking uses this figure."""
+    if not math.isfinite(c) or c <= 0:
+        return
+    path = path or default_path()
+    table = _read(path)
+    entry = table.get(_key(target, drafter))
+    if entry is None:
+        return  # nothing measured for the pair yet: the step alone says nothing about acceptance
+    entry["c"] = c
+    table[_key(target, drafter)] = entry
+    try:
+        atomic_write_json(path, table)
+    except StorageError:
+        return
+
+
+def load_step_costs(path: Path | None = None) -> dict[tuple[str, str], float]:
+    """{(target path, drafter path): measured c} for the pairs whose drafter step was timed."""
+    out: dict[tuple[str, str], float] = {}
+    for key, value in _read(path or default_path()).items():
+        if "c" in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = value["c"]
+    return out

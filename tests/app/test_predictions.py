@@ -201,3 +201,29 @@ def test_the_ngram_prediction_uses_the_per_pass_shares(tmp_path: Path) -> None:
     drafted_only = recommend_drafters(target, [], load_measured(path), profiles=load_profiles(path),
                                       pass_profiles={}, verify_curves={"/t.gguf": CPU_CURVE})[-1]
     assert drafted_only.tokens_per_pass > 2 * rec.tokens_per_pass  # what the drafted positions alone say
+
+
+def test_a_measured_drafter_step_prices_the_model_drafter(tmp_path: Path) -> None:
+    """A drafter step timed in the loop (bench's c) replaces the weight-byte ratio: on a CPU two small models
+    share the cores, and a step can cost twice what the bytes say, enough to turn a predicted gain into a loss."""
+    from app.storage.pair_stats import load_pass_profiles, load_step_costs, record_step_cost
+
+    path = tmp_path / "acceptance.json"
+    target, drafter = _info("/t.gguf", 1000), _info("/d.gguf", 360)
+    record("/t.gguf", "/d.gguf", stats_with((0.99, 0.98, 0.97, 0.96)), path)
+    curves = {"/t.gguf": CPU_CURVE}
+
+    def ranked() -> object:
+        return recommend_drafters(target, [drafter], load_measured(path), profiles=load_profiles(path),
+                                  pass_profiles=load_pass_profiles(path), step_costs=load_step_costs(path),
+                                  verify_curves=curves)[0]
+
+    by_bytes = ranked()
+    record_step_cost("/t.gguf", "/d.gguf", 0.9, path)
+    by_step = ranked()
+    assert load_step_costs(path) == {("/t.gguf", "/d.gguf"): 0.9}
+    assert by_bytes.cost_ratio == pytest.approx(0.36)
+    assert by_step.cost_ratio == pytest.approx(0.9)
+    assert by_step.speedup < by_bytes.speedup
+    record("/t.gguf", "/d.gguf", stats_with((0.99, 0.98, 0.97, 0.96)), path)  # a later answer keeps the step
+    assert load_step_costs(path) == {("/t.gguf", "/d.gguf"): 0.9}
