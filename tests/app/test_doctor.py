@@ -36,7 +36,7 @@ MODEL_FIELDS = {"path", "name", "architecture", "quantization", "file_size", "we
                 "recurrent_state_allocated", "mtp_heads", "mtp_weight_bytes", "mtp_kv_cache_bytes", "mtp_refusal"}
 PASS_FIELDS = {"tokens", "draft_steps", "context", "bytes_per_pass", "weight_bytes", "kv_bytes",
                "drafter_bytes", "flops_per_pass", "seconds_per_pass", "memory_seconds", "compute_seconds",
-               "passes_per_second", "tokens_per_second", "binding", "binding_device", "parts"}
+               "passes_per_second", "tokens_per_second", "binding", "binding_device", "parts", "network_seconds"}
 FIT_FIELDS = {"fits", "message", "devices"}
 CHECK_FIELDS = {"ok", "model", "message", "tokens", "seconds", "tokens_per_second"}
 

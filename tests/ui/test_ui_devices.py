@@ -11,7 +11,7 @@ from pytestqt.qtbot import QtBot
 from app.ceiling.backend import BackendDevice
 from app.ceiling.memory import MemoryProbe
 from app.events import Devices, Loaded, ModelSummary
-from app.storage.settings import AppSettings, load_settings, save_settings
+from app.storage.settings import AppSettings, load_settings, save_settings, with_settings
 from tests.ui.conftest import choose_pair
 from ui.dashboard.panel import DashboardPanel
 from ui.models.devices import ALL_DEVICES, ALL_GPUS, DeviceChoice
@@ -105,10 +105,10 @@ def test_the_window_shows_the_devices_the_worker_reports(qtbot: QtBot, make_wind
 
 
 def test_the_choice_is_saved_and_restored(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
-    save_settings(AppSettings(main_gpu=1))
+    save_settings(with_settings(AppSettings(), {"load.main_gpu": 1}))
     window = make_window(start_engine=False)
     picker = window.picker
-    assert picker.shown_values()["main_gpu"] == 1
+    assert picker.shown_values()["load.main_gpu"] == 1
     picker.show_devices(Devices(0, (CPU, SMALL, BIG), "vulkan", True, False))
     assert picker.device_choice.gpu_combo.currentText().startswith("GPU 1: Vulkan2")
     picker.device_choice.gpu_combo.setCurrentIndex(1)
@@ -116,15 +116,15 @@ def test_the_choice_is_saved_and_restored(qtbot: QtBot, make_window) -> None:  #
     window.close()
     saved, warning = load_settings()
     assert warning is None
-    assert saved.rpc_servers == ("10.0.0.2:50052",)
-    assert saved.main_gpu is None  # servers and one GPU do not go together: the servers share every GPU
+    assert saved.load.rpc_servers == ("10.0.0.2:50052",)
+    assert saved.load.main_gpu is None  # servers and one GPU do not go together: the servers share every GPU
     window = make_window(start_engine=False)
     assert window.picker.device_choice.rpc_edit.text() == "10.0.0.2:50052"
     window.picker.device_choice.show_rpc_servers(())
     window.picker.show_devices(Devices(0, (CPU, SMALL, BIG), "vulkan", True, False))
     window.picker.device_choice.gpu_combo.setCurrentIndex(1)
     window.close()
-    assert load_settings()[0].main_gpu == 0
+    assert load_settings()[0].load.main_gpu == 0
 
 
 def test_the_fit_counts_flash_attention_as_the_load_runs_it(
