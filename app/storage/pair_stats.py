@@ -48,21 +48,26 @@ def _profile(value: Any) -> list[float] | None:
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
+    """The pairs' entries; an entry may hold only a measured drafter step (``c``) when nothing was drafted."""
     out: dict[str, dict[str, Any]] = {}
     for key, value in read_json_object(path).items():
-        if isinstance(key, str) and isinstance(value, dict):
-            alpha, weight = value.get("alpha"), value.get("weight")
-            if isinstance(alpha, float | int) and isinstance(weight, float | int) and 0 <= alpha <= 1 and weight > 0:
-                out[key] = {"alpha": float(alpha), "weight": float(weight)}
-                profile = _profile(value.get("per_position"))
-                if profile is not None:
-                    out[key]["per_position"] = profile
-                per_pass = _per_pass(value.get("per_pass"))
-                if per_pass is not None:
-                    out[key]["per_pass"] = per_pass
-                c = value.get("c")
-                if isinstance(c, float | int) and not isinstance(c, bool) and math.isfinite(c) and 0 < c < 100:
-                    out[key]["c"] = float(c)
+        if not (isinstance(key, str) and isinstance(value, dict)):
+            continue
+        entry: dict[str, Any] = {}
+        alpha, weight = value.get("alpha"), value.get("weight")
+        if isinstance(alpha, float | int) and isinstance(weight, float | int) and 0 <= alpha <= 1 and weight > 0:
+            entry = {"alpha": float(alpha), "weight": float(weight)}
+            profile = _profile(value.get("per_position"))
+            if profile is not None:
+                entry["per_position"] = profile
+            per_pass = _per_pass(value.get("per_pass"))
+            if per_pass is not None:
+                entry["per_pass"] = per_pass
+        c = value.get("c")
+        if isinstance(c, float | int) and not isinstance(c, bool) and math.isfinite(c) and 0 < c < 100:
+            entry["c"] = float(c)
+        if entry:
+            out[key] = entry
     return out
 
 
@@ -81,8 +86,9 @@ def load_measured(path: Path | None = None) -> dict[tuple[str, str], float]:
     """{(target path, drafter path or NGRAM_KEY): measured α}; empty when nothing was measured yet."""
     out: dict[tuple[str, str], float] = {}
     for key, value in _read(path or default_path()).items():
-        target, _, drafter = key.partition("\n")
-        out[(target, drafter)] = value["alpha"]
+        if "alpha" in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = value["alpha"]
     return out
 
 
@@ -135,7 +141,8 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
         return None
     path = path or default_path()
     table = _read(path)
-    old = table.get(_key(target, drafter))
+    kept = table.get(_key(target, drafter))
+    old = kept if kept is not None and "alpha" in kept else None  # a measured step alone says nothing of α
     if drafts:
         alpha, weight = ppa[0], float(stats.drafted)
         finite = [math.isfinite(a) for a in ppa]
@@ -154,8 +161,8 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
         alpha = stats.proposal_matches[0] / stats.proposal_lengths[0] if stats.proposal_matches else 0.0
         weight, profile = 1.0, []
     entry: dict[str, Any] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
-    if old is not None and "c" in old:
-        entry["c"] = old["c"]
+    if kept is not None and "c" in kept:
+        entry["c"] = kept["c"]
     per_pass = _fold_passes(old.get("per_pass") if old is not None else None, stats) if passes else (
         old.get("per_pass") if old is not None else None)
     if per_pass is not None:
@@ -193,14 +200,13 @@ def record_step_cost(target: str, drafter: str, c: float, path: Path | None = No
     """Keep a model drafter's measured step cost, c (a drafter step over a one-token target pass), for the pair.
 
     On a CPU two small models compete for the same cores, so a step costs far more than the drafter's weight
-    bytes say (0.69 against 0.36 for SmolLM2's Q4_1 drafting for its F16); the ranking uses this figure."""
+    bytes say (0.69 against 0.36 for SmolLM2's Q4_1 drafting for its F16); the ranking uses this figure. It is
+    kept even when the policy drafted nothing: that is the case where the step's cost matters most."""
     if not math.isfinite(c) or c <= 0:
         return
     path = path or default_path()
     table = _read(path)
-    entry = table.get(_key(target, drafter))
-    if entry is None:
-        return  # nothing measured for the pair yet: the step alone says nothing about acceptance
+    entry = table.get(_key(target, drafter), {})
     entry["c"] = c
     table[_key(target, drafter)] = entry
     try:

@@ -210,7 +210,12 @@ def test_a_measured_drafter_step_prices_the_model_drafter(tmp_path: Path) -> Non
 
     path = tmp_path / "acceptance.json"
     target, drafter = _info("/t.gguf", 1000), _info("/d.gguf", 360)
+    record_step_cost("/t.gguf", "/d.gguf", 2.0, path)  # nothing drafted yet: the step is kept, no α is made up
+    assert load_step_costs(path) == {("/t.gguf", "/d.gguf"): 2.0}
+    assert load_measured(path) == {}
     record("/t.gguf", "/d.gguf", stats_with((0.99, 0.98, 0.97, 0.96)), path)
+    assert load_step_costs(path) == {("/t.gguf", "/d.gguf"): 2.0}
+    record_step_cost("/t.gguf", "/d.gguf", 0.36, path)
     curves = {"/t.gguf": CPU_CURVE}
 
     def ranked() -> object:
@@ -218,7 +223,7 @@ def test_a_measured_drafter_step_prices_the_model_drafter(tmp_path: Path) -> Non
                                   pass_profiles=load_pass_profiles(path), step_costs=load_step_costs(path),
                                   verify_curves=curves)[0]
 
-    by_bytes = ranked()
+    by_bytes = ranked()  # a step costing what the bytes say
     record_step_cost("/t.gguf", "/d.gguf", 0.9, path)
     by_step = ranked()
     assert load_step_costs(path) == {("/t.gguf", "/d.gguf"): 0.9}
