@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.ceiling.backend import BackendDevice
@@ -55,6 +56,11 @@ def test_one_gpu_or_all_of_them(qtbot: QtBot) -> None:
     assert choice.main_gpu() == 1
     assert choice.chosen_devices() == (BIG,)
     assert "Vulkan0 — integrated GPU, AMD Radeon 780M: 8.59 GB free of 8.59 GB" in choice.devices_label.text()
+    # The items are short for the narrow dock; each one's tooltip says what it means in full.
+    tips = [choice.gpu_combo.itemData(i, Qt.ItemDataRole.ToolTipRole) for i in range(3)]
+    assert "split" in tips[0]
+    assert "free memory" in tips[0]
+    assert tips[2] == "Vulkan2 — GPU, AMD Radeon RX 7900 XTX: 21.5 GB free of 25.8 GB"
 
 
 def test_rpc_servers_take_the_layers_with_every_gpu(qtbot: QtBot) -> None:

@@ -19,8 +19,10 @@ from app.errors import SettingsError
 from app.params import parse_rpc_servers
 from app.units import format_bytes
 
-ALL_GPUS = "All GPUs (split by free memory)"
-ALL_DEVICES = "All devices (split by free memory)"
+# Short, to fit the narrow dock; the item's tooltip says how the layers are split.
+ALL_GPUS = "All GPUs"
+ALL_DEVICES = "All devices"
+SPLIT_NOTE = "llama.cpp splits the layers over every {what} by its free memory"
 KINDS = {"cpu": "CPU", "gpu": "GPU", "igpu": "integrated GPU", "accel": "accelerator"}
 ASKING = "Asking the engine for llama.cpp's devices…"
 
@@ -56,17 +58,17 @@ class DeviceChoice(QWidget):
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.gpu_combo = QComboBox(self)
         self.gpu_combo.addItem(ALL_GPUS, None)
-        self.gpu_combo.setToolTip("All GPUs: llama.cpp splits the layers over every GPU by its free memory. One "
-                                  "GPU: that GPU alone holds the offloaded layers.")
+        self.gpu_combo.setToolTip(f"All GPUs: {SPLIT_NOTE.format(what='GPU')}. One GPU: that GPU alone holds the "
+                                  "offloaded layers.")
         self.gpu_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.gpu_combo.setMinimumContentsLength(12)
         self.gpu_combo.currentIndexChanged.connect(self._on_gpu_combo_current_index_changed)
         self.rpc_edit = QLineEdit(self)
-        self.rpc_edit.setPlaceholderText("host:port, host:port (none: this machine only)")
+        self.rpc_edit.setPlaceholderText("host:port, host:port")
         self.rpc_edit.setToolTip(
             "llama.cpp RPC servers (rpc-server, started on other machines) that take the model's layers, split "
-            "by their free memory. Every pass crosses the network to them. Needs llama.cpp built with RPC "
-            "(python3 bootstrap.py --build rpc).")
+            "by their free memory. Every pass crosses the network to them. Empty: this machine only. Needs llama.cpp "
+            "built with RPC (python3 bootstrap.py --build rpc).")
         self.rpc_edit.editingFinished.connect(self._on_rpc_edit_editing_finished)
         self.rpc_button = QPushButton("Check", self)
         self.rpc_button.setToolTip("Ask the RPC servers for their devices and memory")
@@ -79,7 +81,8 @@ class DeviceChoice(QWidget):
         self.devices_label.setWordWrap(True)
         self.devices_label.setTextFormat(Qt.TextFormat.PlainText)  # names and errors come from other programs
         form.addRow("GPU", self.gpu_combo)
-        form.addRow("RPC servers", rpc_row)
+        form.addRow(QLabel("RPC servers", self))  # a row of its own: host:port lists are long
+        form.addRow(rpc_row)
         form.addRow(self.devices_label)
         self._shown_servers: tuple[str, ...] = ()
 
@@ -92,9 +95,10 @@ class DeviceChoice(QWidget):
         gpus = self.local_gpus()
         self.gpu_combo.blockSignals(True)
         self.gpu_combo.clear()
-        self.gpu_combo.addItem(ALL_DEVICES if self._has_servers() else ALL_GPUS, None)
+        self.gpu_combo.addItem(ALL_GPUS, None)
         for i, d in enumerate(gpus):
             self.gpu_combo.addItem(gpu_label(i, d), i)
+            self.gpu_combo.setItemData(i + 1, describe_device(d), Qt.ItemDataRole.ToolTipRole)
         self._note = ""
         if wanted is not None and wanted < len(gpus):
             self.gpu_combo.setCurrentIndex(wanted + 1)
@@ -181,6 +185,8 @@ class DeviceChoice(QWidget):
         servers = self._has_servers()
         self.gpu_combo.setEnabled(not servers and self.gpu_combo.count() > 1)
         self.gpu_combo.setItemText(0, ALL_DEVICES if servers else ALL_GPUS)
+        what = "GPU and RPC server" if servers else "GPU"
+        self.gpu_combo.setItemData(0, SPLIT_NOTE.format(what=what) + ".", Qt.ItemDataRole.ToolTipRole)
 
     @Slot(int)
     def _on_gpu_combo_current_index_changed(self, _index: int) -> None:

@@ -105,6 +105,12 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
     return f"{estimate.message} ({parts})"
 
 
+
+def show_note(label: QLabel, text: str) -> None:
+    """A note row shows only while it has something to say: an empty one would still take a row's height."""
+    label.setText(text)
+    label.setVisible(bool(text))
+
 class ModelPicker(QWidget):
     load_requested = Signal(LoadSettings)
     cancel_load_requested = Signal()
@@ -167,6 +173,7 @@ class ModelPicker(QWidget):
         self.compat_badge.setObjectName("compat_badge")
         for label in (self.target_info, self.drafter_info, self.compat_badge):
             label.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is untrusted: never rich text
+            label.setVisible(False)  # until there is something to say (show_note)
         # The wrapped texts are whole rows: an empty-label row of wrapped text is given too little height, and
         # the base-model note and the incompatible drafter's reason were cut off.
         form.addRow("Target", self.target_combo)
@@ -222,6 +229,7 @@ class ModelPicker(QWidget):
         dform.addRow("Maximum depth", self.k_max_spin)
         self.tuned_label = QLabel(draft)  # what `specdeck tune` measured for the chosen pair
         self.tuned_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.tuned_label.setVisible(False)  # until a tune has been measured for the pair (show_note)
         self._tuned_for: tuple[str | None, str | None] | None = None
         self._tuned: TunedSettings | None = None
         dform.addRow(self.tuned_label)
@@ -551,11 +559,11 @@ class ModelPicker(QWidget):
         self.drafter_combo.addItem(NO_DRAFTER, None)
         self.drafter_combo.blockSignals(False)
         if entry is None or entry.info is None:
-            self.target_info.setText("")
+            show_note(self.target_info, "")
             self._refresh()
             return
-        self.target_info.setText(describe_model(entry.info))
-        self.compat_badge.setText("Checking drafters…")
+        show_note(self.target_info, describe_model(entry.info))
+        show_note(self.compat_badge, "Checking drafters…")
         self._rank_serial += 1
         serial = self._rank_serial
         info, entries, path = entry.info, list(self.entries), entry.path
@@ -631,9 +639,9 @@ class ModelPicker(QWidget):
         self.drafter_combo.clear()
         self.drafter_combo.addItem(NO_DRAFTER, None)
         self.drafter_combo.blockSignals(False)
-        self.target_info.setText(f"Served by {remote.engine} at {remote.where}; nothing is loaded here.")
-        self.drafter_info.setText("")
-        self.tuned_label.setText("")
+        show_note(self.target_info, f"Served by {remote.engine} at {remote.where}; nothing is loaded here.")
+        show_note(self.drafter_info, "")
+        show_note(self.tuned_label, "")
         self._refresh()
 
     @staticmethod
@@ -657,10 +665,10 @@ class ModelPicker(QWidget):
         self._tuned = tuned = load_tuned(pair[0], pair[1]) if pair[0] else None
         self.use_tuned_button.setVisible(tuned is not None)
         if tuned is None:
-            self.tuned_label.setText("")
+            show_note(self.tuned_label, "")
             return
         without = " (faster without this drafter)" if pair[1] and not tuned.draft.drafter_path else ""
-        self.tuned_label.setText(tuned.summary() + without)
+        show_note(self.tuned_label, tuned.summary() + without)
 
     def use_draft_settings(self, draft: DraftSettings) -> None:
         """Show ``draft``'s suffix-drafter match and depth settings (Load sends them); later changes are the user's."""
@@ -712,19 +720,19 @@ class ModelPicker(QWidget):
         target = self._entry(self.target_path())
         drafter_path = self.drafter_path()
         drafter = self._entry(drafter_path)
-        self.drafter_info.setText(describe_model(drafter.info) if drafter and drafter.info else "")
+        show_note(self.drafter_info, describe_model(drafter.info) if drafter and drafter.info else "")
         result = self.compat_for(drafter_path)
         if self.remote_model() is not None:
-            self.compat_badge.setText("")
+            show_note(self.compat_badge, "")
         elif drafter_path is None:
             checking = self._report is None and target is not None
-            self.compat_badge.setText("Checking drafters…" if checking else "")
+            show_note(self.compat_badge, "Checking drafters…" if checking else "")
         elif result is None:
-            self.compat_badge.setText("Checking compatibility…")
+            show_note(self.compat_badge, "Checking compatibility…")
         elif result.ok:
-            self.compat_badge.setText("✓ Compatible with the target.")
+            show_note(self.compat_badge, "✓ Compatible with the target.")
         else:
-            self.compat_badge.setText(f"✗ Incompatible: {result.reason}. Load refuses this pair.")
+            show_note(self.compat_badge, f"✗ Incompatible: {result.reason}. Load refuses this pair.")
         self._ask_fit(target, drafter)
         can_load = target is not None and (drafter_path is None or bool(result and result.ok))
         self.load_button.setEnabled(can_load and not self.loading)
