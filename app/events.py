@@ -255,15 +255,11 @@ class SourceCounts:
         return tuple(acceptance(a, d) for a, d in zip(self.position_accepted, self.position_drafted, strict=True))
 
     def __add__(self, other: SourceCounts) -> SourceCounts:
-        n = max(len(self.position_drafted), len(other.position_drafted))
-
-        def padded(values: tuple[int, ...]) -> list[int]:
-            return [*values, *[0] * (n - len(values))]
-
+        n = max(len(self.position_drafted), len(other.position_drafted))  # accepted stays as long as drafted
         return SourceCounts(
             self.source, self.drafted + other.drafted, self.accepted + other.accepted,
-            tuple(a + b for a, b in zip(padded(self.position_drafted), padded(other.position_drafted), strict=True)),
-            tuple(a + b for a, b in zip(padded(self.position_accepted), padded(other.position_accepted), strict=True)),
+            add_counts(self.position_drafted, other.position_drafted, n),
+            add_counts(self.position_accepted, other.position_accepted, n),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -466,9 +462,10 @@ def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
     )
 
 
-def add_counts(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
-    """Two per-position count lists added position by position (the shorter one padded with zeros)."""
-    n = max(len(a), len(b))
+def add_counts(a: Sequence[int], b: Sequence[int], length: int | None = None) -> tuple[int, ...]:
+    """Two per-position count lists added position by position, padded with zeros to ``length`` (default: the
+    longer one's)."""
+    n = max(len(a), len(b)) if length is None else length
     return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n))
 
 

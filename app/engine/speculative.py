@@ -60,7 +60,7 @@ class ProposalHindsight:
     def add(self, proposal: Sequence[int], emitted: Sequence[int]) -> None:
         """One pass: its proposal (possibly empty), then the tokens the pass emitted."""
         self.passes += 1
-        _count_up_to(self.lengths, len(proposal))
+        count_first(self.lengths, len(proposal))
         self._open.append((list(proposal), 0))
         still: list[tuple[list[int], int]] = []
         for tokens, matched in self._open:
@@ -72,17 +72,18 @@ class ProposalHindsight:
                 if matched < len(tokens):
                     still.append((tokens, matched))
                     continue
-            _count_up_to(self.matches, matched)
+            count_first(self.matches, matched)
         self._open = still
 
     def close(self) -> None:
         """The answer ended: the proposals still open matched as far as the answer went."""
         for _tokens, matched in self._open:
-            _count_up_to(self.matches, matched)
+            count_first(self.matches, matched)
         self._open = []
 
 
-def _count_up_to(counts: list[int], n: int) -> None:
+def count_first(counts: list[int], n: int) -> None:
+    """One more at each of the first ``n`` positions (the list grows as needed)."""
     counts.extend([0] * (n - len(counts)))
     for i in range(n):
         counts[i] += 1
@@ -109,15 +110,9 @@ class RunTotals:
     hindsight: ProposalHindsight = field(default_factory=ProposalHindsight)
 
     def record_positions(self, accepted: Sequence[bool], drafted: int) -> None:
-        while len(self.pos_drafted) < drafted:
-            self.pos_drafted.append(0)
-            self.pos_accepted.append(0)
-        for i in range(drafted):
-            self.pos_drafted[i] += 1
-        for i, ok in enumerate(accepted):
-            if not ok:
-                break
-            self.pos_accepted[i] += 1
+        count_first(self.pos_drafted, drafted)
+        count_first(self.pos_accepted, next((i for i, ok in enumerate(accepted) if not ok), len(accepted)))
+        self.pos_accepted.extend([0] * (len(self.pos_drafted) - len(self.pos_accepted)))  # as long as drafted
 
     def counts(self) -> RunCounts:
         """The answer's counts; its decode window runs from the end of the first pass to the last token."""
