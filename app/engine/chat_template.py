@@ -7,7 +7,7 @@ so it runs in ``ImmutableSandboxedEnvironment`` with extra bounds:
 
 - reaching for Python internals (``''.__class__``, ``cycler.__init__.__globals__``, ...) raises at once
   instead of quietly rendering as empty;
-- rendering stops after ``time_limit`` seconds: the sandbox does not stop loops, so a trace function
+- rendering stops after ``time_limit`` seconds of CPU time: the sandbox does not stop loops, so a trace function
   (``sys.settrace``, this thread only, while rendering) raises once the deadline has passed;
 - output is capped at ``max_chars``, and so are the sizes a single operation may build (``'x' * n``,
   ``'{:>n}'.format``, ``center(n)``...), which the time bound cannot interrupt mid-way.
@@ -46,7 +46,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.runtime import Context, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.engine.template_runner import TemplateLimitError, TemplateMemoryError, shared_runner
+from app.engine.template_runner import TemplateLimitError, TemplateMemoryError, shared_runner, time_message
 from app.errors import TemplateError
 
 ROLES = ("system", "user", "assistant")
@@ -216,13 +216,15 @@ def _compile(source: str, limit: int) -> jinja2.Template:
 
 
 class _Timer:
-    """Raises _Deadline in this thread's Python code once the deadline passes (sys.settrace)."""
+    """Raises _Deadline in this thread's Python code once it has spent ``seconds`` of CPU time
+    (sys.settrace). CPU time, not wall time: on a loaded machine a harmless template gets less of the CPU and
+    takes longer, and must not be refused for it."""
 
     def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
+        self.deadline = time.thread_time() + seconds
 
     def trace(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
-        if time.monotonic() > self.deadline:
+        if time.thread_time() > self.deadline:
             raise _Deadline
         return self.trace  # keep tracing line events inside this frame (loops live in one frame)
 
@@ -308,10 +310,7 @@ def render_in_process(
                     raise _TooLarge(f"more than {max_chars:,} characters of output")
                 out.append(chunk)
     except _Deadline:
-        raise TemplateLimitError(
-            f"The model's chat template took longer than {time_limit:g} s to render and was stopped "
-            "(it may loop forever)."
-        ) from None
+        raise TemplateLimitError(time_message(time_limit)) from None
     except _TooLarge as exc:
         raise TemplateError(
             f"The model's chat template tried to build too much text ({exc}) and was stopped."

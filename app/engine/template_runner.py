@@ -7,8 +7,9 @@ Only a process can be stopped mid-operation, so templates render in one warm chi
 - imports only Jinja and the renderer (never llama.cpp, numpy or Qt), started with ``multiprocessing``'s
   spawn context, which also works in the frozen app (``packaging/entry.py`` calls ``freeze_support()``);
 - has an address-space limit (``RLIMIT_AS``, where the OS enforces it) and a CPU-time limit per render,
-  so an orphaned child dies on its own; the parent also watches its resident memory (psutil) and kills
-  it at the deadline or past the memory limit.
+  so an orphaned child dies on its own; the parent also watches its resident memory and CPU time (psutil)
+  and kills it past the memory limit or once the render has spent its CPU time (wall time does not count:
+  on a loaded machine a harmless template just takes longer).
 
 A template stopped this way is remembered, so later messages fall back at once instead of each waiting
 for the deadline. A killed child is replaced on the next render.
@@ -31,6 +32,9 @@ from app.errors import TemplateError
 MEMORY_HEADROOM_BYTES = 512 * 1024 * 1024  # above the child's size at rest; real templates need a few MB
 START_TIMEOUT_S = 60.0  # a cold interpreter on a busy machine; not counted against a render
 GRACE_S = 0.5  # past the in-child deadline, which stops Python-level loops with a clearer message
+# The render's bound is CPU time, so a busy machine does not refuse a harmless template; a child that gets no
+# CPU at all for this long past the bound (a stalled machine) is stopped all the same.
+STALL_S = 30.0
 POLL_S = 0.05
 
 
@@ -47,8 +51,8 @@ def _memory_message(limit: int) -> str:
             "and was stopped.")
 
 
-def _time_message(seconds: float) -> str:
-    return (f"The model's chat template took longer than {seconds:g} s to render and was stopped "
+def time_message(seconds: float) -> str:
+    return (f"The model's chat template spent more than {seconds:g} s of CPU time rendering and was stopped "
             "(it may loop forever).")
 
 
@@ -201,6 +205,16 @@ class TemplateRunner:
         except Exception:  # gone already, or no permission: the deadline still holds
             return None
 
+    def _cpu_seconds(self) -> float | None:
+        """The child's CPU time so far (user and system), None where it cannot be read."""
+        try:
+            import psutil
+
+            times = psutil.Process(self._proc.pid).cpu_times()
+            return float(times.user + times.system)
+        except Exception:  # gone already, or no permission: the stall bound still holds
+            return None
+
     def _stop_child(self) -> None:
         if self._proc is not None:
             if self._proc.is_alive():
@@ -226,7 +240,8 @@ class TemplateRunner:
             except (OSError, ValueError) as exc:
                 self._stop_child()
                 raise TemplateError(f"The chat template could not be sent to its renderer: {exc}.") from None
-            deadline = time.monotonic() + time_limit + GRACE_S
+            cpu_at_start = self._cpu_seconds()
+            stalled_at = time.monotonic() + time_limit + GRACE_S + STALL_S
             while True:
                 try:
                     if conn.poll(POLL_S):
@@ -236,15 +251,17 @@ class TemplateRunner:
                     self._proc.join(1)
                     out_of_cpu = self._proc.exitcode == -getattr(signal, "SIGXCPU", -1)
                     self._stop_child()
-                    return self._refuse(template, _time_message(time_limit) if out_of_cpu
+                    return self._refuse(template, time_message(time_limit) if out_of_cpu
                                         else _memory_message(self.headroom))
                 rss = self._rss()
                 if rss is not None and rss - self._rest_rss > self.headroom:
                     self._stop_child()
                     return self._refuse(template, _memory_message(self.headroom))
-                if time.monotonic() > deadline:
+                cpu = self._cpu_seconds()
+                over_cpu = cpu is not None and cpu_at_start is not None and cpu - cpu_at_start > time_limit + GRACE_S
+                if over_cpu or time.monotonic() > stalled_at:
                     self._stop_child()
-                    return self._refuse(template, _time_message(time_limit))
+                    return self._refuse(template, time_message(time_limit))
             if kind == "ok":
                 return str(value)
             if kind == "limit":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -19,7 +21,7 @@ from app.engine.chat_template import (
     render_chat,
     render_template,
 )
-from app.engine.template_runner import GRACE_S, TemplateLimitError, TemplateRunner, shared_runner
+from app.engine.template_runner import GRACE_S, STALL_S, TemplateLimitError, TemplateRunner, shared_runner
 from app.errors import TemplateError
 
 CONVO = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
@@ -155,9 +157,10 @@ def test_internals_are_named_in_the_message() -> None:
 def test_endless_loops_are_stopped_at_the_default_limit() -> None:
     nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     start = time.monotonic()
-    with pytest.raises(TemplateError, match=r"took longer than 2 s to render and was stopped"):
+    with pytest.raises(TemplateError, match=r"spent more than 2 s of CPU time rendering and was stopped"):
         render_template(nested, CONVO)
-    assert 1.9 < time.monotonic() - start < 3.5
+    # 2 s of CPU take at least 2 s of wall time, more on a loaded machine; the stall bound caps the wait.
+    assert 1.9 < time.monotonic() - start < 2.0 + GRACE_S + STALL_S
 
 
 @pytest.mark.parametrize("template", [
@@ -171,9 +174,9 @@ def test_endless_loops_are_stopped_at_the_default_limit() -> None:
 ])
 def test_slow_shapes_are_stopped(template: str) -> None:
     start = time.monotonic()
-    with pytest.raises(TemplateError, match=r"took longer than 0\.3 s"):
+    with pytest.raises(TemplateError, match=r"spent more than 0\.3 s of CPU time"):
         render_template(template, CONVO, time_limit=0.3)
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 0.3 + GRACE_S + STALL_S  # CPU time bounds it; wall time only at a stall
 
 
 def test_hostile_template_falls_back_with_a_warning() -> None:
@@ -187,7 +190,7 @@ def test_hostile_template_falls_back_with_a_warning() -> None:
     slow = render_chat("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                        CONVO, time_limit=0.3)
     assert slow.used_fallback
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 0.3 + GRACE_S + STALL_S
 
 
 @pytest.mark.parametrize(("template", "fragment"), [
@@ -332,16 +335,37 @@ def test_a_hang_inside_one_c_operation_is_stopped_and_remembered() -> None:
     assert rendered.used_fallback
     assert rendered.text == CHATML
     assert rendered.warning == (
-        "The model's chat template took longer than 1 s to render and was stopped (it may loop forever). "
+        "The model's chat template spent more than 1 s of CPU time rendering and was stopped (it may loop forever). "
         "Answering with the plain ChatML format instead.")
-    assert took < 1.0 + GRACE_S + 3.0  # killed at its deadline, not after the hours the comparison takes
+    # Killed once it has spent its CPU time (or at the stall bound), not after the hours the comparison takes.
+    assert took < 1.0 + GRACE_S + STALL_S
     # The same template is refused at once afterwards: no message waits for the deadline again.
     start = time.monotonic()
-    with pytest.raises(TemplateLimitError, match="took longer than 1 s"):
+    with pytest.raises(TemplateLimitError, match="spent more than 1 s of CPU time"):
         render_template(C_LEVEL_HANG, CONVO, time_limit=1.0)
     assert time.monotonic() - start < 0.5
     # And the next template renders in a fresh child.
     assert render_chat(SMOLLM2, CONVO) == RenderedPrompt(CHATML, False, None)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="stops the child with SIGSTOP")
+def test_a_busy_machine_does_not_refuse_a_harmless_template() -> None:
+    """The bound is CPU time: a child given no CPU for longer than its limit (stopped here, as a loaded machine
+    starves it) still renders, and is not refused for the wait."""
+    runner = TemplateRunner()
+    try:
+        assert runner.render(SMOLLM2, CONVO, {}) == CHATML  # the child is up
+        pid = runner.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(2.0, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        start = time.monotonic()
+        assert runner.render(SMOLLM2, CONVO, {"time_limit": 0.5}) == CHATML
+        assert time.monotonic() - start >= 1.5  # it did wait for the stopped child, past 0.5 s + grace
+        resume.join()
+    finally:
+        runner.close()
 
 
 def test_memory_growth_inside_one_c_operation_is_stopped() -> None:
@@ -360,7 +384,7 @@ def test_memory_growth_through_render_chat_falls_back_with_the_reason() -> None:
     assert rendered.used_fallback
     assert rendered.text.startswith("<start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>")
     assert rendered.warning is not None
-    assert re.fullmatch(r"The model's chat template (took longer than 2 s|used more than \d+ MB of memory"
+    assert re.fullmatch(r"The model's chat template (spent more than 2 s of CPU time|used more than \d+ MB of memory"
                         r"|ran out of memory).*Answering with the Gemma format instead\.", rendered.warning)
 
 
