@@ -17,13 +17,25 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import numpy as np
 
 from app.ceiling.memory import is_rpc
+from app.engine.bench_report import (
+    JSON_VERSION,
+    BenchReport,
+    JSONObject,
+    RunResult,
+    Speedup,
+    Totals,
+    Trace,
+    drafter_cost,
+    rate_ratio,
+    speedup_spread,
+)
 from app.engine.prompts import Prompt
 from app.engine.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
 from app.errors import AppError, SettingsError
@@ -38,8 +50,6 @@ from app.events import (
     PassStats,
     RawDecode,
     RawDecoded,
-    RunCounts,
-    SourceCounts,
     Token,
     source_counts,
 )
@@ -50,13 +60,7 @@ if TYPE_CHECKING:
     from app.engine.client import EngineClient
     from app.engine.session import EngineSession
 
-JSON_VERSION = 1
 WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
-SECONDS_DIGITS = 6  # microseconds: a tiny model's window is a few milliseconds, and 4 digits moved its rate by 1 %
-
-# The report as `--json` writes it: JSON values all the way down.
-JSONValue: TypeAlias = "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None"
-JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 # The bench samples with the sampling settings' own defaults, but from a fixed seed (runs at a temperature
 # repeat) and with shorter answers.
@@ -153,172 +157,6 @@ def raw_decode(session: EngineSession, request: RawDecode) -> RawDecoded:
 
 
 # --- in the bench process --------------------------------------------------------------------------
-
-
-@dataclass
-class RunResult:
-    """One answer as the bench saw it."""
-
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    seconds: float = 0.0  # wall time in the worker, prefill included
-    ttft: float = 0.0
-    overheads: list[float] = field(default_factory=list)
-    reason: str = ""
-    stats: MessageStats | None = None
-    prompt_tokens: int = 0
-    sources: tuple[SourceCounts, ...] = ()
-    prompt_ids: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, result: BenchResult) -> RunResult:
-        return cls(list(result.token_ids), result.text, result.seconds, result.ttft_seconds,
-                   list(result.overhead_seconds), result.reason, result.stats, result.prompt_tokens,
-                   result.sources, list(result.prompt_ids))
-
-    @property
-    def counts(self) -> RunCounts:
-        return self.stats.counts if self.stats is not None else RunCounts()
-
-    @property
-    def decode_tps(self) -> float:
-        return self.counts.decode_tps
-
-    def as_json(self) -> JSONObject:
-        c, s = self.counts, self.stats
-        return {
-            "tokens": c.tokens,
-            "seconds": round(self.seconds, 4),
-            "decode_seconds": round(c.decode_seconds, SECONDS_DIGITS),
-            "decode_tokens": c.decode_tokens,
-            "tok_s": round(c.decode_tps, 2),
-            "ttft_s": round(self.ttft, 4),
-            "passes": c.passes,
-            "drafted": c.drafted,
-            "accepted": c.accepted,
-            "acceptance": round(c.acceptance, 4),
-            "tokens_per_pass": round(c.tokens_per_pass, 3),
-            "per_position_acceptance": [round(a, 4) for a in s.per_position_acceptance] if s else [],
-            "k_history": list(s.k_history) if s else [],
-            "overhead_ms_median": _median_ms(self.overheads),
-            "sources": _sources_json([self]),
-            "stop_reason": self.reason,
-        }
-
-
-def _median_ms(values: Sequence[float]) -> float:
-    return round(statistics.median(values) * 1000, 3) if values else 0.0
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Runs summed: their counts, wall time and Python overhead; figures rounded as the report writes them."""
-
-    runs: tuple[RunResult, ...]
-
-    @property
-    def counts(self) -> RunCounts:
-        return sum((r.counts for r in self.runs), RunCounts())
-
-    @property
-    def tok_s(self) -> float:
-        return round(self.counts.decode_tps, 2)
-
-    @property
-    def acceptance(self) -> float:
-        return round(self.counts.acceptance, 4)
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return round(self.counts.tokens_per_pass, 3)
-
-    @property
-    def overhead_ms_median(self) -> float:
-        return _median_ms([o for r in self.runs for o in r.overheads])
-
-    def as_json(self) -> JSONObject:
-        counts = self.counts
-        return {
-            "tokens": counts.tokens,
-            "seconds": round(sum(r.seconds for r in self.runs), 4),
-            "decode_seconds": round(counts.decode_seconds, SECONDS_DIGITS),
-            "decode_tokens": counts.decode_tokens,
-            "tok_s": self.tok_s,
-            "acceptance": self.acceptance,
-            "tokens_per_pass": self.tokens_per_pass,
-            "overhead_ms_median": self.overhead_ms_median,
-            "sources": _sources_json(self.runs),
-        }
-
-
-@dataclass(frozen=True)
-class Speedup:
-    """Speculative over plain decoding, side by side: one ratio per repeat, their median and spread."""
-
-    ratios: tuple[float, ...]
-    identical: bool  # every speculative answer was the plain answer, token for token
-
-    @property
-    def speedups(self) -> list[float]:
-        return [round(v, 3) for v in self.ratios]
-
-    @property
-    def median(self) -> float:
-        return _spread(self.ratios)["speedup"]
-
-    @property
-    def low(self) -> float:
-        return _spread(self.ratios)["speedup_min"]
-
-    @property
-    def high(self) -> float:
-        return _spread(self.ratios)["speedup_max"]
-
-
-Trace = dict[str, list[int]]  # one prompt's tokens ("prompt") and its answer ("answer")
-
-
-@dataclass(frozen=True)
-class BenchReport:
-    """What one bench measured: typed totals for the callers, and the whole report as `--json` writes it."""
-
-    total: Totals  # the speculative runs (plain decoding's, with speculation off)
-    baseline: Totals | None  # the plain runs beside them, with a baseline
-    speedup: Speedup | None  # with a baseline
-    verify_cost_ms: dict[str, float]  # by verify width: what the cost model held after the last run
-    traces: tuple[Trace, ...]  # with keep_traces: each prompt's tokens and answer (plain decoding's, if run)
-    document: JSONObject = field(repr=False)
-
-    def as_json(self) -> JSONObject:
-        return self.document
-
-
-def _sources_json(runs: Sequence[RunResult]) -> JSONObject:
-    """Each draft source's drafted, accepted and per-position acceptance over ``runs``."""
-    totals: dict[str, SourceCounts] = {}
-    for run in runs:
-        for counts in run.sources:
-            totals[counts.source] = totals[counts.source] + counts if counts.source in totals else counts
-    return {source: counts.as_json() for source, counts in totals.items()}
-
-
-def _ratio(spec: Sequence[RunResult], base: Sequence[RunResult]) -> float:
-    s = sum((r.counts for r in spec), RunCounts()).decode_tps
-    b = sum((r.counts for r in base), RunCounts()).decode_tps
-    return s / b if b else 0.0
-
-
-def _drafter_cost(step: float, verify: dict[int, float]) -> dict[str, float]:
-    """The model drafter's step in ms and c, a step over a one-token target pass (the mission's cost ratio)."""
-    if step <= 0 or verify.get(1, 0.0) <= 0:
-        return {}
-    return {"drafter_step_ms": round(step * 1000, 3), "c": round(step / verify[1], 3)}
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    """The median speedup and its spread over repeats."""
-    return {"speedup": round(statistics.median(values), 3), "speedup_min": round(min(values), 3),
-            "speedup_max": round(max(values), 3)}
 
 
 E = TypeVar("E")
@@ -456,10 +294,10 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
             base = bases[0]
             n = min(len(base.tokens), len(spec.tokens))
             row["baseline"] = base.as_json()
-            ratios = [_ratio([s], [b]) for s, b in zip(specs, bases, strict=True)]
+            ratios = [rate_ratio([s], [b]) for s, b in zip(specs, bases, strict=True)]
             for run_json, b, ratio in zip(runs, bases, ratios, strict=True):
                 run_json.update(baseline_tok_s=round(b.decode_tps, 2), speedup=round(ratio, 3))
-            row_spread = _spread(ratios)
+            row_spread = speedup_spread(ratios)
             row.update(row_spread)
             identical_rows.append(all(b.tokens == s.tokens for s, b in zip(specs, bases, strict=True)))
             row["identical"] = identical_rows[-1]
@@ -478,16 +316,16 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
     speedup: Speedup | None = None
     if config.baseline:
         baseline = Totals(tuple(b for group in base_by_repeat for b in group))
-        speedup = Speedup(tuple(_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)),
+        speedup = Speedup(tuple(rate_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)),
                           all(identical_rows))
         total_json["baseline"] = baseline.as_json()
         total_json["speedups"] = speedup.speedups
-        total_json.update(_spread(speedup.ratios))
+        total_json.update(speedup_spread(speedup.ratios))
         total_json["identical"] = speedup.identical
     verify_cost_ms = {str(w): round(t * 1000, 3) for w, t in verify_cost}
-    drafter_cost = _drafter_cost(draft_step[0], dict(verify_cost))
-    if key is not None and "c" in drafter_cost:  # the ranking prices this drafter with its measured step
-        record_step_cost(target, key, drafter_cost["c"])
+    step_cost = drafter_cost(draft_step[0], dict(verify_cost))
+    if key is not None and "c" in step_cost:  # the ranking prices this drafter with its measured step
+        record_step_cost(target, key, step_cost["c"])
     report: JSONObject = {
         "version": JSON_VERSION,
         "target": target,
@@ -505,7 +343,7 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
         "rpc_servers": [d.description for d in loaded.devices if is_rpc(d)],
         "network_ms_per_pass": round(loaded.network_seconds * 1000, 3),
         "verify_cost_ms": verify_cost_ms,
-        **drafter_cost,
+        **step_cost,
         "prompts": rows,
         "total": total_json,
         "ceiling": ceiling(target, loaded.n_ctx, loaded.network_seconds),
@@ -520,8 +358,8 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
             summary += f" (median of {repeats}; {speedup.low:.2f}–{speedup.high:.2f})"
         summary += f", identical {speedup.identical}"
     summary += f", Python overhead per pass {total.overhead_ms_median:.3f} ms (median)"
-    if "c" in drafter_cost:
-        summary += f", drafter step {drafter_cost['drafter_step_ms']:.2f} ms (c {drafter_cost['c']:.2f})"
+    if "c" in step_cost:
+        summary += f", drafter step {step_cost['drafter_step_ms']:.2f} ms (c {step_cost['c']:.2f})"
     print(summary, file=out)
     return BenchReport(total, baseline, speedup, verify_cost_ms, tuple(traces) if config.keep_traces else (),
                        report)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TextIO
 
-from app.engine.bench import BENCH_SAMPLING, BenchConfig, BenchReport, JSONObject, Trace, bench
+from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench
+from app.engine.bench_report import BenchReport, JSONObject, Trace
 from app.engine.prompts import Prompt
 from app.errors import AppError, SettingsError
 from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.bench import SECONDS_DIGITS
+from app.engine.bench_report import SECONDS_DIGITS
 from app.engine.recommend import NGRAM_KEY
 from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
 from app.storage.pair_stats import MIN_DRAFTED, load_measured
