@@ -2,7 +2,8 @@
 
 Owns model and context lifetimes, batch decoding with logits at chosen positions, zero-copy logits views,
 checked KV rollback, tokenization and UTF-8-safe detokenization. Never builds a batch larger than n_batch:
-llama.cpp aborts the whole process on that.
+llama.cpp aborts the whole process on that. Over 500 lines: the three ways back (KV cells, recurrent snapshots,
+checkpoints) depend on the context's memory and its last decode, so they live with the context.
 """
 
 from __future__ import annotations

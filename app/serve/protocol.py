@@ -3,6 +3,7 @@
 Everything here is pure (no sockets, no engine), so each refusal is testable on its own. Field names follow
 OpenAI's; the extras are llama-server's ``timings`` object and LM Studio's ``stats`` names for drafted and
 accepted tokens (``total_draft_tokens_count``, ``accepted_draft_tokens_count``, ``rejected_draft_tokens_count``).
+Over 500 lines: every field OpenAI defines is checked or refused here, one sentence each.
 """
 
 from __future__ import annotations
