@@ -7,7 +7,7 @@ from __future__ import annotations
 from pytestqt.qtbot import QtBot
 
 from app.engine.chat_template import fallback_name
-from ui.models.picker import base_model_note
+from ui.models.picker import base_model_note, show_note
 from ui.remote.connect import DEFAULT_URL, ConnectDialog
 
 
@@ -126,8 +126,8 @@ def test_wrapped_texts_get_the_height_their_lines_need(
     picker = window.picker
     long_reason = ("✗ Incompatible: the drafter's vocabulary differs from the target's at token 268 of 269, so "
                    "its drafts would be read as other tokens. Load refuses this pair.")
-    picker.compat_badge.setText(long_reason)
-    picker.target_info.setText("gemma3, 268M params, Q4_K_M, 241 MB, ctx 32768\n" + base_model_note("gemma3"))
+    show_note(picker.compat_badge, long_reason)
+    show_note(picker.target_info, "gemma3, 268M params, Q4_K_M, 241 MB, ctx 32768\n" + base_model_note("gemma3"))
     window.models_dock.raise_()
     for label in (picker.compat_badge, picker.target_info):
         qtbot.waitUntil(lambda label=label: label.height() >= label.heightForWidth(label.width()), timeout=2000)
