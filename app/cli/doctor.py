@@ -105,14 +105,17 @@ def _device_text(d: dict[str, Any]) -> str:
     return f"{d['name']} ({d['description']}{memory})"
 
 
-def render_text(r: dict[str, Any]) -> str:
-    out: list[str] = [f"SpecDeck {r['specdeck']} doctor"]
+def backend_lines(b: dict[str, Any]) -> list[str]:
+    """Doctor's lines on llama.cpp's build, its backend and devices, and why there is no GPU where there is none."""
+    out: list[str] = []
     add = out.append
-    b = r.get("backend") or {}
     if b.get("available"):
         add(f"llama.cpp    {b['llama_cpp'] or '?'} (ggml {b['ggml_version'] or '?'}, commit "
             f"{b['ggml_commit'] or '?'}), llama-cpp-python {b['llama_cpp_python']}")
-        add(f"backend      {b['backend']}" + ("" if b["gpu_offload"] else " (no GPU offload in this build)"))
+        # A GPU build on a machine without the GPU: the "no GPU" line below says why, not the build.
+        why_cpu = "" if b["gpu_offload"] else (" (no GPU found)" if b.get("gpu_fallback")
+                                              else " (no GPU offload in this build)")
+        add(f"backend      {b['backend']}{why_cpu}")
         add(f"CPU features {' '.join(b['cpu_features']) or '?'}")
         modules = describe_modules(tuple(b.get("modules") or ()))
         if modules:
@@ -122,6 +125,13 @@ def render_text(r: dict[str, Any]) -> str:
             add(f"no GPU       {b['gpu_fallback']}")
     else:
         add(f"llama.cpp    not usable: {b.get('error') or 'not probed'}")
+    return out
+
+
+def render_text(r: dict[str, Any]) -> str:
+    out: list[str] = [f"SpecDeck {r['specdeck']} doctor"]
+    add = out.append
+    out.extend(backend_lines(r.get("backend") or {}))
     c = r["cpu"]
     add(f"CPU          {c['model']}: {c['physical_cores']} cores, {c['logical_cores']} threads; RAM "
         f"{format_bytes(c['ram_total'])} ({format_bytes(c['ram_available'])} available)")

@@ -121,3 +121,19 @@ def test_doctor_shows_the_memory_llama_cpp_reports_per_device() -> None:
     assert _device_text(vulkan) == "Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits): 1.61 GB free of 2.15 GB)"
     assert _device_text({"name": "CPU", "description": "AMD EPYC", "memory_free": None, "memory_total": None}) == (
         "CPU (AMD EPYC)")
+
+
+def test_doctor_blames_the_missing_gpu_not_the_build() -> None:
+    """A GPU build on a machine without the GPU: the backend line says no GPU was found, and the next line
+    says why; "no GPU offload in this build" is for builds without a GPU backend."""
+    from app.cli.doctor import backend_lines
+
+    def lines(fallback: str | None) -> list[str]:
+        backend = {"available": True, "llama_cpp": "b1", "ggml_version": "0.9", "ggml_commit": "abc",
+                   "llama_cpp_python": "0.3.36", "backend": "cpu", "gpu_offload": False, "cpu_features": ["AVX2"],
+                   "modules": [], "devices": [], "gpu_fallback": fallback}
+        return [line for line in backend_lines(backend) if line.startswith(("backend", "no GPU"))]
+
+    why = "CUDA: no NVIDIA driver is installed (libcuda not found); llama.cpp runs on the CPU"
+    assert lines(why) == ["backend      cpu (no GPU found)", f"no GPU       {why}"]
+    assert lines(None) == ["backend      cpu (no GPU offload in this build)"]
