@@ -83,7 +83,7 @@ def describe_build(info: BackendInfo) -> str:
         f"Backend: {info.backend} ({offload})",
         f"CPU features: {' '.join(info.cpu_features) or 'none reported'}",
     ]
-    modules = describe_modules(info.modules)
+    modules = describe_modules(info.modules, info.left_out_modules)
     if modules:
         lines.append(modules[0].upper() + modules[1:])
     lines += [f"Device: {d.name} {d.description}".rstrip() for d in info.devices]

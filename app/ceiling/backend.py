@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.ceiling.backend_modules import linked_library, load_backend_modules, loaded_modules
+from app.ceiling.backend_modules import left_out_modules, linked_library, load_backend_modules, loaded_modules
 from app.ceiling.child import ProbeFailed, run_probe
 from app.ceiling.gpu_fallback import why_no_gpu
 from app.ceiling.gpus import as_text
@@ -45,8 +45,10 @@ class BackendInfo:
     cpu_features: tuple[str, ...] = ()
     devices: tuple[BackendDevice, ...] = ()
     error: str | None = None
-    # A build with loadable backends (GGML_BACKEND_DL): the modules loaded, e.g. libggml-cpu-haswell.so.
+    # A build with loadable backends (GGML_BACKEND_DL): the modules loaded, e.g. libggml-cpu-haswell.so, and
+    # those left out (the AMX CPU variants, app.ceiling.backend_modules).
     modules: tuple[str, ...] = ()
+    left_out_modules: tuple[str, ...] = ()
     # Why a build with a GPU backend uses no GPU, in one line (app.ceiling.gpu_fallback); None otherwise.
     gpu_fallback: str | None = None
 
@@ -59,6 +61,7 @@ class BackendInfo:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "devices"}
         known["cpu_features"] = tuple(known.get("cpu_features", ()))
         known["modules"] = tuple(known.get("modules", ()))
+        known["left_out_modules"] = tuple(known.get("left_out_modules", ()))
         return cls(**known, devices=devices)
 
     @property
@@ -224,6 +227,7 @@ def probe_backend(rpc_servers: Collection[str] | None = None) -> BackendInfo:
         devices=devices,
         error="; ".join(errors) or None,
         modules=mapped if modular else (),
+        left_out_modules=left_out_modules(),
         gpu_fallback=fallback,
     )
 

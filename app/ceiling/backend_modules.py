@@ -6,6 +6,12 @@ ggml looks for the modules beside the executable and in the current folder; Spec
 ``lib`` folder (in a venv, and in the bundle's ``_internal/llama_cpp/lib``), so they are loaded from there
 before llama.cpp is first used. A build with its backends linked in registers them by itself and is left
 alone. Standard library only: this runs in the probe child and the engine worker.
+
+ggml picks the CPU variant by the instruction sets CPUID lists, and on a CPU that lists AMX it picks the AMX
+variant (sapphirerapids), whose matrix kernels were seen to die with SIGILL at their first tile instruction on
+an Intel Xeon virtual machine that lists AMX and whose kernel grants it. SpecDeck's own builds never turn AMX on
+for the same reason, so the AMX variants are left out here too and the best of the others is loaded
+(``left_out_modules`` names them; the cost on a machine where AMX works is AMX's faster prompt processing).
 """
 
 from __future__ import annotations
@@ -43,6 +49,60 @@ def llama_lib_dir() -> Path:
 
 
 _modular: bool | None = None  # decided at the first call, before anything is loaded
+_left_out: tuple[str, ...] = ()  # module files left out (the AMX CPU variants)
+
+# ggml's CPU variants built with AMX_TILE (ggml/src/CMakeLists.txt, ggml_add_cpu_backend_variant).
+AMX_VARIANTS = frozenset({"sapphirerapids"})
+# ggml's own order in ggml_backend_load_all_from_path: GPU and other backends first, the CPU last.
+_LOAD_ORDER = ("blas", "zendnn", "cann", "cuda", "hip", "metal", "rpc", "sycl", "vulkan", "virtgpu", "opencl",
+               "hexagon", "musa", "openvino", "cpu")
+
+
+def module_files(lib_dir: Path) -> dict[str, list[Path]]:
+    """The backend module files in ``lib_dir`` by backend ("cpu": every CPU variant), unversioned names only."""
+    found: dict[str, list[Path]] = {}
+    for path in sorted(lib_dir.iterdir()):
+        m = _MODULE.match(path.name)
+        if m and re.search(r"\.(so|dll|dylib)$", path.name) and path.is_file():
+            found.setdefault(m.group(1), []).append(path)
+    return found
+
+
+def unused_modules(lib_dir: Path) -> tuple[str, ...]:
+    """Module files here that SpecDeck does not load: the AMX CPU variants (see above)."""
+    return tuple(p.name for p in module_files(lib_dir).get("cpu", ())
+                 if (m := _MODULE.match(p.name)) is not None and m.group(2) in AMX_VARIANTS)
+
+
+def _load_each(ggml: ctypes.CDLL, lib_dir: Path, left_out: tuple[str, ...]) -> None:
+    """ggml_backend_load_all_from_path without ``left_out``: each backend's best-scoring file, in ggml's order."""
+    import _ctypes
+
+    load = ggml.ggml_backend_load
+    load.restype = ctypes.c_void_p
+    load.argtypes = [ctypes.c_char_p]
+    files = module_files(lib_dir)
+    for name in sorted(files, key=lambda n: _LOAD_ORDER.index(n) if n in _LOAD_ORDER else -1):
+        best: tuple[int, Path] | None = None
+        for path in files[name]:
+            if path.name in left_out:
+                continue
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                continue  # its driver or runtime is missing: ggml leaves such a module out too
+            score_fn = getattr(lib, "ggml_backend_score", None)
+            score = 1 if score_fn is None else int(score_fn())
+            _ctypes.dlclose(lib._handle)  # only the chosen one stays loaded, as in ggml's own choice
+            if score > 0 and (best is None or score > best[0]):
+                best = (score, path)
+        if best is not None:
+            load(str(best[1]).encode())
+
+
+def left_out_modules() -> tuple[str, ...]:
+    """The module files this process left out (the AMX CPU variants)."""
+    return _left_out
 
 
 def load_backend_modules(lib_dir: Path | None = None) -> bool:
@@ -62,10 +122,15 @@ def load_backend_modules(lib_dir: Path | None = None) -> bool:
     if _modular is None:
         _modular = count() == 0
     if count() == 0 and hasattr(ggml, "ggml_backend_load_all_from_path"):
-        load = ggml.ggml_backend_load_all_from_path
-        load.restype = None
-        load.argtypes = [ctypes.c_char_p]
-        load(str(lib_dir).encode())
+        global _left_out
+        _left_out = unused_modules(lib_dir)
+        if _left_out and hasattr(ggml, "ggml_backend_load"):
+            _load_each(ggml, lib_dir, _left_out)
+        else:
+            load = ggml.ggml_backend_load_all_from_path
+            load.restype = None
+            load.argtypes = [ctypes.c_char_p]
+            load(str(lib_dir).encode())
     return _modular
 
 
@@ -96,10 +161,13 @@ def cpu_variant(modules: tuple[str, ...]) -> str | None:
     return None
 
 
-def describe_modules(modules: tuple[str, ...]) -> str | None:
-    """One line for doctor and the About box: the CPU variant and the backend modules loaded; None for a build
-    with linked-in backends."""
+def describe_modules(modules: tuple[str, ...], left_out: tuple[str, ...] = ()) -> str | None:
+    """One line for doctor and the About box: the CPU variant and the backend modules loaded, and those left out;
+    None for a build with linked-in backends."""
     if not modules:
         return None
     variant = cpu_variant(modules)
-    return f"CPU variant {variant or 'generic'}; backend modules loaded: {', '.join(modules)}"
+    line = f"CPU variant {variant or 'generic'}; backend modules loaded: {', '.join(modules)}"
+    if left_out:
+        line += f"; AMX variant left out: {', '.join(left_out)}"
+    return line

@@ -117,7 +117,7 @@ def backend_lines(b: dict[str, Any]) -> list[str]:
                                               else " (no GPU offload in this build)")
         add(f"backend      {b['backend']}{why_cpu}")
         add(f"CPU features {' '.join(b['cpu_features']) or '?'}")
-        modules = describe_modules(tuple(b.get("modules") or ()))
+        modules = describe_modules(tuple(b.get("modules") or ()), tuple(b.get("left_out_modules") or ()))
         if modules:
             add(f"modules      {modules}")
         add("devices      " + ", ".join(_device_text(d) for d in b["devices"]))

@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 from app.ceiling.backend import probe_backend
-from app.ceiling.backend_modules import cpu_variant, describe_modules, load_backend_modules, loaded_modules
+from app.ceiling.backend_modules import (
+    cpu_variant,
+    describe_modules,
+    load_backend_modules,
+    loaded_modules,
+    module_files,
+    unused_modules,
+)
 
 # /proc/self/maps lines of a process running a module build on an AVX2 machine with a Vulkan driver.
 MAPS_MODULE_BUILD = """\
@@ -29,6 +36,24 @@ def test_the_modules_and_cpu_variant_a_process_mapped() -> None:
         "CPU variant haswell; backend modules loaded: libggml-cpu-haswell.so, libggml-vulkan.so")
     assert describe_modules(()) is None
     assert cpu_variant(("libggml-cpu.so.0",)) is None
+
+
+def test_the_amx_variant_is_left_out_and_said_so(tmp_path: Path) -> None:
+    """ggml's AMX kernels trap on a CPU that lists AMX in a virtual machine: the sapphirerapids variant is never
+    loaded, and doctor's line names it."""
+    names = ["libggml-base.so", "libggml-base.so.0", "libggml.so.0", "libggml-cpu-haswell.so",
+             "libggml-cpu-zen4.so", "libggml-cpu-sapphirerapids.so", "libggml-vulkan.so", "libllama.so"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert {k: [p.name for p in v] for k, v in module_files(tmp_path).items()} == {
+        "cpu": ["libggml-cpu-haswell.so", "libggml-cpu-sapphirerapids.so", "libggml-cpu-zen4.so"],
+        "vulkan": ["libggml-vulkan.so"]}
+    assert unused_modules(tmp_path) == ("libggml-cpu-sapphirerapids.so",)
+    (tmp_path / "libggml-cpu-sapphirerapids.so").unlink()
+    assert unused_modules(tmp_path) == ()
+    assert describe_modules(("libggml-cpu-zen4.so",), ("libggml-cpu-sapphirerapids.so",)) == (
+        "CPU variant zen4; backend modules loaded: libggml-cpu-zen4.so; AMX variant left out: "
+        "libggml-cpu-sapphirerapids.so")
 
 
 def test_a_build_with_linked_in_backends_is_left_alone_and_reports_no_modules() -> None:
