@@ -176,7 +176,7 @@ class TemplateRunner:
                     raise TimeoutError
                 self._conn.recv()
                 self._ready = True
-                self._rest_rss = self._rss() or 0
+                self._rest_rss = self._usage()[0] or 0
         except (OSError, EOFError, TimeoutError, RuntimeError) as exc:
             self._stop_child()
             raise TemplateError(
@@ -197,23 +197,18 @@ class TemplateRunner:
                     return
                 self._ready = False
 
-    def _rss(self) -> int | None:
+    def _usage(self) -> tuple[int | None, float | None]:
+        """The child's resident memory and CPU time so far (user and system), read together; None where they
+        cannot be read (gone already, or no permission: the stall bound still holds)."""
         try:
             import psutil
 
-            return int(psutil.Process(self._proc.pid).memory_info().rss)
-        except Exception:  # gone already, or no permission: the deadline still holds
-            return None
-
-    def _cpu_seconds(self) -> float | None:
-        """The child's CPU time so far (user and system), None where it cannot be read."""
-        try:
-            import psutil
-
-            times = psutil.Process(self._proc.pid).cpu_times()
-            return float(times.user + times.system)
-        except Exception:  # gone already, or no permission: the stall bound still holds
-            return None
+            proc = psutil.Process(self._proc.pid)
+            with proc.oneshot():
+                times = proc.cpu_times()
+                return int(proc.memory_info().rss), float(times.user + times.system)
+        except Exception:
+            return None, None
 
     def _stop_child(self) -> None:
         if self._proc is not None:
@@ -240,7 +235,7 @@ class TemplateRunner:
             except (OSError, ValueError) as exc:
                 self._stop_child()
                 raise TemplateError(f"The chat template could not be sent to its renderer: {exc}.") from None
-            cpu_at_start = self._cpu_seconds()
+            cpu_at_start = self._usage()[1]
             stalled_at = time.monotonic() + time_limit + GRACE_S + STALL_S
             while True:
                 try:
@@ -253,11 +248,10 @@ class TemplateRunner:
                     self._stop_child()
                     return self._refuse(template, time_message(time_limit) if out_of_cpu
                                         else _memory_message(self.headroom))
-                rss = self._rss()
+                rss, cpu = self._usage()
                 if rss is not None and rss - self._rest_rss > self.headroom:
                     self._stop_child()
                     return self._refuse(template, _memory_message(self.headroom))
-                cpu = self._cpu_seconds()
                 over_cpu = cpu is not None and cpu_at_start is not None and cpu - cpu_at_start > time_limit + GRACE_S
                 if over_cpu or time.monotonic() > stalled_at:
                     self._stop_child()
