@@ -63,7 +63,7 @@ def module_files(lib_dir: Path) -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
     for path in sorted(lib_dir.iterdir()):
         m = _MODULE.match(path.name)
-        if m and re.search(r"\.(so|dll|dylib)$", path.name) and path.is_file():
+        if m and path.suffix in (".so", ".dll", ".dylib") and path.is_file():
             found.setdefault(m.group(1), []).append(path)
     return found
 
@@ -110,7 +110,7 @@ def load_backend_modules(lib_dir: Path | None = None) -> bool:
 
     Returns whether this is a module build: one with no backend linked in. Safe to call any number of times.
     """
-    global _modular
+    global _modular, _left_out
     lib_dir = lib_dir or llama_lib_dir()
     path = linked_library(lib_dir, "ggml")
     if path is None:
@@ -122,9 +122,8 @@ def load_backend_modules(lib_dir: Path | None = None) -> bool:
     if _modular is None:
         _modular = count() == 0
     if count() == 0 and hasattr(ggml, "ggml_backend_load_all_from_path"):
-        global _left_out
         _left_out = unused_modules(lib_dir)
-        if _left_out and hasattr(ggml, "ggml_backend_load"):
+        if _left_out:
             _load_each(ggml, lib_dir, _left_out)
         else:
             load = ggml.ggml_backend_load_all_from_path
