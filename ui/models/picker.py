@@ -851,9 +851,8 @@ class ModelPicker(QWidget):
     def set_gpu_offload_available(self, available: bool) -> None:
         """On a CPU-only llama.cpp build, say that "GPU layers" offloads nothing."""
         self.gpu_offload_available = available
-        self.gpu_note.setText("" if available else
-                              "This llama.cpp build is CPU-only: no layer will be offloaded to a GPU.")
-        self.gpu_note.setVisible(not available)
+        show_note(self.gpu_note, "" if available else
+                  "This llama.cpp build is CPU-only: no layer will be offloaded to a GPU.")
 
     # --- folders and demo models --------------------------------------------------------------------
 
