@@ -12,8 +12,9 @@ A web page the user visits can make the browser talk to 127.0.0.1 in two ways th
   parsed here for both families.
 
 ``GuardedH11Protocol`` bounds the connections themselves: at most ``max_connections`` open at once (more are
-closed at once with a 503, before the process runs out of file descriptors), and a request head must arrive
-within ``head_timeout`` seconds of the connection opening or of the last answer (slowloris).
+closed at once with a 503, before the process runs out of file descriptors), a request head must arrive
+within ``head_timeout`` seconds of the connection opening or of the last answer (slowloris), and its body within
+``body_timeout`` seconds of the head (a body that never comes is answered 408 and the connection closed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_HEAD_TIMEOUT = 10.0  # seconds for a request line and headers; a real client sends them at once
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body after its head; 4 MB at 1 Mbit/s takes 32 s
 DEFAULT_SEND_TIMEOUT = 30.0  # seconds a streamed chunk may wait for a client that stopped reading
 CONNECTIONS_PER_FD = 0.5  # of the process's file limit, the rest left to models, logs, the history, the worker
 MAX_CONNECTIONS = 1024
@@ -40,6 +42,8 @@ SEND_BUFFER_BYTES = 256 << 10
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 5\r\n"
          b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+_LATE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+         b"content-length: %d\r\n\r\n%s")
 
 
 def is_loopback(host: str) -> bool:
@@ -145,14 +149,16 @@ class RequestGuard:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a connection cap and a deadline for each request head."""
+    """uvicorn's h11 protocol with a connection cap and deadlines for each request head and body."""
 
     max_connections = MAX_CONNECTIONS
     head_timeout = DEFAULT_HEAD_TIMEOUT
+    body_timeout = DEFAULT_BODY_TIMEOUT
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -182,19 +188,46 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is waiting_cycle and not self.transport.is_closing():
             self.transport.close()  # no request head in time: the socket and its descriptor are freed
 
+    def _await_body(self) -> None:
+        self._cancel_body_timer()
+        if self.cycle is not None and self.cycle.more_body:
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_late, self.cycle)
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_late(self, waiting_cycle: Any) -> None:
+        self._body_timer = None
+        if self.cycle is not waiting_cycle or not waiting_cycle.more_body or self.transport.is_closing():
+            return
+        if not waiting_cycle.response_started:
+            body = error_body(f"The request body did not arrive within {self.body_timeout:g} s of its headers.",
+                              "request_timeout")
+            self.transport.write(_LATE % (len(body), body))
+        # Closing tells the route waiting for the body that the client is gone (uvicorn's disconnect), so its
+        # slot and the socket's descriptor are freed.
+        self.transport.close()
+
     def data_received(self, data: bytes) -> None:
         before = self.cycle
         super().data_received(data)
         if self.cycle is not before:
             self._cancel_head_timer()  # a request head arrived
+            self._await_body()
         elif self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._await_head()  # bytes of a next request after a keep-alive answer
+        if self._body_timer is not None and (self.cycle is None or not self.cycle.more_body):
+            self._cancel_body_timer()  # the whole body is in
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
 
-def guarded_protocol(max_connections: int, head_timeout: float) -> type[GuardedH11Protocol]:
+def guarded_protocol(max_connections: int, head_timeout: float,
+                     body_timeout: float = DEFAULT_BODY_TIMEOUT) -> type[GuardedH11Protocol]:
     return type("SpecDeckH11Protocol", (GuardedH11Protocol,),
-                {"max_connections": max_connections, "head_timeout": head_timeout})
+                {"max_connections": max_connections, "head_timeout": head_timeout, "body_timeout": body_timeout})

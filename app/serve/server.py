@@ -29,6 +29,7 @@ from app.errors import SettingsError
 from app.events import EngineCrashed, EngineError, Finished, MessageStats, PassStats, PromptProcessed, Token
 from app.serve import protocol
 from app.serve.guard import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEAD_TIMEOUT,
     DEFAULT_SEND_TIMEOUT,
     RequestGuard,
@@ -55,6 +56,7 @@ class ServeOptions:
     retry_after_seconds: int = 5
     send_timeout_seconds: float = DEFAULT_SEND_TIMEOUT  # a client that reads nothing for this long is dropped
     head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT  # for the whole body, from the end of the head
     max_connections: int = field(default_factory=default_max_connections)
 
     def check(self) -> ServeOptions:
@@ -63,6 +65,9 @@ class ServeOptions:
                                 "give an API key (--api-key) to do that.")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"The port must be between 0 and 65535, not {self.port}.")
+        for name, seconds in (("head", self.head_timeout_seconds), ("body", self.body_timeout_seconds)):
+            if not seconds > 0:
+                raise SettingsError(f"The request {name} timeout must be above 0 s, not {seconds}.")
         if self.max_connections < 1:
             raise SettingsError(f"The connection limit must be at least 1, not {self.max_connections}.")
         return self
@@ -455,7 +460,8 @@ class Server:
         self.web = ServeApp(runner, metrics, options)
         config = uvicorn.Config(self.web.app, host=options.host, port=options.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-                                http=guarded_protocol(options.max_connections, options.head_timeout_seconds),
+                                http=guarded_protocol(options.max_connections, options.head_timeout_seconds,
+                                                     options.body_timeout_seconds),
                                 limit_concurrency=options.max_connections)
         self.uvicorn = uvicorn.Server(config)
         self._thread: Any = None
