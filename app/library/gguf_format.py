@@ -79,6 +79,7 @@ MAX_ARRAY_LEN = 1 << 24
 MAX_STRING_ELEMENTS = 1 << 22  # string-array elements walked in one file, all arrays together (~0.4 s)
 MAX_VOCAB = 1 << 20  # tokens; real vocabularies have up to ~260k
 MAX_EMPTY_TOKENS = 4096  # empty token texts (llama.cpp renames each; real vocabularies have a handful)
+MAX_TOKEN_TEXT_BYTES = 1 << 26  # token texts read into memory from one file (real vocabularies: a few MB)
 MAX_TEMPLATE_LEN = 1 << 20  # a chat template longer than this is reported present but not kept
 MAX_METADATA_STR = 1024  # bytes of a string value kept (GGUFInfo.metadata, general.name)
 SMALL_ARRAY = 4096  # numeric arrays up to this length are decoded (per-layer values)...
@@ -506,6 +507,9 @@ def _walk_strings(r: Reader, n: int, what: str, collect: bool) -> StringArray:
         ln = r.string_len(f"element {i:,} of {what}")
         if ln == 0 and i >= FINGERPRINT_START:
             _note_empty(r, empty, i, at)
+        if items is not None and at + 8 + ln - start > MAX_TOKEN_TEXT_BYTES:  # checked once per buffer refill
+            raise LimitError(f"{r.name} is corrupt: the texts of {what} take more than "
+                             f"{MAX_TOKEN_TEXT_BYTES:,} bytes.")
         if items is not None:
             items.append(decode_token(r.take(ln, f"element {i:,} of {what}"), i))
         else:

@@ -20,18 +20,25 @@ from app.library.gguf_format import (
     INT_TYPES,
     MAX_METADATA_STR,
     MAX_TEMPLATE_LEN,
-    MAX_TENSORS,
+    MAX_VOCAB,
     U64,
     GGUFError,
     Header,
     LimitError,
     MalformedError,
     MissingKeyError,
+    _pow2,
     read_header,
     type_name,
 )
 
 MAX_SHARDS = 1024  # files of one split model (gguf-split names allow 99999)
+# Counts a header may claim, checked before anything is sized from them. llama.cpp aborts the whole process
+# (GGML_ASSERT in load_hparams) on more layers than LLAMA_MAX_LAYERS or more experts than LLAMA_MAX_EXPERTS,
+# and reads every shape value as a uint32; real models have under 200 layers and 512 experts.
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+MAX_U32 = (1 << 32) - 1
 
 # llama_ftype (general.file_type) -> the name llama.cpp prints (llama.h's LLAMA_FTYPE_*, which the tests pin,
 # and the retired 4). 1024 (LLAMA_FTYPE_GUESSED) is a flag.
@@ -150,6 +157,39 @@ def _bool_value(h: Header, key: str) -> bool | None:
     return None
 
 
+def _count(h: Header, key: str, name: str, default: int = 0) -> int:
+    """A count or size from the header (``default`` when absent or negative), refused past a uint32."""
+    v = _int_value(h, key, name)
+    if v is None or v < 0:
+        return default
+    if v > MAX_U32:
+        raise MalformedError(f"{name} is corrupt: {key} is {v:,}{_pow2(v)}, more than the 32 bits llama.cpp "
+                             "reads it as.")
+    return v
+
+
+def _check_counts(h: Header, arch: str, kind: str, name: str) -> int:
+    """The layer count, once it and the expert and vocabulary counts are ones llama.cpp can load (it aborts on
+    most others): checked before any per-layer table is built from them."""
+    n_layer = max(_int_value(h, f"{arch}.block_count", name) or 0, 0)
+    if n_layer > MAX_LAYERS:
+        raise MalformedError(f"{name} is corrupt: it claims {n_layer:,} layers{_pow2(n_layer)}; llama.cpp loads "
+                             f"at most {MAX_LAYERS}.")
+    n_vocab = _count(h, f"{arch}.vocab_size", name)
+    if n_vocab > MAX_VOCAB:
+        raise MalformedError(f"{name} is corrupt: it claims a vocabulary of {n_vocab:,} tokens{_pow2(n_vocab)}; "
+                             f"at most {MAX_VOCAB:,} are allowed.")
+    n_expert = _count(h, f"{arch}.expert_count", name)
+    n_used = _count(h, f"{arch}.expert_used_count", name)
+    if n_expert > MAX_EXPERTS:
+        raise MalformedError(f"{name} is corrupt: it claims {n_expert:,} experts{_pow2(n_expert)}; llama.cpp "
+                             f"loads at most {MAX_EXPERTS:,}.")
+    if kind == "model" and (n_used > n_expert or (n_expert > 0 and n_used == 0)):
+        raise MalformedError(f"{name} is corrupt: it routes each token to {n_used:,} of its {n_expert:,} "
+                             "experts, which llama.cpp cannot load.")
+    return n_layer
+
+
 def _swa_layers(h: Header, arch: str, n_layer: int, window: int, name: str) -> tuple[bool, ...]:
     if window <= 0 or n_layer <= 0:
         return (False,) * max(n_layer, 0)
@@ -198,8 +238,7 @@ def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[b
 def _recurrent_state_floats(h: Header, arch: str, n_embd: int, name: str) -> int:
     """f32 elements of one recurrent layer's state: llama_hparams::n_embd_r() + n_embd_s()."""
     def hp(key: str) -> int:
-        v = _int_value(h, f"{arch}.{key}", name)
-        return v if v is not None and v > 0 else 0
+        return _count(h, f"{arch}.{key}", name)
 
     head_size = hp("wkv.head_size")
     if head_size:  # RWKV: token shifts and the WKV state
@@ -325,10 +364,9 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         arch = ""
 
     def hp(key: str, default: int = 0) -> int:
-        v = _int_value(h, f"{arch}.{key}", name)
-        return default if v is None or v < 0 else v
+        return _count(h, f"{arch}.{key}", name, default)
 
-    n_layer = hp("block_count")
+    n_layer = _check_counts(h, arch, kind, name)
     mtp_layers = hp("nextn_predict_layers")
     if mtp_layers > n_layer:
         raise MalformedError(f"{name} is corrupt: it claims {mtp_layers} MTP layers of {n_layer} in all.")
@@ -344,8 +382,6 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
     head_dim_k = hp("attention.key_length", per_head)
     head_dim_v = hp("attention.value_length", per_head)
     window = hp("attention.sliding_window", _SWA_DEFAULT_WINDOW.get(arch, 0))
-    if n_layer > MAX_TENSORS:
-        raise LimitError(f"{name} is corrupt: it claims {n_layer:,} layers.")
     swa = _swa_layers(h, arch, n_layer, window, name)
 
     tokens = h.arrays.get("tokenizer.ggml.tokens")
