@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -23,10 +24,11 @@ import psutil
 from app.ceiling.child import ProbeFailed, run_probe
 from app.errors import StorageError
 from app.paths import cache_dir
-from app.storage.atomic import atomic_write_json
+from app.storage.atomic import atomic_write_json, read_regular_bytes
 
 PROBE_CACHE_FILE = "hardware_probe.json"
 PROBE_SCHEMA = 2
+MAX_PROBE_CACHE_BYTES = 1 << 16  # the file is a few hundred bytes; anything far larger is not SpecDeck's
 # A machine's first probe is the best of this many, a moment apart (as STREAM reports its best of several
 # trials): other programs only ever slow a probe down, and on a shared machine one probe read 11-33 GB/s.
 PROBE_REPEATS = 3
@@ -208,6 +210,38 @@ def _busy() -> bool:
         return False
 
 
+def _rate(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def cached_probe(path: Path, machine: str) -> dict[str, Any] | None:
+    """This machine's cached probe, or None where there is none. The cache is read bounded, as every file
+    SpecDeck keeps: a FIFO or a device in its place, a file far too large, invalid JSON, JSON nested thousands
+    deep or fields of the wrong kind count as no cache (logged), so the CPU is measured again and the cache
+    replaced atomically; a probe of another machine or schema is simply not this one's."""
+    try:
+        data = json.loads(read_regular_bytes(path, MAX_PROBE_CACHE_BYTES))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+        log.warning("the CPU probe cache %s cannot be read (%s); it is measured again", path,
+                    type(exc).__name__ if isinstance(exc, RecursionError) else exc)
+        return None
+    if not isinstance(data, dict):
+        log.warning("the CPU probe cache %s holds no probe; it is measured again", path)
+        return None
+    if data.get("schema") != PROBE_SCHEMA or data.get("machine") != machine:
+        return None
+    runs = data.get("runs", 1)
+    counted = isinstance(runs, int) and not isinstance(runs, bool) and 0 < runs < 1 << 31
+    if not (_rate(data.get("bandwidth")) and _rate(data.get("peak_flops"))
+            and isinstance(data.get("quiet", False), bool) and counted):
+        log.warning("the CPU probe cache %s is damaged (a rate or count of the wrong kind); it is measured again",
+                    path)
+        return None
+    return data
+
+
 def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
               bandwidth_override: float | None = None, measure: bool = True, retake_busy: bool = True) -> CPUInfo:
     """The CPU, its RAM, and its measured bandwidth and peak, cached per machine.
@@ -223,15 +257,7 @@ def probe_cpu(*, refresh: bool = False, cache_path: Path | None = None,
     vm = psutil.virtual_memory()
     key = machine_fingerprint(model, physical, logical, int(vm.total))
     path = cache_path or cache_dir() / PROBE_CACHE_FILE
-    previous: dict[str, Any] | None = None
-    if not refresh:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("schema") == PROBE_SCHEMA and data.get("machine") == key \
-                    and float(data["bandwidth"]) > 0 and float(data["peak_flops"]) > 0:
-                previous = data
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            previous = None  # missing or damaged cache: measure again
+    previous = None if refresh else cached_probe(path, key)
     measured = previous
     seconds = 0.0
     if not measure and previous is None:
