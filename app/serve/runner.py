@@ -5,6 +5,10 @@ the worker process, forwards every event, counts it into ``/metrics`` and writes
 database (marked as an API request). A cancelled job (the client went away) is cancelled in the worker
 within one verify pass. When the worker dies the job gets ``EngineCrashed`` and the worker is restarted
 and the model loaded again; ``/health`` answers 503 meanwhile.
+
+The history is written as the window writes it: on its own writer thread (``HistoryThread``) over a
+``BufferedHistory``, so an answer never waits for a save, and a database another program has locked keeps the
+writes in memory, in order, until it is free (or, at exit, in a side file the next start writes in).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from app.engine.client import EngineClient
 from app.errors import AppError
@@ -36,11 +40,9 @@ from app.serve.metrics import ServeMetrics
 from app.serve.protocol import StopMatcher
 
 if TYPE_CHECKING:
-    from app.storage.chat_store import ChatStore
+    from app.storage.history_writer import HistoryThread
 
-P = ParamSpec("P")
-T = TypeVar("T")
-HISTORY_FLUSH_SECONDS = 1.0
+HISTORY_FLUSH_SECONDS = 1.0  # an answer's text is saved this often while it streams; waiting writes are retried
 HISTORY_RETRY_SECONDS = 30.0
 API_TITLE_CHARS = 60
 MAX_LOAD_ATTEMPTS = 3  # a model that crashes the worker at every load is not retried for ever
@@ -68,7 +70,6 @@ class Job:
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stops: tuple[str, ...] = ()  # the answer ends before the first of these; cut on the engine thread
-    history_chat_id: int | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -100,7 +101,7 @@ class EngineRunner:
         self.restarts = 0
         self._jobs: queue.Queue[Job | _RestartIfDead | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="specdeck-serve-engine", daemon=True)
-        self._history: ChatStore | None = None
+        self._history: HistoryThread | None = None
         self._history_retry_at = 0.0  # monotonic time of the next try to open a history that would not open
         self._client: EngineClient | None = None
         self._restart_asked = False
@@ -129,6 +130,12 @@ class EngineRunner:
     def stop(self, timeout: float = 10.0) -> None:
         self._jobs.put(None)
         self._thread.join(timeout)
+
+    def sync_history(self) -> None:
+        """Wait until the history writes queued so far have run (those a locked database keeps waiting stay)."""
+        history = self._history
+        if history is not None:
+            history.sync()
 
     @property
     def worker_pid(self) -> int | None:
@@ -160,7 +167,12 @@ class EngineRunner:
         client = self._client
         try:
             while True:
-                job = self._jobs.get()
+                try:
+                    job = self._jobs.get(timeout=HISTORY_FLUSH_SECONDS)
+                except queue.Empty:
+                    if self._history is not None:
+                        self._history.flush_pending()  # writes a locked database kept waiting, once it is free
+                    continue
                 if job is None:
                     break
                 if isinstance(job, _RestartIfDead):
@@ -265,29 +277,34 @@ class EngineRunner:
                     if matcher.stopped:
                         event = replace(event, reason="stop", text="".join(text))
                 self._observe(event)
-                job.put(event)
-                if isinstance(event, Token):
-                    text.append(event.text)
-                    if (answer_id is not None and self._history is not None
-                            and time.monotonic() - last_flush >= HISTORY_FLUSH_SECONDS):
-                        self._history_call(self._history.update_answer, answer_id, "".join(text))
-                        last_flush = time.monotonic()
-                elif isinstance(event, Finished):
+                # An answer's last save is queued before the client hears the end (it does not wait for it), so
+                # whoever waits for the history's queued writes after the answer finds the turn saved.
+                if isinstance(event, Finished):
                     status = "cancelled" if event.reason == "cancelled" else "complete"
                     self._history_finish(answer_id, event.text, status, event.stats, event.reason)
+                    job.put(event)
                     return
-                elif isinstance(event, EngineError):
+                if isinstance(event, EngineError):
                     self.metrics.on_ended("error")
                     self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "error")
+                    job.put(event)
                     return
-                elif isinstance(event, EngineCrashed):
+                if isinstance(event, EngineCrashed):
                     self.metrics.on_ended("crashed")
                     self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "crashed")
+                    job.put(event)
                     self.log(f"the engine died: {event.message}; restarting it")
                     self.restarts += 1
                     client.restart()
                     self._load(client)
                     return
+                job.put(event)
+                if isinstance(event, Token):
+                    text.append(event.text)
+                    if (answer_id is not None and self._history is not None
+                            and time.monotonic() - last_flush >= HISTORY_FLUSH_SECONDS):
+                        self._history.update_answer(answer_id, "".join(text))
+                        last_flush = time.monotonic()
         finally:
             self.metrics.requests_processing.set(0)
 
@@ -304,10 +321,12 @@ class EngineRunner:
     def _open_history(self) -> None:
         if self.history_path is None or self._history is not None or time.monotonic() < self._history_retry_at:
             return
-        from app.storage.history import HistoryStore
+        from app.storage.buffered_history import BufferedHistory
+        from app.storage.history_writer import HistoryThread
 
+        path = self.history_path
         try:
-            self._history = HistoryStore(self.history_path)
+            self._history = HistoryThread(lambda: BufferedHistory(path), on_error=self._history_failed)
         except AppError as exc:
             retrying = self._history_retry_at == 0.0
             self._history_retry_at = time.monotonic() + HISTORY_RETRY_SECONDS
@@ -318,13 +337,9 @@ class EngineRunner:
         if self._history_retry_at:
             self.log("the history opened; API requests are saved again")
 
-    def _history_call(self, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
-        """``write`` (a method of the open history) with its arguments; None when it failed (said in the log)."""
-        try:
-            return write(*args, **kwargs)
-        except AppError as exc:  # a full disk must not fail the answer the client is waiting for
-            self.log(f"history: {exc}")
-            return None
+    def _history_failed(self, exc: Exception) -> None:
+        """A write that failed on the writer thread (a full disk; a lock only delays a write): said in the log."""
+        self.log(f"history: {exc}")
 
     def _history_begin(self, job: Job) -> int | None:
         self._open_history()  # one that could not open at start (full disk) is tried again
@@ -334,16 +349,14 @@ class EngineRunner:
         system = "\n\n".join(m["content"] for m in job.messages if m["role"] == "system")
         first_user = next((m["content"] for m in job.messages if m["role"] == "user"), "")
         title = " ".join(first_user.split())[:API_TITLE_CHARS] or "API request"
-        chat_id = self._history_call(history.new_chat, title, system, origin="api")
-        if chat_id is None:
-            return None
-        job.history_chat_id = chat_id
+        # Handles, not ids: the writes are queued on the writer thread, which puts the real ids in their place.
+        chat_id = history.new_chat_later(title, system, origin="api")
         for message in job.messages:
             if message["role"] != "system":
-                self._history_call(history.add_message, chat_id, message["role"], message["content"])
-        return self._history_call(history.begin_answer, chat_id, model=self.settings.target_path,
-                                  drafter=self.settings.draft.drafter_path, sampling=job.sampling)
+                history.add_message_later(chat_id, message["role"], message["content"])
+        return history.begin_answer_later(chat_id, model=self.settings.target_path,
+                                          drafter=self.settings.draft.drafter_path, sampling=job.sampling)
 
     def _history_finish(self, answer_id: int | None, text: str, status: str, stats: object, reason: str) -> None:
         if answer_id is not None and self._history is not None:
-            self._history_call(self._history.finish_answer, answer_id, text, status, stats, stop_reason=reason)
+            self._history.finish_answer(answer_id, text, status, stats, stop_reason=reason)

@@ -93,6 +93,7 @@ def assert_serving(server: Server) -> None:
                    json={"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
+    server.runner.sync_history()  # saved on the history's own thread: wait for it before reading the file
 
 
 # --- the openai client ------------------------------------------------------------------------------
@@ -235,6 +236,7 @@ def raw_post(server: Server, body: bytes, path: str = "/v1/chat/completions") ->
 def test_bad_requests_get_a_4xx_with_a_message(served: tuple[Server, Path], body: bytes, status: int,
                                                words: str) -> None:
     server, history = served
+    server.runner.sync_history()  # an earlier test's answer is saved before counting
     chats = api_chats(history)
     response = raw_post(server, body)
     assert response.status_code == status, response.text
@@ -255,6 +257,7 @@ def test_body_over_the_cap_is_413(served: tuple[Server, Path]) -> None:
 
 def test_prompt_over_the_context_is_context_length_exceeded(served: tuple[Server, Path]) -> None:
     server, history = served
+    server.runner.sync_history()
     chats_before = len(api_chats(history))
     body = {"messages": [{"role": "user", "content": "xq" * CTX}], "max_tokens": 4}  # bytes vocab: > CTX tokens
     response = raw_post(server, json.dumps(body).encode())
@@ -508,6 +511,7 @@ def test_stop_sequences_cut_the_answer_and_the_history_keeps_the_cut(oai: openai
             # The answer returns when the stop sequence shows; the engine is cancelled after it and the
             # history gets the cut answer when the engine ends. The history is read without opening a
             # HistoryStore, which would mark the answer still streaming as interrupted (another SpecDeck).
+            served[0].runner.sync_history()
             deadline = time.monotonic() + 60
             while True:
                 saved_text, status, stop_reason = _newest_answer(served[1])

@@ -91,9 +91,12 @@ def test_a_history_that_could_not_open_is_opened_later(tiny_target: Path, tmp_pa
                              "temperature": 0})
         assert r.status_code == 200
         _wait(lambda: history.exists(), 30)
-        with sqlite3.connect(history) as db:
-            saved = [row[0] for row in db.execute("SELECT text FROM messages WHERE role = 'user'")]
-        assert "saved after all" in saved
+
+        def saved() -> list[str]:
+            with sqlite3.connect(history) as db:
+                return [row[0] for row in db.execute("SELECT text FROM messages WHERE role = 'user'")]
+
+        _wait(lambda: "saved after all" in saved(), 30)  # written on the history's own thread, after the answer
     finally:
         server.stop()
 
