@@ -21,7 +21,7 @@ import math
 import os
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -285,6 +285,7 @@ class Header:
     tensor_bytes: int
     n_params: int
     bytes_by_type: dict[int, int]
+    kv_types: dict[str, int] = field(default_factory=dict)  # the value type of each scalar in kv
 
 
 def type_name(vtype: int) -> str:
@@ -336,6 +337,7 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
         )
 
     kv: dict[str, int | float | bool | str] = {}
+    kv_types: dict[str, int] = {}
     str_len: dict[str, int] = {}
     arrays: dict[str, HeaderArray] = {}
     seen: set[str] = set()
@@ -359,6 +361,7 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
             keep = MAX_TEMPLATE_LEN if key == "tokenizer.chat_template" else MAX_METADATA_STR
             data, full = r.string(what, keep)
             kv[key] = data.decode("utf-8", errors="replace")
+            kv_types[key] = vtype
             str_len[key] = full
         elif vtype == _T_ARRAY:
             is_tokens = key == "tokenizer.ggml.tokens"
@@ -368,6 +371,7 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
                 strings.fingerprint = r.hash_tokens(strings.fp_start, strings.end, strings.empty)
         else:
             kv[key] = r.scalar(vtype, what)
+            kv_types[key] = vtype
 
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in kv:
@@ -436,7 +440,7 @@ def _parse(r: Reader, *, collect_tokens: bool) -> Header:
             "the download or copy is probably incomplete.",
         )
     return Header(version, kv, str_len, arrays, tensors, alignment, data_offset, data_size,
-                   sum(bytes_by_type.values()), n_params, bytes_by_type)
+                   sum(bytes_by_type.values()), n_params, bytes_by_type, kv_types)
 
 
 def _read_array(r: Reader, key: str, collect: bool, budget: list[int]) -> HeaderArray:

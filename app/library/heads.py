@@ -2,7 +2,10 @@
 and DFlash/DSpark files, each with the reason (one sentence) where it cannot draft for that target.
 
 The engine checks the same facts again on the loaded models (``check_eagle3_pairing``, ``check_dflash_pairing``),
-because llama.cpp aborts on most misfits; this module lets the picker list them without loading anything.
+because llama.cpp aborts on most misfits; this module lets the picker list them without loading anything. What
+llama.cpp's loader requires of a head's own file (``head_file_refusal``: its target-layer and width keys, of the
+types it reads them as, a mask token for DFlash, an ``fc`` of the matching shape) is checked here too, once, for the
+picker, ``specdeck models`` and the load (``check_model_file``) alike: llama.cpp refuses such a file unexplained.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.library.compat import VocabInfo, check_compatible
-from app.library.gguf_format import read_header
-from app.library.gguf_reader import GGUFInfo
+from app.library.gguf_format import GGUFError, Header, read_header, type_name
+from app.library.gguf_reader import MAX_LAYERS, GGUFInfo
 from app.library.model_file import DRAFTER_HEADS
 
 OWN_MTP_HEADS = "the model's own MTP heads"
@@ -26,6 +29,14 @@ LAYER_INPUT_ARCHS = frozenset(("llama", "qwen3", "qwen3moe", "qwen35", "qwen35mo
 # Qwen3.5's graph asserts one block: a file claiming more would abort the process, so it is refused first.
 MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next"))
 MAX_MTP_BLOCKS = 1
+
+# What llama.cpp's EAGLE-3 and DFlash loaders read from a head's header (src/llama-model.cpp): the target layer ids
+# as an int32 or uint32 array (EAGLE-3: exactly three), EAGLE-3's target width and the mask token id as uint32s.
+EAGLE3_ARCH, DFLASH_ARCH = "eagle3", "dflash"
+EAGLE3_LAYERS = 3
+_U32, _I32 = 4, 5  # GGUF value types
+MASK_TOKEN_KEY = "tokenizer.ggml.mask_token_id"
+FC_TENSOR = "fc.weight"
 
 
 def mtp_refusal(info: GGUFInfo) -> str | None:
@@ -55,17 +66,93 @@ class HeadOffer:
         return self.refusal is None
 
 
+def _u32(header: Header, key: str, d_name: str, why: str) -> tuple[int | None, str | None]:
+    """(the value of a uint32 key llama.cpp requires, None) or (None, why the file cannot draft without it)."""
+    if key not in header.kv and key not in header.arrays:
+        return None, f"{d_name} cannot draft: it has no {key} key ({why}), without which llama.cpp cannot load it."
+    value = header.kv.get(key)
+    vtype = header.kv_types.get(key, -1)
+    if vtype != _U32 or isinstance(value, bool) or not isinstance(value, int):
+        shown = f"stored as {type_name(vtype)}" if key in header.kv else "an array"
+        return None, f"{d_name} cannot draft: its {key} is {shown}, but llama.cpp reads it only as a uint32."
+    return value, None
+
+
+def _head_keys(header: Header, head: GGUFInfo) -> tuple[list[int], str | None]:
+    """(the target layer ids, why llama.cpp would refuse to load the head's file or None)."""
+    d_name, arch = Path(head.path).name, head.architecture
+    key = f"{arch}.target_layers"
+    arr = header.arrays.get(key)
+    if arr is None:
+        kind = "a single value, not an array" if key in header.kv else "missing"
+        return [], (f"{d_name} cannot draft: its {key} key (the target layers it reads) is {kind}, so llama.cpp "
+                    "cannot load it.")
+    if arr.elem_type not in (_U32, _I32):
+        return [], (f"{d_name} cannot draft: its {key} is an array of {type_name(arr.elem_type)}, but llama.cpp "
+                    "reads layer ids only as int32 or uint32.")
+    if arch == EAGLE3_ARCH and arr.count != EAGLE3_LAYERS:
+        return [], (f"{d_name} cannot draft: its {key} lists {arr.count:,} layers, but llama.cpp's EAGLE-3 reads "
+                    f"exactly {EAGLE3_LAYERS}.")
+    if not arr.count or arr.count > MAX_LAYERS:
+        return [], (f"{d_name} cannot draft: its {key} lists {arr.count:,} layers, where a model has 1 to "
+                    f"{MAX_LAYERS}.")
+    if arr.values is None:  # the header's other arrays used up the numbers read from one file
+        return [], f"{d_name} cannot draft: its {key} lies past the numbers SpecDeck reads from one header."
+    ids = [int(v) for v in arr.values]
+    hidden = head.n_embd
+    if arch == EAGLE3_ARCH:
+        value, refusal = _u32(header, f"{arch}.target_hidden_size", d_name, "the width of the target it reads")
+        if refusal:
+            return ids, refusal
+        assert value is not None
+        hidden = value
+    if arch == DFLASH_ARCH:
+        mask, refusal = _u32(header, MASK_TOKEN_KEY, d_name, "the mask token its blocks are made of")
+        if refusal:
+            return ids, refusal
+        assert mask is not None
+        if head.n_vocab and mask >= head.n_vocab:
+            return ids, (f"{d_name} cannot draft: its mask token {mask:,} is outside its vocabulary of "
+                         f"{head.n_vocab:,} tokens.")
+    fc = next((dims for name, dims, _, _ in header.tensors if name == FC_TENSOR), None)
+    want = (len(ids) * hidden, head.n_embd)
+    if hidden > 0 and head.n_embd > 0 and fc != want:
+        has = "tensor is missing" if fc is None else f"is {' × '.join(map(str, fc))}"
+        layers = f"{len(ids)} target layer{'s' if len(ids) != 1 else ''}"
+        return ids, (f"{d_name} cannot draft: its {FC_TENSOR} {has}, where its {layers} of width {hidden} call for "
+                     f"{want[0]} × {want[1]}.")
+    return ids, None
+
+
+def _read_head(head: GGUFInfo) -> tuple[list[int], str | None]:
+    try:
+        header, _ = read_header(Path(head.path), collect_tokens=False)
+    except GGUFError as exc:  # changed or removed since the library read it
+        return [], f"{Path(head.path).name} cannot draft: {str(exc).rstrip('.')}."
+    return _head_keys(header, head)
+
+
 def target_layers(head: GGUFInfo) -> list[int]:
     """The target layers a head reads (``{arch}.target_layers``), from its header."""
-    header, _ = read_header(Path(head.path), collect_tokens=False)
-    arr = header.arrays.get(f"{head.architecture}.target_layers")
-    return [int(v) for v in arr.values] if arr is not None and arr.values is not None else []
+    return _read_head(head)[0]
+
+
+def head_file_refusal(head: GGUFInfo) -> str | None:
+    """Why llama.cpp would refuse to load this EAGLE-3 or DFlash file whatever its target, in one sentence (a key it
+    requires missing, of another type or out of range; an ``fc`` that does not match); None where it loads."""
+    if head.architecture not in DRAFTER_HEADS:
+        return None
+    return _read_head(head)[1]
 
 
 def head_refusal(target: GGUFInfo, head: GGUFInfo) -> str | None:
-    """Why ``head`` (an EAGLE-3 or DFlash file) cannot draft for ``target``, in one sentence; None where it can."""
+    """Why ``head`` (an EAGLE-3 or DFlash file) cannot draft for ``target``, in one sentence; None where it can:
+    first what its own file lacks (``head_file_refusal``), then how it pairs with the target."""
     d_name, t_name = Path(head.path).name, Path(target.path).name
     kind = DRAFTER_HEADS.get(head.architecture, head.architecture)
+    ids, broken = _read_head(head)
+    if broken:
+        return broken
     if target.architecture not in LAYER_INPUT_ARCHS:
         return (f"{d_name} is an {kind}, and llama.cpp reads the layer inputs it needs only from "
                 f"{', '.join(sorted(LAYER_INPUT_ARCHS))} targets, not {target.architecture}.")
@@ -75,7 +162,6 @@ def head_refusal(target: GGUFInfo, head: GGUFInfo) -> str | None:
     if head.n_embd != target.n_embd:
         return (f"{d_name} is {head.n_embd} wide and borrows the token embeddings of {t_name}, which is "
                 f"{target.n_embd} wide.")
-    ids = target_layers(head)
     trunk = target.n_layer - target.mtp_layers
     if not ids or any(not 0 <= lid < trunk for lid in ids):
         return f"{d_name} reads target layers {ids}, but {t_name} has layers 0 to {trunk - 1}."

@@ -81,4 +81,10 @@ def check_model_file(path: str | Path, role: str = "target") -> GGUFInfo:
     head = DRAFTER_HEADS.get(info.architecture)
     if head and role == "target":
         raise ModelFileError(f"{p.name} is an {head}, not a chat model; choose it as the drafter of its target.")
+    if head:
+        from app.library.heads import head_file_refusal  # heads builds on this module
+
+        refusal = head_file_refusal(info)  # what llama.cpp's loader would refuse without saying why
+        if refusal:
+            raise ModelFileError(refusal)
     return info
