@@ -597,6 +597,11 @@ def build_flags(build: str) -> tuple[str, list[str]]:
     return ".venv-build-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8], flags
 
 
+# The suite runs in one pytest-xdist worker: a test that crashes it (a segfault in llama.cpp) is reported
+# as failed by name, a new worker takes the rest, and the run reaches its summary.
+PYTEST_ISOLATION = ["-n", "1"]
+
+
 def test(opts: Options) -> int:
     global VENV
     lint = True
@@ -617,7 +622,7 @@ def test(opts: Options) -> int:
         [str(venv_python()), "-m", "ruff", "check", "app", "ui", "tests", "packaging", "benchmarks", "bootstrap.py"],
         [str(venv_python()), "-m", "mypy", "app", "ui"],
     ] if lint else []
-    steps.append([str(venv_python()), "-m", "pytest", *opts.rest])
+    steps.append([str(venv_python()), "-m", "pytest", *PYTEST_ISOLATION, *opts.rest])
     for step in steps:
         say("$ " + " ".join(step[2:]))
         code = subprocess.run(step, cwd=ROOT, env=env).returncode

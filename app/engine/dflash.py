@@ -89,7 +89,7 @@ class DFlashContext(MTPContext):
         """The target's layer inputs for ``tokens`` (one row each), at the next positions."""
         features = np.ascontiguousarray(features, dtype=np.float32)
         width = features.shape[1]
-        batch = self._batch
+        batch, ctx = self._batch, self._ptr
         for start in range(0, len(tokens), self.n_batch):
             chunk = features[start : start + self.n_batch]
             lc.llama_batch_ext_clear(batch)
@@ -100,7 +100,7 @@ class DFlashContext(MTPContext):
                 self._pos[0] = self._pos[1] = self._pos[2] = p
                 if idx < 0 or not lc.llama_batch_ext_set_pos(batch, idx, self._pos):
                     raise EngineLoadError(f"llama.cpp refused a row of the DFlash drafter's features (code {idx}).")
-            rc = lc.llama_process(self._ptr, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+            rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
             if rc != 0:
                 raise EngineLoadError(f"llama.cpp failed to inject {len(chunk)} rows into the DFlash drafter "
                                       f"(code {rc}).")
@@ -109,7 +109,7 @@ class DFlashContext(MTPContext):
     def block(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
         """One decode of the block ``tokens`` at the next positions; the logits of every position (a copy)."""
         n = len(tokens)
-        batch = self._batch
+        batch, ctx = self._batch, self._ptr
         lc.llama_batch_ext_clear(batch)
         for i, tok in enumerate(tokens):
             idx = lc.llama_batch_ext_add_token(batch, 0, int(tok))
@@ -117,7 +117,7 @@ class DFlashContext(MTPContext):
             if idx < 0 or not lc.llama_batch_ext_set_pos(batch, idx, self._pos):
                 raise EngineLoadError(f"llama.cpp refused token {tok} of a DFlash block (code {idx}).")
             lc.llama_batch_ext_set_output_logits(batch, idx, True)
-        rc = lc.llama_process(self._ptr, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+        rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
         if rc != 0:
             raise EngineLoadError(f"llama.cpp failed to run the DFlash drafter on a block of {n} (code {rc}).")
         self.tokens.extend(int(t) for t in tokens)

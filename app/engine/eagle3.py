@@ -108,14 +108,14 @@ class Eagle3Context(MTPContext):
 
     def __init__(self, model: Model, target: Context, params: ContextParams) -> None:
         super().__init__(model, target, params)
-        self._enc_batch = lc.llama_batch_ext_init(self._ptr)
+        self._enc_batch = self.new_batch()
 
     def encode(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """g for each row of ``features`` (the three target layers' inputs, side by side): its ``fc``."""
         features = np.ascontiguousarray(features, dtype=np.float32)
         n, width = features.shape
         out = np.empty((n, self.n_embd), dtype=np.float32)
-        batch = self._enc_batch
+        batch, ctx = self._enc_batch, self._ptr
         for start in range(0, n, self.n_batch):
             chunk = features[start : start + self.n_batch]
             lc.llama_batch_ext_clear(batch)
@@ -126,16 +126,11 @@ class Eagle3Context(MTPContext):
                 if idx < 0 or not lc.llama_batch_ext_set_pos(batch, idx, self._pos):
                     raise EngineLoadError(f"llama.cpp refused a row of the EAGLE-3 encoder's batch (code {idx}).")
                 lc.llama_batch_ext_set_output_logits(batch, idx, True)
-            rc = lc.llama_process(self._ptr, lc.LLAMA_PROCESS_TYPE_ENCODE, batch)
+            rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_ENCODE, batch)
             if rc != 0:
                 raise EngineLoadError(f"llama.cpp failed to run the EAGLE-3 encoder on {len(chunk)} rows (code {rc}).")
             out[start : start + len(chunk)] = self.api.rows(self._ptr, len(chunk), self.n_embd)
         return out
-
-    def close(self) -> None:
-        if getattr(self, "_ptr", None):
-            lc.llama_batch_ext_free(self._enc_batch)
-        super().close()
 
 
 class Eagle3Drafter(MTPDrafter):

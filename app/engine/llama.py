@@ -13,9 +13,11 @@ import ctypes
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as lc
 import numpy as np
@@ -23,6 +25,7 @@ import numpy.typing as npt
 
 from app.ceiling.backend_modules import load_backend_modules
 from app.ceiling.rpc import model_devices
+from app.engine.native import Native, own
 from app.engine_limits import kv_cache_type
 from app.errors import EngineLoadError, ModelFileError, PromptTooLongError
 
@@ -123,15 +126,18 @@ class Model:
             self._progress_cb = lc.llama_progress_callback(lambda f, _ud: bool(progress(float(f))))
             params.progress_callback = self._progress_cb
         self.n_gpu_layers = int(params.n_gpu_layers)  # as llama.cpp was asked: 0 on a CPU-only build
-        self._ptr = lc.llama_model_load_from_file(self.path.encode(), params)
-        if not self._ptr:
+        ptr = lc.llama_model_load_from_file(self.path.encode(), params)
+        if not ptr:
             raise EngineLoadError(
                 f"llama.cpp could not load {p.name}: the file is damaged or of an unsupported architecture, "
                 "or there is not enough memory for its weights ("
                 + ("try fewer GPU layers" if self.n_gpu_layers else "a smaller quantization needs less") + ")."
             )
-        vocab = lc.llama_model_get_vocab(self._ptr)
+        # Its contexts, their batches and grammar samplers borrow it and are freed first (app.engine.native).
+        self.native = own(self, Native(ptr, lc.llama_model_free, f"The model {p.name}"))
+        vocab = lc.llama_model_get_vocab(ptr)
         if not vocab:
+            self.close()
             raise EngineLoadError(f"{p.name} has no vocabulary.")
         self.vocab = vocab
         self.n_vocab = int(lc.llama_vocab_n_tokens(vocab))
@@ -145,6 +151,10 @@ class Model:
         for tok in range(self.n_vocab):
             if lc.llama_vocab_is_eog(vocab, tok):
                 self._eog[tok] = True
+
+    @property
+    def _ptr(self) -> Any:
+        return self.native.get()
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -228,12 +238,8 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def close(self) -> None:
-        if getattr(self, "_ptr", None):
-            lc.llama_model_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        self.close()
+        """Free the model, after every context and sampler that borrows it."""
+        self.native.close()
 
 
 def _check_main_gpu(main_gpu: int) -> None:
@@ -321,19 +327,20 @@ class Context:
         self.model = model
         cp = llama_context_params(params)
         cp.n_rs_seq = params.rs_snapshots if model.is_recurrent else 0
-        self._ptr = lc.llama_init_from_model(model._ptr, cp)
-        if not self._ptr:
+        ptr = lc.llama_init_from_model(model._ptr, cp)
+        if not ptr:
             raise EngineLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for {Path(model.path).name}: "
                 "most likely not enough memory for the KV cache. Try a smaller context"
                 + (", a smaller KV cache type (q8_0) or fewer GPU layers." if model.n_gpu_layers
                    else " or a smaller KV cache type (q8_0).")
             )
-        self.n_ctx = int(lc.llama_n_ctx(self._ptr))
-        self.n_batch = int(lc.llama_n_batch(self._ptr))
+        self.native = own(self, Native(ptr, lc.llama_free, f"The context on {Path(model.path).name}",
+                                       (model.native,)))
+        self.n_ctx = int(lc.llama_n_ctx(ptr))
+        self.n_batch = int(lc.llama_n_batch(ptr))
         self.n_vocab = model.n_vocab
         self.tokens: list[int] = []
-        self._mem = lc.llama_get_memory(self._ptr)
         # What llama.cpp really keeps (it silently keeps none for architectures it does not list).
         self.rs_snapshots = int(lc.llama_n_rs_seq(self._ptr)) if model.is_recurrent else 0
         self.rollback = (ROLLBACK_KV if not model.is_recurrent
@@ -346,10 +353,9 @@ class Context:
         self._checkpoint: _Checkpoint | None = None
         self.replayed = 0  # tokens the last decode decoded again after a checkpoint restore
         self.rollback_seconds = 0.0  # time spent saving and restoring checkpoints since last asked
-        # Called after every llama_decode with (its tokens, the position of the first): an MTP drafter mirrors
-        # each batch into its own context while the target's hidden rows of that batch are still there.
-        self.on_decode: Callable[[Sequence[int], int], None] | None = None
+        self._on_decode: weakref.WeakMethod[Callable[[Sequence[int], int], None]] | None = None
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        own(self, Native(self._batch, lc.llama_batch_free, "The context's batch", (self.native,)))
         self._tok = self._batch.token
         self._pos = self._batch.pos
         self._nseq = self._batch.n_seq_id
@@ -358,6 +364,25 @@ class Context:
         for i in range(self.n_batch):
             self._nseq[i] = 1
             self._seq[i][0] = 0
+
+    @property
+    def _ptr(self) -> Any:
+        return self.native.get()
+
+    @property
+    def _mem(self) -> Any:
+        return lc.llama_get_memory(self._ptr)
+
+    @property
+    def on_decode(self) -> Callable[[Sequence[int], int], None] | None:
+        """Called after every llama_decode with (its tokens, the position of the first): an MTP drafter mirrors
+        each batch into its own context while the target's hidden rows of that batch are still there. Held
+        weakly: the drafter holds this context, and a cycle would leave their order of freeing to chance."""
+        return self._on_decode() if self._on_decode is not None else None
+
+    @on_decode.setter
+    def on_decode(self, method: Callable[[Sequence[int], int], None] | None) -> None:
+        self._on_decode = weakref.WeakMethod(method) if method is not None else None
 
     def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> Logits:
         """Append ``tokens`` to the KV cache; return logits rows (all positions, or the last only).
@@ -385,6 +410,7 @@ class Context:
 
     def _decode_batch(self, tokens: Sequence[int], n_out: int) -> None:
         """One llama_decode of ``tokens`` after the decoded ones, with logits for the last ``n_out``."""
+        ctx = self._ptr  # first: a closed context's batch is freed too
         n = len(tokens)
         tok, pos, flags, base = self._tok, self._pos, self._logit_flags, self._decoded
         first_out = n - n_out
@@ -393,7 +419,7 @@ class Context:
             pos[i] = base + i
             flags[i] = i >= first_out
         self._batch.n_tokens = n
-        rc = lc.llama_decode(self._ptr, self._batch)
+        rc = lc.llama_decode(ctx, self._batch)
         if rc != 0:
             raise EngineLoadError(
                 f"llama.cpp failed to decode a batch of {n} tokens (code {rc}): "
@@ -402,8 +428,9 @@ class Context:
         self._decoded += n
         self._last_width = n
         self._snapshot_pending = False
-        if self.on_decode is not None:
-            self.on_decode(tokens, base)
+        follower = self.on_decode
+        if follower is not None:
+            follower(tokens, base)
 
     def prefill(self, tokens: Sequence[int]) -> Logits:
         """Decode a long token list in n_batch chunks; returns the last position's logits row."""
@@ -567,10 +594,5 @@ class Context:
         lc.llama_synchronize(self._ptr)
 
     def close(self) -> None:
-        if getattr(self, "_ptr", None):
-            lc.llama_batch_free(self._batch)
-            lc.llama_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        self.close()
+        """Free the context, after its batch and any drafter context that reads it."""
+        self.native.close()

@@ -24,6 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import llama_cpp as lc
 import numpy as np
@@ -37,6 +38,7 @@ from app.engine.llama import (
     Model,
     llama_context_params,
 )
+from app.engine.native import Native, own
 from app.errors import EngineLoadError, IncompatibleDrafterError
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import mtp_refusal
@@ -121,12 +123,15 @@ class MTPContext:
         cp.n_rs_seq = 0
         cp.ctx_type = self.CTX_TYPE
         cp.ctx_other = target._ptr  # an EAGLE-3 drafter borrows the target's token embeddings and output
-        self._ptr = lc.llama_init_from_model(model._ptr, cp)
-        if not self._ptr:
+        ptr = lc.llama_init_from_model(model._ptr, cp)
+        if not ptr:
             raise EngineLoadError(
                 f"llama.cpp could not create the context of {target.n_ctx} tokens for {self.WHAT}: most likely "
                 "not enough memory for its KV cache; try a smaller context."
             )
+        # It reads the target's context as well as its own model: freed before either.
+        self.native = own(self, Native(ptr, lc.llama_free, f"The context of {self.WHAT}",
+                                       (model.native, target.native)))
         self.api.set_embeddings_nextn(self._ptr, True, True)  # its own row for each output: the next step's input
         self.n_ctx = int(lc.llama_n_ctx(self._ptr))
         self.n_batch = int(lc.llama_n_batch(self._ptr))
@@ -134,11 +139,24 @@ class MTPContext:
         self.n_embd = int(lc.llama_model_n_embd_out(model._ptr))
         self.tokens: list[int] = []
         self.rollback = ROLLBACK_KV  # the MTP blocks are attention layers, even in a hybrid target
-        self._mem = lc.llama_get_memory(self._ptr)
-        self._batch = lc.llama_batch_ext_init(self._ptr)
+        self._batch = self.new_batch()
         self._pos = (lc.llama_pos * 4)()
         self._zero = np.zeros(self.n_embd, dtype=np.float32)
         self._last_row: npt.NDArray[np.float32] = self._zero  # the MTP block's own row after the last step
+
+    @property
+    def _ptr(self) -> Any:
+        return self.native.get()
+
+    @property
+    def _mem(self) -> Any:
+        return lc.llama_get_memory(self._ptr)
+
+    def new_batch(self) -> Any:
+        """A batch of this context's, freed before it."""
+        batch = lc.llama_batch_ext_init(self._ptr)
+        own(self, Native(batch, lc.llama_batch_ext_free, f"A batch of {self.WHAT}", (self.native,)))
+        return batch
 
     @property
     def n_past(self) -> int:
@@ -150,6 +168,7 @@ class MTPContext:
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
         rows = np.ascontiguousarray(rows, dtype=np.float32)
+        ctx = self._ptr  # first: a closed context's batch is freed too
         batch, base = self._batch, self.n_past
         lc.llama_batch_ext_clear(batch)
         for i, tok in enumerate(tokens):
@@ -161,7 +180,7 @@ class MTPContext:
                 raise EngineLoadError(f"llama.cpp refused token {tok} of an MTP batch (code {idx}).")
             if output_last and i == n - 1:
                 lc.llama_batch_ext_set_output_logits(batch, idx, True)
-        rc = lc.llama_process(self._ptr, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
+        rc = lc.llama_process(ctx, lc.LLAMA_PROCESS_TYPE_DECODE, batch)
         if rc != 0:
             raise EngineLoadError(f"llama.cpp failed to run {self.WHAT} on a batch of {n} tokens (code {rc}).")
         self.tokens.extend(int(t) for t in tokens)
@@ -202,13 +221,7 @@ class MTPContext:
         lc.llama_synchronize(self._ptr)
 
     def close(self) -> None:
-        if getattr(self, "_ptr", None):
-            lc.llama_batch_ext_free(self._batch)
-            lc.llama_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        self.close()
+        self.native.close()
 
 
 # --- the drafter --------------------------------------------------------------------------------

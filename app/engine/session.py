@@ -152,6 +152,15 @@ class EngineSession:
 
     def __init__(self, settings: LoadSettings, *, log: Callable[[str], None] | None = None,
                  progress: ProgressFn | None = None) -> None:
+        self._models: list[Model] = []  # what close() frees; everything else llama.cpp holds borrows these
+        try:
+            self._load(settings, log, progress)
+        except BaseException:
+            self.close()  # a load that fails half way frees what it had, in order, before the error goes on
+            raise
+
+    def _load(self, settings: LoadSettings, log: Callable[[str], None] | None,
+              progress: ProgressFn | None) -> None:
         settings.validate()
         t0 = time.perf_counter()
         init_backend(log)
@@ -190,6 +199,7 @@ class EngineSession:
         self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
                             main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp,
                             rpc_servers=settings.rpc_servers)
+        self._models.append(self.target)
         flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
                                           settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
@@ -214,6 +224,7 @@ class EngineSession:
                 self.drafter_model = Model(draft.drafter_path, n_gpu_layers=settings.n_gpu_layers,
                                            main_gpu=settings.main_gpu, progress=stage("drafter"),
                                            rpc_servers=settings.rpc_servers)
+                self._models.append(self.drafter_model)
                 verdict = check_drafter(self.target, self.drafter_model)
                 if not verdict.ok:
                     raise IncompatibleDrafterError(
@@ -371,10 +382,7 @@ class EngineSession:
         yield Finished(request_id, stop.reason or "cancelled", stats, "".join(pieces))
 
     def close(self) -> None:
-        drafter = self.decoder.drafter
-        if drafter is not None:  # first: an MTP context reads the target's
-            drafter.ctx.close()
-        self.ctx.close()
-        if self.drafter_model is not None and self.drafter_model is not self.target:
-            self.drafter_model.close()
-        self.target.close()
+        """Free the models, newest first; each frees the contexts, batches and samplers that borrow it first
+        (a drafter's context that reads the target's goes with either)."""
+        while self._models:
+            self._models.pop().close()
