@@ -4,6 +4,10 @@ Order: repetition penalty, temperature, min-p, top-k, top-p, each on what the pr
 whose probability is below 1e-12 of the top token's is treated as impossible, which keeps the support
 small without changing any probability float32 logits can express. Temperature 0 is greedy.
 Distributions are sparse: the ids kept and their probabilities (float64, summing to 1).
+
+``SeededDraws``: with a fixed seed, the token at each position is drawn by the Gumbel-max trick from noise
+keyed by (seed, position, token id), so the same seed gives the same answer however many tokens each pass
+drafted, and with speculation or without.
 """
 
 from __future__ import annotations
@@ -116,3 +120,44 @@ def residual(p: Dist, q: Dist) -> Dist:
         return p
     keep = diff > 0
     return Dist(p.ids[keep], diff[keep] / total)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SplitMix64's finaliser, elementwise (uint64 arithmetic wraps, as the algorithm wants)."""
+    x = (x + _GOLDEN) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    out: npt.NDArray[np.uint64] = x ^ (x >> np.uint64(31))
+    return out
+
+
+class SeededDraws:
+    """The target's draws for a fixed seed: one uniform per (position, token id), independent of the depth.
+
+    A draft token is accepted when it equals the token drawn here, which keeps the output exactly the
+    target's distribution (each position's draw is an exact sample of p) and makes it a function of the seed
+    alone. A point-mass draft (the suffix drafter's) is accepted with probability p(x), as under the usual
+    min(1, p/q) test; a sampled model draft agrees less often than under that test.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._key = _splitmix64(np.array([seed], dtype=np.uint64))[0]
+
+    def uniforms(self, position: int, ids: IntArray) -> FloatArray:
+        """Uniforms in (0, 1) for ``ids`` at ``position``: 53 bits of a hash of (seed, position, id)."""
+        at = _splitmix64(np.array([position], dtype=np.uint64) ^ self._key)[0]
+        bits = _splitmix64(ids.astype(np.uint64) ^ at) >> np.uint64(11)
+        out: FloatArray = (bits.astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+        return out
+
+    def token(self, dist: Dist, position: int) -> int:
+        """A sample of ``dist`` for ``position``: the argmax of log p plus Gumbel noise."""
+        if dist.ids.size == 1:
+            return int(dist.ids[0])
+        gumbel = -np.log(-np.log(self.uniforms(position, dist.ids)))
+        with np.errstate(divide="ignore"):
+            return int(dist.ids[int(np.argmax(np.log(dist.probs) + gumbel))])

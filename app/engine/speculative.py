@@ -284,9 +284,10 @@ class SpeculativeDecoder:
             )
         seed = settings.seed if settings.seed >= 0 else None
         rng = np.random.default_rng(seed)
+        draws = sampling.SeededDraws(seed) if seed is not None and not settings.greedy else None
         # response_format: the target's rows are masked by a grammar (freed with the generator).
-        grammar = GrammarMask(model.vocab, model.n_vocab, settings.response_format) if settings.response_format \
-            else None
+        grammar = GrammarMask(model.vocab, model.n_vocab, settings.response_format, model.native) \
+            if settings.response_format else None
         greedy = settings.greedy
         penalize = settings.repeat_penalty != 1.0 and settings.repeat_last_n > 0
         controller = self.controller
@@ -352,7 +353,7 @@ class SpeculativeDecoder:
                 rows = grammar.mask_rows(rows, draft.tokens)
             t_verified = time.perf_counter()
             # --- accept ---
-            emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize)
+            emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize, draws)
             t_accepted = time.perf_counter()
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
@@ -446,8 +447,12 @@ class SpeculativeDecoder:
         rng: np.random.Generator,
         greedy: bool,
         penalize: bool,
+        draws: sampling.SeededDraws | None = None,
     ) -> tuple[list[int], list[bool]]:
-        """Compare the draft with the target's rows; return (emitted tokens, accept flag per position)."""
+        """Compare the draft with the target's rows; return (emitted tokens, accept flag per position).
+
+        ``draws`` (a fixed seed): each position's token is drawn from p with the seed's own noise for that
+        position, and a draft token is kept when it equals that draw."""
         emitted: list[int] = []
         accepted: list[bool] = []
         window = settings.repeat_last_n
@@ -463,6 +468,13 @@ class SpeculativeDecoder:
                 emitted.append(target_tok)
                 return emitted, accepted
             p = sampling.distribution(rows[i], settings, recent)
+            if draws is not None:
+                drawn = draws.token(p, len(tokens) + i)
+                accepted.append(drawn == x)
+                emitted.append(drawn)
+                if drawn == x:
+                    continue
+                return emitted, accepted
             q = draft.q[i]
             px = p.prob(x)
             qx = 1.0 if q is None else q.prob(x)
@@ -479,5 +491,6 @@ class SpeculativeDecoder:
         if greedy:
             emitted.append(sampling.greedy_token(rows[last], settings, recent))
         else:
-            emitted.append(sampling.distribution(rows[last], settings, recent).sample(rng))
+            p = sampling.distribution(rows[last], settings, recent)
+            emitted.append(draws.token(p, len(tokens) + last) if draws is not None else p.sample(rng))
         return emitted, accepted

@@ -92,6 +92,7 @@ class AcceptEverything(SpeculativeDecoder):
         rng: np.random.Generator,
         greedy: bool,
         penalize: bool,
+        draws: sampling.SeededDraws | None = None,
     ) -> tuple[list[int], list[bool]]:
         emitted = list(draft.tokens)
         emitted.append(sampling.distribution(rows[len(emitted)], settings).sample(rng))
@@ -128,16 +129,17 @@ def exact_bins(m: Models, prompt: list[int], n: int, options: dict[str, Any] = F
     return bins
 
 
-def sample_answers(decoder: SpeculativeDecoder, prompt: list[int], n: int,
-                   options: dict[str, Any] = FULL) -> tuple[Counter[tuple[int, ...]], int, int]:
-    """n answers of LENGTH tokens with seeds 0..n-1; also the number of draft tokens the target verified and
-    the number of passes that verified two draft tokens or more."""
+def sample_answers(decoder: SpeculativeDecoder, prompt: list[int], n: int, options: dict[str, Any] = FULL,
+                   *, seeded: bool = True) -> tuple[Counter[tuple[int, ...]], int, int]:
+    """n answers of LENGTH tokens with seeds 0..n-1 (the seeded draws: a draft is kept when it equals the
+    target's draw), or unseeded (the min(1, p/q) test and its residual); also the number of draft tokens the
+    target verified and the number of passes that verified two draft tokens or more."""
     counts: Counter[tuple[int, ...]] = Counter()
     drafted = deep = 0
     decoder.reset_cache()
     for seed in range(n):
         out: list[int] = []
-        for event in decoder.generate(prompt, SamplingSettings(**options, seed=seed)):
+        for event in decoder.generate(prompt, SamplingSettings(**options, seed=seed if seeded else -1)):
             if isinstance(event, Token):
                 out += event.token_ids
             elif isinstance(event, PassStats):
@@ -186,10 +188,11 @@ def test_target_alone_fits_its_exact_distribution(models: Models) -> None:
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
 
 
-def test_model_drafter_is_lossless(models: Models) -> None:
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_model_drafter_is_lossless(models: Models, seeded: bool) -> None:
     prompt = models.target.tokenize(PROSE, add_special=True)
     bins = exact_bins(models, prompt, N_SAMPLES)
-    counts, drafted, deep = sample_answers(model_decoder(models), prompt, N_SAMPLES)
+    counts, drafted, deep = sample_answers(model_decoder(models), prompt, N_SAMPLES, seeded=seeded)
     # Most answers had their 2nd (and often 3rd) token drafted, so acceptance and the residual both mattered.
     assert drafted > N_SAMPLES
     # Drafts of two and three tokens were verified too: the drafter's stop rule reads its most likely
@@ -205,24 +208,26 @@ FILTERED = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.02, "repe
 N_FILTERED = 10_000
 
 
-def test_model_drafter_is_lossless_with_every_filter_and_penalties(models: Models) -> None:
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_model_drafter_is_lossless_with_every_filter_and_penalties(models: Models, seeded: bool) -> None:
     prompt = models.target.tokenize(PROSE, add_special=True)
     bins = exact_bins(models, prompt, N_FILTERED, FILTERED)
     assert len(bins) > 20
     drafter = ModelDrafter(models.drafter, models.draft_ctx, p_min=0.3)
     decoder = SpeculativeDecoder(models.target, models.ctx, drafter=drafter,
                                  controller=DepthController(k_max=8, fixed=3))
-    counts, drafted, deep = sample_answers(decoder, prompt, N_FILTERED, FILTERED)
+    counts, drafted, deep = sample_answers(decoder, prompt, N_FILTERED, FILTERED, seeded=seeded)
     assert drafted > N_FILTERED
     assert deep > N_FILTERED // 4  # drafts of depth 2 and 3 were verified
     stat, df, p = goodness_of_fit(counts, bins, N_FILTERED)
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
 
 
-def test_ngram_drafter_is_lossless(models: Models) -> None:
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_ngram_drafter_is_lossless(models: Models, seeded: bool) -> None:
     prompt = models.target.tokenize(REPETITIVE, add_special=True)
     bins = exact_bins(models, prompt, N_SAMPLES)
-    counts, drafted, _ = sample_answers(ngram_decoder(models), prompt, N_SAMPLES)
+    counts, drafted, _ = sample_answers(ngram_decoder(models), prompt, N_SAMPLES, seeded=seeded)
     assert drafted >= N_SAMPLES  # the first pass of every answer carried an n-gram draft
     stat, df, p = goodness_of_fit(counts, bins, N_SAMPLES)
     assert p > ALPHA, f"chi2 {stat:.1f}, df {df}, p {p:.3g}"
@@ -278,3 +283,53 @@ def test_distribution_filters() -> None:
     greedy = sampling.distribution(row, SamplingSettings(temperature=0.0))
     assert greedy.ids.tolist() == [0]
     assert greedy.probs.tolist() == [1.0]
+
+
+# --- a fixed seed ---------------------------------------------------------------------------------
+
+
+def test_a_fixed_seed_gives_one_answer_at_every_depth(models: Models) -> None:
+    """The same seed: the same tokens from plain decoding, from a model drafter at three fixed depths, from
+    the suffix drafter and from the adaptive depth (each pass drafts a different number of tokens)."""
+    prompt = models.target.tokenize(REPETITIVE, add_special=True)
+    drafter = ModelDrafter(models.drafter, models.draft_ctx, p_min=0.0)
+    decoders = {
+        "plain": SpeculativeDecoder(models.target, models.ctx),
+        **{f"model k={k}": SpeculativeDecoder(models.target, models.ctx, drafter=drafter,
+                                              controller=DepthController(k_max=8, fixed=k)) for k in (1, 3, 6)},
+        "suffix": ngram_decoder(models),
+        "adaptive": SpeculativeDecoder(models.target, models.ctx, drafter=drafter, ngram=SuffixDrafter(2),
+                                       controller=DepthController(k_max=8)),
+    }
+    for seed in (3, 11):
+        settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=24, seed=seed)
+        answers: dict[str, list[int]] = {}
+        drafted = 0
+        for name, decoder in decoders.items():
+            decoder.reset_cache()
+            out: list[int] = []
+            for event in decoder.generate(prompt, settings):
+                if isinstance(event, Token):
+                    out += event.token_ids
+                elif isinstance(event, PassStats):
+                    drafted += event.drafted
+            answers[name] = out
+        assert drafted > 0
+        assert len(answers["plain"]) > 1
+        assert all(answer == answers["plain"] for answer in answers.values()), answers
+
+
+def test_the_seeded_draws_sample_the_distribution() -> None:
+    """The Gumbel-max draw from the hashed noise, over many positions, against the distribution itself."""
+    dist = sampling.Dist(np.array([5, 17, 200, 3000, 40000], dtype=np.int64),
+                         np.array([0.5, 0.25, 0.15, 0.07, 0.03]))
+    n = 20_000
+    for seed in (0, 1):
+        draws = sampling.SeededDraws(seed)
+        counts = Counter(draws.token(dist, pos) for pos in range(n))
+        observed = [counts[int(t)] for t in dist.ids]
+        expected = [n * p for p in dist.probs]
+        stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
+        assert chi2_sf(stat, len(observed) - 1) > ALPHA, (observed, expected)
+    a, b = sampling.SeededDraws(0), sampling.SeededDraws(1)  # the seed is in the noise
+    assert [a.token(dist, pos) for pos in range(64)] != [b.token(dist, pos) for pos in range(64)]
