@@ -23,7 +23,10 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import math
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_HEAD_TIMEOUT = 10.0  # seconds for a request line and headers; a real client sends them at once
+OUT_OF_DESCRIPTORS_NOTE_SECONDS = 10.0  # at most one line this often while the process is out of descriptors
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a whole request body after its head; 4 MB at 1 Mbit/s takes 32 s
 DEFAULT_SEND_TIMEOUT = 30.0  # seconds a streamed chunk may wait for a client that stopped reading
 CONNECTIONS_PER_FD = 0.5  # of the process's file limit, the rest left to models, logs, the history, the worker
@@ -231,3 +235,34 @@ def guarded_protocol(max_connections: int, head_timeout: float,
                      body_timeout: float = DEFAULT_BODY_TIMEOUT) -> type[GuardedH11Protocol]:
     return type("SpecDeckH11Protocol", (GuardedH11Protocol,),
                 {"max_connections": max_connections, "head_timeout": head_timeout, "body_timeout": body_timeout})
+
+
+class LoopErrors:
+    """The serving event loop's exception handler: one line per burst when the process runs out of descriptors.
+
+    Past the file limit asyncio's accept loop reports every connection it cannot take, up to the listen backlog
+    (2048) per pass, each with a traceback through the logging module, whose log file then cannot be opened
+    either: a burst wrote megabytes of "Logging error" to stderr. Those reports are said in one line at most
+    every ``every`` seconds, with a count; anything else goes to asyncio's own handler.
+    """
+
+    def __init__(self, log: Callable[[str], None], every: float = OUT_OF_DESCRIPTORS_NOTE_SECONDS) -> None:
+        self.log = log
+        self.every = every
+        self._said_at = -math.inf
+        self._unsaid = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self._said_at < self.every:
+            self._unsaid += 1
+            return
+        exc = context.get("exception")
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "out of system resources"
+        since = f"; {self._unsaid} more refused since the last note" if self._unsaid else ""
+        self._said_at, self._unsaid = now, 0
+        self.log(f"new connections wait: the process is out of file descriptors ({why}){since}. Raise the file "
+                 "limit (ulimit -n) or lower the number of clients.")

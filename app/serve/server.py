@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from app.serve.guard import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEAD_TIMEOUT,
     DEFAULT_SEND_TIMEOUT,
+    LoopErrors,
     RequestGuard,
     default_max_connections,
     guarded_protocol,
@@ -95,20 +97,33 @@ class Admission:
                         f"{self.options.retry_after_seconds} s.", kind="rate_limit_error", code="server_busy",
                         retry_after=self.options.retry_after_seconds)
 
-    async def acquire(self) -> None:
+    async def acquire(self, gone: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Wait for the slot. ``gone`` returns once the client has disconnected: one that leaves while it waits
+        gives its place in the queue back at once (``ClientGone``) rather than when the slot would be free."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         if self._lock.locked() and self.waiting >= self.options.max_waiting:
             raise self._busy(f"{self.waiting} more are waiting")
         self.waiting += 1
         self.metrics.requests_deferred.set(self.waiting - (0 if self._lock.locked() else 1))
+        slot = asyncio.ensure_future(self._lock.acquire())
+        left = asyncio.ensure_future(gone()) if gone is not None else None
+        watched = {slot} if left is None else {slot, left}
         try:
-            await asyncio.wait_for(self._lock.acquire(), self.options.wait_seconds)
-        except asyncio.TimeoutError:
-            raise self._busy(f"this one waited {self.options.wait_seconds:.0f} s") from None
-        finally:
+            await asyncio.wait(watched, timeout=self.options.wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when this request is cancelled: neither task outlives the wait
+            for task in watched:
+                task.cancel()
+            await asyncio.gather(*watched, return_exceptions=True)
             self.waiting -= 1
             self.metrics.requests_deferred.set(self.waiting)
+        held = not slot.cancelled() and slot.exception() is None
+        if left is not None and not left.cancelled() and left.exception() is None:
+            if held:
+                self._lock.release()
+            raise ClientGone()
+        if not held:
+            raise self._busy(f"this one waited {self.options.wait_seconds:.0f} s")
 
     def release(self) -> None:
         if self._lock is not None and self._lock.locked():
@@ -318,9 +333,11 @@ class ServeApp:
         except ClientGone:
             return Response(status_code=499)
         try:
-            await self.admission.acquire()
+            await self.admission.acquire(lambda: _disconnected(request))
         except ApiError as exc:
             return error_response(exc)
+        except ClientGone:
+            return Response(status_code=499)
         if await request.is_disconnected():  # gave up while waiting in the queue: its job is not run
             self.admission.release()
             return Response(status_code=499)
@@ -449,6 +466,23 @@ def _response_id(parsed: CompletionRequest) -> str:
     return protocol.new_id(parsed.chat)
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone. Called after the body is read, so nothing else arrives meanwhile."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _uvicorn_server(config: Any, loop_errors: LoopErrors) -> Any:
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            asyncio.get_running_loop().set_exception_handler(loop_errors)
+            await super().serve(sockets)
+
+    return Uvicorn(config)
+
+
 class Server:
     """A runner and its HTTP app, served by uvicorn on a thread or in the foreground."""
 
@@ -462,14 +496,33 @@ class Server:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5,
                                 http=guarded_protocol(options.max_connections, options.head_timeout_seconds,
                                                      options.body_timeout_seconds),
-                                limit_concurrency=options.max_connections)
-        self.uvicorn = uvicorn.Server(config)
+                                # Past the cap the guard refuses at connect, without a log line per request as
+                                # uvicorn's own limit writes; uvicorn's stays as the bound on running tasks.
+                                limit_concurrency=options.max_connections + 1)
+        self.uvicorn = _uvicorn_server(config, LoopErrors(runner.log))
         self._thread: Any = None
+        self._socket: socket.socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self) -> None:
+        """Take the address now, before the model loads: a port in use is an OSError at once, not after a load."""
+        if self._socket is not None:
+            return
+        host = self.options.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind((host, self.options.port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
 
     @property
     def port(self) -> int:
-        """The bound port (useful with port 0), once started."""
+        """The bound port (useful with port 0), once bound."""
+        if self._socket is not None and self._socket.fileno() >= 0:
+            return int(self._socket.getsockname()[1])
         servers = getattr(self.uvicorn, "servers", None) or []
         for server in servers:
             for sock in server.sockets:
@@ -482,9 +535,11 @@ class Server:
         return f"http://{host}:{self.port}"
 
     def serve_forever(self) -> None:
+        self.bind()
+        assert self._socket is not None
         self.runner.start()
         try:
-            self.uvicorn.run()
+            self.uvicorn.run(sockets=[self._socket])
         finally:
             self.runner.stop()
 
@@ -492,13 +547,15 @@ class Server:
         """Serve from a thread with its own event loop (``self.loop``), for the window and for tests."""
         import threading
 
+        self.bind()
+        sockets = [self._socket] if self._socket is not None else None
         self.runner.start()
         loop = self.loop = asyncio.new_event_loop()
 
         def serve() -> None:
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(self.uvicorn.serve())
+                loop.run_until_complete(self.uvicorn.serve(sockets))
             finally:
                 loop.close()
 
@@ -518,5 +575,7 @@ class Server:
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
+        if self._socket is not None:
+            self._socket.close()  # uvicorn closes it when it served; not when it never started
         with contextlib.suppress(Exception):
             self.runner.stop()
