@@ -81,6 +81,17 @@ class Job:
             self.cancel()
 
 
+def _token_starts(event: Token, offset: int) -> list[int]:
+    """Where each of the event's tokens starts in the answer's text, ``offset`` being where the event starts."""
+    if not event.pieces:
+        return [offset] * len(event.token_ids)
+    out, at = [], offset
+    for piece in event.pieces:
+        out.append(min(at, offset + len(event.text)))  # a split character's text comes with a later token
+        at += len(piece)
+    return out
+
+
 class EngineRunner:
     """Loads ``settings`` in a worker process and answers ``Job``s in order, one at a time."""
 
@@ -250,6 +261,10 @@ class EngineRunner:
         # the history get the same cut answer whatever the HTTP side is doing.
         matcher = StopMatcher(job.stops)
         text: list[str] = []
+        # Where each generated token starts in the uncut text: past a stop sequence the engine runs on until it
+        # hears the cancel, and only the tokens of the text returned are the answer's (its usage).
+        starts: list[int] = []
+        generated = 0
         last_flush = time.monotonic()
         sent_cancel = False
         try:
@@ -268,6 +283,8 @@ class EngineRunner:
                         self._warned.add(event.warning)
                         self.log(event.warning)
                 if isinstance(event, Token):
+                    starts += _token_starts(event, generated)
+                    generated += len(event.text)
                     event = replace(event, text=matcher.feed(event.text))
                 elif isinstance(event, Finished):
                     tail = matcher.flush()
@@ -275,7 +292,10 @@ class EngineRunner:
                         job.put(Token(request_id, tail, (), ()))
                         text.append(tail)
                     if matcher.stopped:
-                        event = replace(event, reason="stop", text="".join(text))
+                        kept = "".join(text)
+                        counted = sum(1 for start in starts if start < len(kept))
+                        event = replace(event, reason="stop", text=kept,
+                                        stats=replace(event.stats, completion_tokens=counted))
                 self._observe(event)
                 # An answer's last save is queued before the client hears the end (it does not wait for it), so
                 # whoever waits for the history's queued writes after the answer finds the turn saved.
