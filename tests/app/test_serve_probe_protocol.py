@@ -62,3 +62,31 @@ def test_completion_tokens_count_the_text_up_to_the_stop_streamed_or_not(served:
     text, usage = _streamed(served, max_tokens=40, stop=[stop])
     assert text == full[:cut]
     assert usage["completion_tokens"] == needed
+
+
+# --- a chat template that falls back for one request ----------------------------------------------------------
+
+
+# Each message repeats the first character of every message: fine for a chat, minutes of CPU time for 2000 of them.
+QUADRATIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{{ n['content'][:1] }}{% endfor %}"
+                      "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.xfail(strict=True, reason="the template renderer (app.engine.template_runner) refuses a template "
+                   "for the rest of the process once one render was stopped, whatever the messages")
+
+
+def test_one_request_whose_template_is_stopped_does_not_change_the_format_of_the_next(
+        tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
+    target = tiny_model_factory("quadratic.gguf", chat_template=QUADRATIC_TEMPLATE)
+    server = start_server(target, tmp_path / "t.sqlite3", n_ctx=4096)
+    try:
+        hello = [{"role": "user", "content": "hello"}]
+        before = _chat(server, messages=hello, max_tokens=2).json()["usage"]["prompt_tokens"]
+        heavy = _chat(server, messages=[{"role": "user", "content": ""}] * 2000, max_tokens=2)
+        assert heavy.status_code < 500, heavy.text
+        after = _chat(server, messages=hello, max_tokens=2).json()["usage"]["prompt_tokens"]
+        assert after == before  # the model's own format, not the fallback's
+    finally:
+        server.stop()
