@@ -25,6 +25,9 @@ ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assi
 # Each message is a history row and a template turn; a 4 MB body of empty messages is 100k of them, which
 # held the server 80 s. A 128k context holds at most a few thousand real turns.
 MAX_MESSAGES = 2048
+# Below this a temperature picks the top token anyway (any other is e^-1000 times less likely at a logit gap of
+# 0.01), and near the smallest floats 1/temperature overflows: it is greedy.
+GREEDY_BELOW = 1e-5
 LARGEST_NUMBER = 2**53  # past this a JSON number is not a count anyone means (and floats lose whole numbers)
 # OpenAI parameters this server cannot honour: a client that sends one with an effect gets a 400 naming it
 # rather than an answer that silently ignored it. The neutral value of each (false, 0, empty) is accepted.
@@ -34,8 +37,11 @@ UNSUPPORTED = {
     "top_logprobs": "log probabilities", "presence_penalty": "presence penalties (use repeat_penalty)",
     "frequency_penalty": "frequency penalties (use repeat_penalty)", "logit_bias": "logit biases",
     "audio": "audio", "modalities": "other modalities",
-    "prediction": "predicted outputs", "web_search_options": "web search", "best_of": "best_of",
+    "prediction": "predicted outputs", "web_search_options": "web search",
     "echo": "echoing the prompt", "suffix": "suffixes",
+    # llama-server's own: a raw grammar has no path to the engine (a JSON schema does: json_schema below)
+    "grammar": "a GBNF grammar (send a JSON schema in 'json_schema' or 'response_format')",
+    "n_probs": "token probabilities", "mirostat": "Mirostat sampling",
 }
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, 0.0, "", [], {}, "none", "auto")
 
@@ -263,6 +269,23 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
                        "without it.", param=name, code="unsupported_parameter")
 
 
+def _structured_output(body: dict[str, Any]) -> str:
+    """``response_format``, or llama-server's ``json_schema`` (a bare schema), as the sampling's response format."""
+    schema = body.get("json_schema")
+    if schema is None:
+        return parse_response_format(body.get("response_format"))
+    if parse_response_format(body.get("response_format")):
+        raise ApiError(400, "Send either 'json_schema' or a JSON 'response_format', not both.", param="json_schema")
+    if not isinstance(schema, dict):
+        raise ApiError(400, "'json_schema' must be a JSON Schema object.", param="json_schema")
+    try:
+        return parse_response_format({"type": "json_schema", "json_schema": {"schema": schema}})
+    except ApiError as exc:
+        exc.param = "json_schema"
+        exc.message = exc.message.replace("'response_format.json_schema.schema'", "'json_schema'")
+        raise
+
+
 def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> CompletionRequest:
     refuse_unsupported(body)
     if chat:
@@ -274,9 +297,11 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
         if not isinstance(prompt, str):
             raise ApiError(400, "'prompt' must be a string (one prompt per request).", param="prompt")
         messages = ({"role": "user", "content": prompt},)
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1; this server answers one choice per request, not {n}.", param="n")
+    for name in ("n", "best_of"):  # OpenAI's default, 1, is the only value one answer per request can honour
+        count = _integer(body, name, 1)
+        if count != 1:
+            raise ApiError(400, f"'{name}' must be 1; this server answers one choice per request, not {count}.",
+                           param=name)
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are given
         if body.get(name) is not None:
             max_tokens = _integer(body, name, limits.max_tokens)
@@ -287,16 +312,19 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
     else:
         max_tokens = limits.max_tokens
     seed = body.get("seed")
+    temperature = _number(body, "temperature", 1.0)
+    if 0 < temperature < GREEDY_BELOW:
+        temperature = 0.0
     try:
         sampling = SamplingSettings(
-            temperature=_number(body, "temperature", 1.0),
+            temperature=temperature,
             top_p=_number(body, "top_p", 1.0),
             top_k=_integer(body, "top_k", SamplingSettings.top_k),
             min_p=_number(body, "min_p", SamplingSettings.min_p),
             repeat_penalty=_number(body, "repeat_penalty", 1.0),
             seed=_integer(body, "seed", -1) if seed is not None else -1,
             max_tokens=max_tokens,
-            response_format=parse_response_format(body.get("response_format")),
+            response_format=_structured_output(body),
         ).validate()
     except SettingsError as exc:
         raise ApiError(400, str(exc)) from None

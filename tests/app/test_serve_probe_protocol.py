@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.serve import protocol
+from app.serve.protocol import ApiError, Limits
 from app.serve.server import Server
 from tests.app.test_serve import MESSAGES, start_server
 
@@ -64,8 +66,57 @@ def test_completion_tokens_count_the_text_up_to_the_stop_streamed_or_not(served:
     assert usage["completion_tokens"] == needed
 
 
-# --- a chat template that falls back for one request ----------------------------------------------------------
+# --- llama-server's parameters, OpenAI's defaults, extreme numbers ------------------------------------------
 
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("grammar", 'root ::= "yes" | "no"'), ("n_probs", 5), ("mirostat", 2), ("best_of", 2), ("best_of", 0),
+])
+def test_parameters_the_server_cannot_honour_are_a_400_naming_them(served: Server, name: str, value: Any) -> None:
+    r = _chat(served, max_tokens=2, **{name: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == name
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("best_of", 1), ("n", 1), ("grammar", ""), ("n_probs", 0), ("mirostat", 0),
+])
+def test_defaults_that_ask_for_nothing_are_accepted(served: Server, name: str, value: Any) -> None:
+    r = _chat(served, max_tokens=2, **{name: value})
+    assert r.status_code == 200, r.text
+
+
+YES_NO = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def test_llama_servers_json_schema_constrains_the_answer(served: Server) -> None:
+    r = _chat(served, max_tokens=100, json_schema=YES_NO)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"])["answer"] in ("yes", "no")
+
+
+@pytest.mark.parametrize("body", [
+    {"json_schema": "an object"},
+    {"json_schema": {"type": "integer", "minimum": 3}},
+    {"json_schema": YES_NO, "response_format": {"type": "json_object"}},
+])
+def test_a_json_schema_the_server_cannot_enforce_is_a_400_naming_it(body: dict[str, Any]) -> None:
+    with pytest.raises(ApiError) as caught:
+        protocol.parse_request({"messages": MESSAGES, **body}, Limits(), chat=True)
+    assert caught.value.status == 400
+    assert caught.value.param == "json_schema"
+
+
+@pytest.mark.parametrize("temperature", [4.9e-324, 1e-300, 1e-9])
+def test_a_vanishing_temperature_answers_as_greedy(served: Server, temperature: float) -> None:
+    greedy = _chat(served, max_tokens=8)
+    tiny = _chat(served, max_tokens=8, temperature=temperature)
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["message"]["content"] == greedy.json()["choices"][0]["message"]["content"]
+
+
+# --- a chat template that falls back for one request ----------------------------------------------------------
 
 # Each message repeats the first character of every message: fine for a chat, minutes of CPU time for 2000 of them.
 QUADRATIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{{ n['content'][:1] }}{% endfor %}"
@@ -75,8 +126,6 @@ QUADRATIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{{ n['conte
 
 @pytest.mark.xfail(strict=True, reason="the template renderer (app.engine.template_runner) refuses a template "
                    "for the rest of the process once one render was stopped, whatever the messages")
-
-
 def test_one_request_whose_template_is_stopped_does_not_change_the_format_of_the_next(
         tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
     target = tiny_model_factory("quadratic.gguf", chat_template=QUADRATIC_TEMPLATE)
