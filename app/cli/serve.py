@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from app.cli.bench import add_rpc_argument
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
-from app.errors import AppError
+from app.errors import AppError, SettingsError
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, parse_rpc_servers
 from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
@@ -26,14 +27,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1; any other needs --api-key)")
+                        help="address to listen on (default 127.0.0.1; any other needs an API key)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)")
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health (other "
+                      "users of this computer can read it in the process list: prefer --api-key-file or "
+                      f"{API_KEY_ENV})")
+    keys.add_argument("--api-key-file", type=Path, metavar="PATH",
+                      help=f"read the API key from this file (its first line); without either option the key is "
+                      f"taken from the environment variable {API_KEY_ENV}, if set")
     parser.add_argument("--max-tokens", type=int, help="most tokens one request may ask for (default: --ctx)")
     parser.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="largest request body in bytes")
     parser.add_argument("--queue", type=int, default=4, help="requests that may wait while one is answered")
     parser.add_argument("--no-history", action="store_true", help="do not save API requests to the chat history")
     add_rpc_argument(parser)
+
+
+API_KEY_ENV = "SPECDECK_API_KEY"
+MAX_KEY_FILE_BYTES = 64 << 10
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or the environment, in that order; SettingsError for a bad file."""
+    if args.api_key is not None:
+        return str(args.api_key)
+    path: Path | None = args.api_key_file
+    if path is None:
+        return os.environ.get(API_KEY_ENV) or None
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SettingsError(f"The API key file {path} cannot be read: {exc.strerror or exc}.") from None
+    if len(raw) > MAX_KEY_FILE_BYTES:
+        raise SettingsError(f"The API key file {path} is over {MAX_KEY_FILE_BYTES // 1024} kB; it holds one key.")
+    try:
+        lines = raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise SettingsError(f"The API key file {path} is not UTF-8 text.") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise SettingsError(f"The API key file {path} is empty; write the key on its first line.")
+    return key
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                               k=args.k if args.k is not None else 4, model_start=measured_start(target, drafter))
         settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx,
                                 rpc_servers=parse_rpc_servers(args.rpc)).validate()
-        options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
+        options = ServeOptions(host=args.host, port=args.port, api_key=api_key(args),
                                limits=Limits(body_bytes=max(args.body_limit, 1024),
                                              max_tokens=args.max_tokens or args.ctx),
                                max_waiting=max(args.queue, 0)).check()

@@ -64,7 +64,9 @@ class ServeOptions:
     def check(self) -> ServeOptions:
         if not is_loopback(self.host) and not self.api_key:
             raise SettingsError(f"Serving on {self.host} makes the model reachable from other machines; "
-                                "give an API key (--api-key) to do that.")
+                                "give an API key (--api-key, --api-key-file or SPECDECK_API_KEY) to do that.")
+        if self.api_key and any(ord(c) < 32 or ord(c) == 127 for c in self.api_key):
+            raise SettingsError("The API key has control characters, which no HTTP header can carry.")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"The port must be between 0 and 65535, not {self.port}.")
         for name, seconds in (("head", self.head_timeout_seconds), ("body", self.body_timeout_seconds)):
@@ -222,9 +224,14 @@ class ServeApp:
         key = self.options.api_key
         if not key:
             return True
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        return hmac.compare_digest(token.encode(), key.encode())
+        # The header's bytes against the key's UTF-8: Starlette's decoded headers are latin-1, so a key with any
+        # other character could never match as text.
+        headers: dict[bytes, bytes] = {}
+        for name, value in request.scope["headers"]:
+            headers.setdefault(name.lower(), value)
+        given = headers.get(b"authorization", b"")
+        token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        return hmac.compare_digest(token.strip(), key.encode("utf-8"))
 
     def _unauthorized(self) -> JSONResponse:
         return error_response(ApiError(401, "A valid API key is required (Authorization: Bearer KEY).",
