@@ -108,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
     runner = EngineRunner(settings, metrics, history_path=None if args.no_history else data_dir() / FILE_NAME,
                           log=log, on_unusable=give_up)
     server = Server(runner, metrics, options)
+    try:
+        server.bind()  # before the model loads: a port in use is said at once, not after a long load
+    except OSError as exc:
+        print(f"specdeck serve: cannot listen on {options.host}:{options.port}: "
+              f"{terminal_safe(exc.strerror or exc, one_line=True)}; choose another --port or stop the program "
+              "using this one.", file=sys.stderr)
+        return EXIT_BAD_OPTIONS
     log(f"serving {runner.model_id} on {server.base_url}/v1 (loading the model; "
         "/health answers 503 until it is ready)")
     _say_template(target, log)

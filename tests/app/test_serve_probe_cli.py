@@ -4,6 +4,7 @@ a port already in use. Real processes, real HTTP."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.cli.exit_codes import EXIT_BAD_OPTIONS
 from tests.app.test_serve import MESSAGES, start_server
 from tests.app.test_serve_cli import ROOT, free_port
 
@@ -100,3 +102,20 @@ def test_a_key_no_header_can_carry_is_refused() -> None:
 
     with pytest.raises(SettingsError, match="control characters"):
         ServeOptions(api_key="line one\nline two").check()
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tiny_target: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--target", str(tiny_target), "--port",
+                                 str(port), "--ctx", "256", "--no-history"], cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "SPECDECK_HOME": str(tmp_path / "home")})
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_BAD_OPTIONS, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "--port" in err
+    assert "loaded" not in err  # the model was never loaded
+    assert "Traceback" not in err
