@@ -132,6 +132,23 @@ class EngineRunner:
         client = self._client
         return self.state == "ready" and client is not None and client.pid is not None and not client.alive
 
+    @property
+    def worker_stopped(self) -> bool:
+        """The worker process exists but cannot run: stopped (SIGSTOP, a debugger) or a zombie not yet reaped."""
+        pid = self.worker_pid
+        if pid is None:
+            return False
+        import psutil
+
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False  # not ours to read: nothing is known against it
+        return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
+                          psutil.STATUS_DEAD)
+
     def restart_if_dead(self) -> None:
         """Have the engine thread restart a dead idle worker now rather than at the next request."""
         if not self._restart_asked:
@@ -189,19 +206,15 @@ class EngineRunner:
                 if isinstance(job, _RestartIfDead):
                     self._restart_asked = False
                     if self.worker_dead:
-                        self.log("the engine was gone while idle; restarting it and loading the model again")
-                        self.restarts += 1
-                        client.restart()
-                        self._load(client)
+                        self._restart(client, "the engine was gone while idle; restarting it and loading the "
+                                      "model again")
                     continue
                 if job.cancelled.is_set():
                     job.put(JobEnded())
                     continue
                 if self.state == "ready" and not client.alive:  # died while idle (killed, out of memory)
-                    self.log("the engine was gone while idle; restarting it and loading the model again")
-                    self.restarts += 1
-                    client.restart()
-                    self._load(client)
+                    self._restart(client, "the engine was gone while idle; restarting it and loading the model "
+                                  "again")
                 if self.state != "ready":
                     job.put(EngineError(self._not_ready_message(), kind="not_loaded"))
                     job.put(JobEnded())
@@ -215,6 +228,14 @@ class EngineRunner:
             client.close()
             if self._history is not None:
                 self._history.close()
+
+    def _restart(self, client: EngineClient, why: str) -> None:
+        # Not ready from now: starting a worker takes seconds, and /health must not say "ok" meanwhile.
+        self.state, self.loaded = "loading", None
+        self.log(why)
+        self.restarts += 1
+        client.restart()
+        self._load(client)
 
     def _not_ready_message(self) -> str:
         if self.state == "loading":
@@ -313,10 +334,7 @@ class EngineRunner:
                     self.metrics.on_ended("crashed")
                     self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "crashed")
                     job.put(event)
-                    self.log(f"the engine died: {event.message}; restarting it")
-                    self.restarts += 1
-                    client.restart()
-                    self._load(client)
+                    self._restart(client, f"the engine died: {event.message}; restarting it")
                     return
                 job.put(event)
                 if isinstance(event, Token):

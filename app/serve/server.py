@@ -263,6 +263,9 @@ class ServeApp:
             self.runner.restart_if_dead()
             return JSONResponse({"status": "loading", "message": "The engine stopped while idle; it is being "
                                  "restarted and the model loaded again."}, status_code=503)
+        if state == "ready" and self.runner.worker_stopped:
+            return JSONResponse({"status": "error", "message": "The engine process is stopped (a signal or a "
+                                 "debugger holds it); requests wait until it runs again."}, status_code=503)
         body: dict[str, Any] = {"status": {"ready": "ok"}.get(state, state)}
         if state == "loading":
             body["progress"] = round(self.runner.load_fraction, 3)
