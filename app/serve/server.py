@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -170,10 +171,25 @@ def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
+# The engine's crash messages end with advice for a chat window's user, who restarts the engine by hand; the
+# server restarts it by itself, so an API client is told that instead.
+_CHAT_ADVICE = (
+    (re.compile(r"\s*Your chat is safe; restart the engine to go on\."), ""),
+    (re.compile(r"your chat is safe: "), ""),
+    (re.compile(r",? and restart the engine\."), "."),
+)
+
+
+def crash_message(message: str) -> str:
+    for pattern, replacement in _CHAT_ADVICE:
+        message = pattern.sub(replacement, message)
+    return (f"The engine crashed: {message.strip()} The server restarts it and loads the model again by itself; "
+            "this request can be retried once /health answers 200.")
+
+
 def engine_error(event: EngineError | EngineCrashed) -> ApiError:
     if isinstance(event, EngineCrashed):
-        return ApiError(500, f"The engine crashed: {event.message} It is being restarted.", kind="server_error",
-                        code="engine_crashed")
+        return ApiError(500, crash_message(event.message), kind="server_error", code="engine_crashed")
     if event.kind == "PromptTooLongError":
         return ApiError(400, event.message, param="messages", code="context_length_exceeded")
     if event.kind in ("SettingsError", "TemplateError"):

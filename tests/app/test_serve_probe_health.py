@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,42 @@ def test_health_is_503_right_after_a_crash_mid_answer(tiny_target: Path, tmp_pat
         assert len(_crash_mid_answer(server)) == 1
         r = httpx.get(server.base_url + "/health", timeout=30)  # the client heard of the crash: not ready now
         assert r.status_code == 503 or server.runner.loaded is not before, r.text
+    finally:
+        server.stop()
+
+
+def test_a_crash_tells_the_client_the_server_restarts_the_engine_and_to_retry(tiny_target: Path,
+                                                                            tmp_path: Path) -> None:
+    server = start_server(tiny_target, tmp_path / "h.sqlite3", n_ctx=4096, max_tokens=4000)
+    try:
+        streamed = _crash_mid_answer(server)
+        assert len(streamed) == 1
+        _wait_ready(server)
+        client = httpx.Client(timeout=120)
+        pending = client.build_request("POST", server.base_url + "/v1/chat/completions", json={
+            "messages": MESSAGES, "max_tokens": 4000, "temperature": 0})
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(client.send(pending)))
+        sender.start()
+        deadline = time.monotonic() + 60
+        while not server.runner.metrics.requests_processing._value.get():  # generating now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pid = server.runner.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        sender.join(120)
+        client.close()
+        assert answers[0].status_code == 500
+        plain = answers[0].json()["error"]
+        assert plain["code"] == "engine_crashed"
+        for error in (streamed[0], plain):
+            assert "SIGKILL" in error["message"]
+            assert "restart the engine" not in error["message"]
+            assert "The server restarts it" in error["message"]
+            assert "retried" in error["message"]
+        _wait_ready(server)
+        assert server.runner.restarts == 2
     finally:
         server.stop()
 
