@@ -39,7 +39,7 @@ POLL_S = 0.05
 
 
 class TemplateLimitError(TemplateError):
-    """The template was stopped for time or memory; it is refused for the rest of the process."""
+    """The template was stopped for time or memory; it is refused at once for chats at least that large."""
 
 
 class TemplateMemoryError(TemplateLimitError):
@@ -159,7 +159,10 @@ class TemplateRunner:
         self._conn: Connection | None = None
         self._rest_rss = 0
         self._ready = False  # the child said it is ready (it has imported the renderer)
-        self._refused: dict[str, str] = {}  # template -> why it was stopped
+        # template -> (the size of the smallest chat it was stopped on, why): a template too slow for one long
+        # chat is refused at once for chats as large or larger, and still tried on smaller ones, so one client's
+        # huge request does not switch every later client to the fallback format.
+        self._refused: dict[str, tuple[int, str]] = {}
 
     @property
     def pid(self) -> int | None:
@@ -226,9 +229,11 @@ class TemplateRunner:
     def render(self, template: str, messages: list[dict[str, str]], options: dict[str, Any]) -> str:
         """The rendered text, or TemplateError (TemplateLimitError when it was stopped for time or memory)."""
         time_limit = float(options.get("time_limit", 2.0))
+        size = chat_size(messages)
         with self._lock:
-            if template in self._refused:
-                raise TemplateLimitError(self._refused[template])
+            refused = self._refused.get(template)
+            if refused is not None and size >= refused[0]:
+                raise TemplateLimitError(refused[1])
             conn = self._ensure_child()
             try:
                 conn.send((template, messages, options))
@@ -246,26 +251,32 @@ class TemplateRunner:
                     self._proc.join(1)
                     out_of_cpu = self._proc.exitcode == -getattr(signal, "SIGXCPU", -1)
                     self._stop_child()
-                    return self._refuse(template, time_message(time_limit) if out_of_cpu
+                    return self._refuse(template, size, time_message(time_limit) if out_of_cpu
                                         else _memory_message(self.headroom))
                 rss, cpu = self._usage()
                 if rss is not None and rss - self._rest_rss > self.headroom:
                     self._stop_child()
-                    return self._refuse(template, _memory_message(self.headroom))
+                    return self._refuse(template, size, _memory_message(self.headroom))
                 over_cpu = cpu is not None and cpu_at_start is not None and cpu - cpu_at_start > time_limit + GRACE_S
                 if over_cpu or time.monotonic() > stalled_at:
                     self._stop_child()
-                    return self._refuse(template, time_message(time_limit))
+                    return self._refuse(template, size, time_message(time_limit))
             if kind == "ok":
                 return str(value)
             if kind == "limit":
                 self._stop_child()
-                return self._refuse(template, str(value))
+                return self._refuse(template, size, str(value))
             raise TemplateError(str(value))
 
-    def _refuse(self, template: str, message: str) -> str:
-        self._refused[template] = message
+    def _refuse(self, template: str, size: int, message: str) -> str:
+        known = self._refused.get(template)
+        self._refused[template] = (min(size, known[0]) if known else size, message)
         raise TemplateLimitError(message)
+
+
+def chat_size(messages: list[dict[str, str]]) -> int:
+    """How much a template has to render: the characters of every field, and one per message for its frame."""
+    return sum(1 + sum(len(str(value)) for value in m.values()) for m in messages)
 
 
 _shared: TemplateRunner | None = None

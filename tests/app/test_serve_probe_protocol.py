@@ -124,8 +124,6 @@ QUADRATIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{{ n['conte
                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-@pytest.mark.xfail(strict=True, reason="the template renderer (app.engine.template_runner) refuses a template "
-                   "for the rest of the process once one render was stopped, whatever the messages")
 def test_one_request_whose_template_is_stopped_does_not_change_the_format_of_the_next(
         tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
     target = tiny_model_factory("quadratic.gguf", chat_template=QUADRATIC_TEMPLATE)
