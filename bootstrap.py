@@ -546,6 +546,66 @@ def trapped(check_output: str) -> bool:
     return bool(re.search(r"SIGILL|Illegal instruction|instructions this machine cannot run", check_output))
 
 
+# The system libraries Qt's X11 platform plugin links (Qt >= 6.5 needs libxcb-cursor too), by soname: the
+# Debian/Ubuntu package, then the Fedora one. PySide6's wheels carry Qt itself, not these.
+QT_XCB_PACKAGES = {
+    "libxcb-cursor.so.0": ("libxcb-cursor0", "xcb-util-cursor"),
+    "libxcb-icccm.so.4": ("libxcb-icccm4", "xcb-util-wm"),
+    "libxcb-keysyms.so.1": ("libxcb-keysyms1", "xcb-util-keysyms"),
+    "libxcb-image.so.0": ("libxcb-image0", "xcb-util-image"),
+    "libxcb-render-util.so.0": ("libxcb-render-util0", "xcb-util-renderutil"),
+    "libxcb-util.so.1": ("libxcb-util1", "xcb-util"),
+    "libxcb-shape.so.0": ("libxcb-shape0", "libxcb"),
+    "libxcb-randr.so.0": ("libxcb-randr0", "libxcb"),
+    "libxcb-xkb.so.1": ("libxcb-xkb1", "libxcb"),
+    "libxcb-xinerama.so.0": ("libxcb-xinerama0", "libxcb"),
+    "libxkbcommon-x11.so.0": ("libxkbcommon-x11-0", "libxkbcommon-x11"),
+    "libxkbcommon.so.0": ("libxkbcommon0", "libxkbcommon"),
+    "libX11-xcb.so.1": ("libx11-xcb1", "libX11-xcb"),
+    "libEGL.so.1": ("libegl1", "libglvnd-egl"),
+    "libGL.so.1": ("libgl1", "libglvnd-glx"),
+    "libfontconfig.so.1": ("libfontconfig1", "fontconfig"),
+    "libdbus-1.so.3": ("libdbus-1-3", "dbus-libs"),
+}
+
+
+def missing_libraries(binaries: list[Path]) -> list[str]:
+    """The sonames the dynamic linker cannot find for ``binaries`` (from ldd; none where ldd is missing)."""
+    missing: list[str] = []
+    for binary in binaries:
+        try:
+            out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        for line in out.splitlines():
+            name, _, where = line.strip().partition(" => ")
+            if where.strip() == "not found" and name not in missing:
+                missing.append(name)
+    return missing
+
+
+def qt_platform_hint(missing: list[str]) -> str:
+    """One paragraph: what the window needs, and the apt and dnf commands that install it."""
+    debian = sorted({QT_XCB_PACKAGES.get(name, (None, None))[0] or "" for name in missing} - {""})
+    fedora = sorted({QT_XCB_PACKAGES.get(name, (None, None))[1] or "" for name in missing} - {""})
+    unknown = [name for name in missing if name not in QT_XCB_PACKAGES]
+    hint = (f"the window cannot open on X11: Qt's platform plugin needs {', '.join(missing)}, which this system "
+            "lacks.")
+    if debian:
+        hint += (f" On Debian or Ubuntu: sudo apt-get install {' '.join(debian)}."
+                 f" On Fedora: sudo dnf install {' '.join(fedora)}.")
+    if unknown:
+        hint += f" Install the packages that provide {', '.join(unknown)} with your system's package manager."
+    return hint
+
+
+def qt_xcb_binaries() -> list[Path]:
+    """Qt's X11 platform plugin and its library, in the venv's PySide6."""
+    found = sorted(VENV.glob("lib/python3*/site-packages/PySide6/Qt/plugins/platforms/libqxcb.so"))
+    found += sorted(VENV.glob("lib/python3*/site-packages/PySide6/Qt/lib/libQt6XcbQpa.so*"))
+    return found
+
+
 def has_display() -> bool:
     if sys.platform.startswith("linux"):
         return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
@@ -649,12 +709,18 @@ def main() -> int:
     else:
         install(*choose_cmake_args())
     launcher = venv_script("specdeck").relative_to(ROOT) if VENV.is_relative_to(ROOT) else venv_script("specdeck")
+    missing = missing_libraries(qt_xcb_binaries()) if sys.platform.startswith("linux") else []
+    if missing:
+        say(qt_platform_hint(missing))
     if opts.no_launch or os.environ.get("SPECDECK_NO_LAUNCH") or os.environ.get("CI"):
         say(f"set up; start SpecDeck with {launcher}")
         return 0
     if not has_display():
         say(f"set up, but there is no display here; start SpecDeck with {launcher} on a desktop")
         return 0
+    if missing and not os.environ.get("WAYLAND_DISPLAY"):
+        say(f"set up; install those libraries, then start SpecDeck with {launcher}")
+        return 1
     say("opening SpecDeck")
     return subprocess.run([str(venv_script("specdeck"))]).returncode
 
