@@ -163,6 +163,12 @@ class DraftSettings:
 
 
 RECURRENT_ROLLBACKS = ("auto", "checkpoints")
+FLASH_ATTN_MODES = ("auto", "on", "off")
+# LoadSettings.n_gpu_layers: -1 puts every layer on the GPUs (llama.cpp's own "all"); AUTO_GPU_LAYERS asks the
+# fit (app.ceiling.device_fit) for the most layers that fit in the GPUs' free memory, the rest on the CPU.
+ALL_GPU_LAYERS = -1
+AUTO_GPU_LAYERS = -2
+MAX_GPU_LAYERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,7 @@ class LoadSettings:
     draft: DraftSettings = field(default_factory=DraftSettings)
     n_ctx: int = 4096
     n_batch: int = 512
-    n_gpu_layers: int = -1  # -1 = all layers on the GPU when there is one
+    n_gpu_layers: int = AUTO_GPU_LAYERS  # AUTO_GPU_LAYERS: as many as fit; ALL_GPU_LAYERS (-1): all; N: N layers
     main_gpu: int | None = None  # None: llama.cpp spreads the layers over its GPUs; an index: that GPU alone
     flash_attn: str = "auto"  # auto | on | off
     kv_type: str = "f16"
@@ -188,11 +194,16 @@ class LoadSettings:
         _path("The target model", self.target_path)
         _number("Context size", self.n_ctx, 16, MAX_CTX, integer=True)
         _number("Batch size", self.n_batch, 16, 65536, integer=True)
-        _number("GPU layers", self.n_gpu_layers, -1, 10_000, integer=True)
+        if self.n_gpu_layers != AUTO_GPU_LAYERS:
+            if isinstance(self.n_gpu_layers, int) and not isinstance(self.n_gpu_layers, bool) \
+                    and self.n_gpu_layers < ALL_GPU_LAYERS:
+                raise SettingsError(f"GPU layers must be auto, all or a number from 0 to {MAX_GPU_LAYERS}, not "
+                                    f"{self.n_gpu_layers}.")
+            _number("GPU layers", self.n_gpu_layers, ALL_GPU_LAYERS, MAX_GPU_LAYERS, integer=True)
         if self.main_gpu is not None:
             _number("Main GPU", self.main_gpu, 0, 64, integer=True)
         _number("Threads", self.n_threads, 0, 1024, integer=True)
-        if self.flash_attn not in ("auto", "on", "off"):
+        if self.flash_attn not in FLASH_ATTN_MODES:
             raise SettingsError(f"Flash attention must be auto, on or off, not {self.flash_attn!r}.")
         if self.kv_type not in KV_TYPES:
             raise SettingsError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {self.kv_type!r}.")

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.ceiling.backend import backend_name, probe_backend
-from app.ceiling.device_fit import device_fit_error
+from app.ceiling.device_fit import available_ram, load_gpu_layers
 from app.ceiling.memory import offload_devices
 from app.ceiling.mtp_heads import mtp_heads_shape, mtp_kv_bytes
 from app.ceiling.roofline import (
@@ -186,17 +186,19 @@ class EngineSession:
             for probe in rpc_probes:
                 log(f"RPC server {probe.endpoint}: {probe.devices} device(s), round trip "
                     f"{probe.round_trip_s * 1e3:.2f} ms (median of {ROUND_TRIPS})")
-        too_big = device_fit_error(self.target_info, settings.n_gpu_layers, settings.n_ctx,
-                                   probe_backend(settings.rpc_servers).devices,
-                                   kv_type=settings.kv_type, drafter=drafter_info, main_gpu=settings.main_gpu,
-                                   rpc_servers=settings.rpc_servers)
-        if too_big:
-            raise EngineLoadError(too_big)  # some drivers abort, or overcommit, rather than fail the load
+        # --gpu-layers auto becomes the most layers that fit in free memory; a count that cannot fit is refused
+        # (some drivers abort, or overcommit, rather than fail the load).
+        layers = load_gpu_layers(self.target_info, settings, probe_backend(settings.rpc_servers).devices,
+                                 drafter=drafter_info, ram_free=available_ram())
+        if layers.error:
+            raise EngineLoadError(layers.error)
+        if layers.note and log is not None:
+            log(layers.note)
         if draft.mtp:
             refusal = mtp_refusal(self.target_info)
             if refusal:
                 raise IncompatibleDrafterError(refusal)  # before llama.cpp, whose MTP graph asserts its shapes
-        self.target = Model(settings.target_path, n_gpu_layers=settings.n_gpu_layers,
+        self.target = Model(settings.target_path, n_gpu_layers=layers.n_gpu_layers,
                             main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp,
                             rpc_servers=settings.rpc_servers)
         self._models.append(self.target)
@@ -221,7 +223,7 @@ class EngineSession:
             if Path(draft.drafter_path).resolve() == Path(settings.target_path).resolve():
                 self.drafter_model = self.target  # never load the same file twice
             else:
-                self.drafter_model = Model(draft.drafter_path, n_gpu_layers=settings.n_gpu_layers,
+                self.drafter_model = Model(draft.drafter_path, n_gpu_layers=layers.drafter_gpu_layers,
                                            main_gpu=settings.main_gpu, progress=stage("drafter"),
                                            rpc_servers=settings.rpc_servers)
                 self._models.append(self.drafter_model)
