@@ -144,8 +144,8 @@ class EngineRunner:
             status = psutil.Process(pid).status()
         except psutil.NoSuchProcess:
             return True
-        except psutil.Error:
-            return False  # not ours to read: nothing is known against it
+        except (psutil.Error, OSError):
+            return False  # not ours to read, or no descriptor left to read it with: nothing is known against it
         return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
                           psutil.STATUS_DEAD)
 

@@ -522,9 +522,9 @@ class Server:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=5,
                                 http=guarded_protocol(options.max_connections, options.head_timeout_seconds,
                                                      options.body_timeout_seconds),
-                                # Past the cap the guard refuses at connect, without a log line per request as
-                                # uvicorn's own limit writes; uvicorn's stays as the bound on running tasks.
-                                limit_concurrency=options.max_connections + 1)
+                                # The guard caps connections (each runs one request at a time); uvicorn's own
+                                # limit would add a log line per refused request, thousands in a burst.
+                                limit_concurrency=None)
         self.uvicorn = _uvicorn_server(config, LoopErrors(runner.log))
         self._thread: Any = None
         self._socket: socket.socket | None = None
