@@ -118,15 +118,16 @@ def test_a_vanishing_temperature_answers_as_greedy(served: Server, temperature: 
 
 # --- a chat template that falls back for one request ----------------------------------------------------------
 
-# Each message repeats the first character of every message: fine for a chat, minutes of CPU time for 2000 of them.
-QUADRATIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{{ n['content'][:1] }}{% endfor %}"
+# Cubic in the messages: fine for a chat, far past the render's CPU bound for 2000 of them.
+CUBIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{% for o in messages %}{{ o['content'][:1] }}"
+                      "{% endfor %}{% endfor %}"
                       "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def test_one_request_whose_template_is_stopped_does_not_change_the_format_of_the_next(
         tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
-    target = tiny_model_factory("quadratic.gguf", chat_template=QUADRATIC_TEMPLATE)
+    target = tiny_model_factory("cubic.gguf", chat_template=CUBIC_TEMPLATE)
     server = start_server(target, tmp_path / "t.sqlite3", n_ctx=4096)
     try:
         hello = [{"role": "user", "content": "hello"}]
