@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.engine.schema_limits import schema_grammar
 from app.errors import SettingsError
 from app.params import JSON_OBJECT
 
@@ -25,15 +26,14 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 
 
 def grammar_text(response_format: str) -> str:
-    """The GBNF for a ``SamplingSettings.response_format``; SettingsError when the schema cannot be converted."""
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
+    """The GBNF for a ``SamplingSettings.response_format``; SettingsError names what is refused. Every schema goes
+    through app.engine.schema_limits: its counts, patterns, alternatives and the grammar's size are bounded
+    there, before llama.cpp's parser and sampler see it."""
     if response_format == JSON_OBJECT:
+        from llama_cpp.llama_grammar import JSON_GBNF
+
         return str(JSON_GBNF)
-    try:
-        return str(json_schema_to_gbnf(response_format))
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise SettingsError(f"The JSON schema cannot be turned into a grammar: {exc}") from None
+    return schema_grammar(response_format)
 
 
 class GrammarMask:

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.schema_limits import check_schema
 from app.errors import SettingsError
 from app.events import MessageStats
 from app.params import JSON_OBJECT, SamplingSettings
@@ -119,6 +120,10 @@ def parse_response_format(value: Any) -> str:
     if not isinstance(schema, dict):
         raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object.",
                        param="response_format")
+    try:
+        check_schema(schema)  # the grammar's bounds and the keywords' types (app.engine.schema_limits)
+    except SettingsError as exc:
+        raise ApiError(400, str(exc), param="response_format", code="invalid_schema") from None
     unsupported = _unsupported_in_schema(schema, "schema")
     if unsupported:
         raise ApiError(400, f"The JSON schema uses {unsupported}, which this server cannot enforce; it supports "
