@@ -191,3 +191,30 @@ def test_a_refresh_updates_the_chat_list_in_place(qtbot: QtBot, make_window: obj
         chat.refresh_history()
     assert sorted(_titles(window)) == ["Rust borrowing", "Tea"]
     assert lst.currentItem() is None  # the open chat is gone from the list
+
+
+def test_deleting_a_chat_with_a_long_title_never_widens_the_window(qtbot: QtBot, make_window: object) -> None:
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    store = window.store
+    long_title = "A very long chat title about " + "lifetimes and borrow checking in Rust " * 8
+    chat_id = store.new_chat(long_title)
+    store.add_message(chat_id, "user", "What is 'a?")
+    store.new_chat("Bread")
+    with qtbot.waitSignal(window.chat.history_refreshed, timeout=10_000):
+        window.chat.refresh_history()
+    window.resize(1024, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    before = (window.minimumSizeHint().width(), window.width())
+    lst = window.chat.history_list
+    row = next(i for i in range(lst.count()) if lst.item(i).text().startswith("A very long"))
+    lst.setCurrentRow(row)
+    lst.setFocus()
+    qtbot.waitUntil(lst.hasFocus, timeout=2000)
+    qtbot.keyClick(window.windowHandle(), Qt.Key.Key_Delete)
+    button = window.chat.undo_delete_button
+    qtbot.waitUntil(button.isVisible, timeout=5000)
+    assert (window.minimumSizeHint().width(), window.width()) == before
+    assert button.text().startswith("Undo: “A very")
+    assert "…" in button.text()
+    assert long_title in button.toolTip()

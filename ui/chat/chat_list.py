@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QSizePolicy,
     QStyle,
     QVBoxLayout,
     QWidget,
@@ -60,6 +61,8 @@ class ChatList(QWidget):
         self.history_list.currentItemChanged.connect(self._on_history_list_current_item_changed)
         self.history_list.itemChanged.connect(self._on_history_list_item_changed)
         self.undo_delete_button = QPushButton("Undo delete", self)
+        # Its text names the chat, elided to the list's width: a long title must never widen the window.
+        self.undo_delete_button.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.undo_delete_button.setVisible(False)
         layout.addWidget(self.new_chat_button)
         layout.addWidget(self.search_edit)
@@ -209,11 +212,23 @@ class ChatList(QWidget):
             near = self.history_list.item(min(row, self.history_list.count() - 1))
             found = near.data(Qt.ItemDataRole.UserRole) if near is not None else None
             neighbour = found if isinstance(found, int) else None
-        self.undo_delete_button.setText(f"Undo delete of “{title}”" if title else "Undo delete")
-        self.undo_delete_button.setToolTip(f"Deleted for good in {UNDO_DELETE_MS // 1000} s, or at the next "
-                                           "delete or when SpecDeck closes")
+        label = f"Undo delete of “{title}”" if title else "Undo delete"
+        self.undo_delete_button.setText(self._fitted_undo_text(label, title))
+        self.undo_delete_button.setToolTip(plain_tooltip(
+            f"{label}: deleted for good in {UNDO_DELETE_MS // 1000} s, or at the next delete or when SpecDeck "
+            "closes"))
         self.undo_delete_button.setVisible(True)
         return neighbour
+
+    def _fitted_undo_text(self, label: str, title: str) -> str:
+        """The longest of the undo button's wordings that fits the list's width, the title elided at last."""
+        metrics = self.undo_delete_button.fontMetrics()
+        room = max(self.history_list.width() - 16, 40)
+        for text in (label, f"Undo: “{title}”"):
+            if not title or metrics.horizontalAdvance(text) <= room:
+                return text
+        short = metrics.elidedText(title, Qt.TextElideMode.ElideRight, room - metrics.horizontalAdvance("Undo: “”"))
+        return f"Undo: “{short}”"
 
     def take_back(self) -> int | None:
         """Undo: the hidden chat (None when none is)."""

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import QUrl, Signal, Slot
+from PySide6.QtCore import QPoint, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QContextMenuEvent,
@@ -248,6 +248,11 @@ class ChatView(QTextBrowser):
         """The index of the message shown at a document position (its heading, text or footer)."""
         index = bisect.bisect_right(self._message_starts, position) - 1
         return index if index >= 0 else None
+
+    def message_under(self, point: QPoint) -> int | None:
+        """The message shown at a viewport point. By the clicked line's block, not the cursor position: right of
+        a line's end the cursor sits at the block's end, which is where the next message's record begins."""
+        return self.message_at(self.cursorForPosition(point).block().position())
 
     def message_position(self, index: int) -> int:
         """Where a message's text begins (its first block after the heading)."""
@@ -535,7 +540,7 @@ class ChatView(QTextBrowser):
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
         menu = self.createStandardContextMenu(event.pos())
         position = self.cursorForPosition(event.pos()).position()
-        index = self.message_at(position)
+        index = self.message_under(event.pos())
         if index is not None:
             menu.addSeparator()
             for action in self.message_menu(index, menu).actions():
