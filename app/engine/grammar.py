@@ -12,12 +12,13 @@ the tokens actually emitted. Drafters are not constrained: they only propose.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from app.engine.native import Native, own
 from app.engine.schema_limits import schema_grammar
 from app.errors import SettingsError
 from app.params import JSON_OBJECT
@@ -39,19 +40,29 @@ def grammar_text(response_format: str) -> str:
 class GrammarMask:
     """One answer's grammar state over ``vocab`` (a llama_vocab pointer) of ``n_vocab`` tokens."""
 
-    def __init__(self, vocab: Any, n_vocab: int, response_format: str) -> None:
+    def __init__(self, vocab: Any, n_vocab: int, response_format: str, vocab_owner: Native) -> None:
+        """``vocab_owner``: the model's ``Native``; the sampler reads its vocabulary, so it is freed first."""
         import llama_cpp as lc
 
         self._lc = lc
-        self._sampler = None
-        self._sampler = lc.llama_sampler_init_grammar(vocab, grammar_text(response_format).encode(), b"root")
-        if not self._sampler:
+        vocab_owner.get()
+        sampler = lc.llama_sampler_init_grammar(vocab, grammar_text(response_format).encode(), b"root")
+        if not sampler:
             raise SettingsError("llama.cpp refused the grammar made from the response format.")
+        self._native = own(self, Native(sampler, lc.llama_sampler_free, "the grammar sampler", (vocab_owner,)))
+        self.n_vocab = n_vocab
         self._buffer = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self._buffer["id"] = np.arange(n_vocab, dtype=np.int32)
         self._array = lc.llama_token_data_array(
             data=self._buffer.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=n_vocab, selected=-1,
             sorted=False)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._one_array = lc.llama_token_data_array(
+            data=self._one.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), size=1, selected=-1, sorted=False)
+
+    @property
+    def _sampler(self) -> Any:
+        return self._native.get()
 
     def allowed(self, sampler: Any, row: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
         self._buffer["logit"] = row
@@ -62,20 +73,39 @@ class GrammarMask:
         logits: npt.NDArray[np.float32] = self._buffer["logit"]
         return np.asarray(logits != -np.inf)  # the grammar sets what it forbids to -inf, in place
 
-    def mask_rows(self, rows: npt.NDArray[np.float32], draft: Sequence[int]) -> npt.NDArray[np.float32]:
+    def allows(self, sampler: Any, token: int) -> bool:
+        """Whether the grammar state ``sampler`` allows ``token`` next: the grammar asked about one candidate."""
+        one = self._one
+        one[0] = (token, 0.0, 0.0)
+        self._one_array.size = 1
+        self._one_array.selected = -1
+        self._lc.llama_sampler_apply(sampler, ctypes.byref(self._one_array))
+        return bool(one[0]["logit"] != -np.inf)
+
+    def mask_rows(self, rows: npt.NDArray[np.float32], draft: Sequence[int],
+                  pick: Callable[[int, npt.NDArray[np.float32]], int] | None = None) -> npt.NDArray[np.float32]:
         """``rows`` (the verify pass: the pending token's row, then one per draft token) with every token the
         grammar forbids at that position set to -inf. Row i is masked with the state after ``draft[:i]``; the
-        rows after the first forbidden draft token are never read (that token is rejected) and stay as they are."""
+        rows after the first forbidden draft token are never read (that token is rejected) and stay as they are.
+
+        ``pick`` (greedy answers): the token row i would give unmasked. Where the grammar allows it, the row
+        stays as it is, since its masked argmax is that same token: one candidate asked instead of the whole
+        vocabulary, as llama.cpp's own sampler does."""
         out = np.array(rows, dtype=np.float32, copy=True)
         lc = self._lc
         cursor = self._sampler
         clone = None
         try:
             for i in range(out.shape[0]):
-                allowed = self.allowed(cursor, out[i])
-                out[i][~allowed] = -np.inf
-                if i >= len(draft) or not allowed[draft[i]]:
-                    break
+                picked = pick(i, out[i]) if pick is not None else None
+                if picked is not None and self.allows(cursor, picked):
+                    if i >= len(draft) or draft[i] != picked:
+                        break  # the pick is the answer here: a different draft token is rejected
+                else:
+                    allowed = self.allowed(cursor, out[i])
+                    out[i][~allowed] = -np.inf
+                    if i >= len(draft) or not allowed[draft[i]]:
+                        break
                 if clone is None:
                     clone = cursor = lc.llama_sampler_clone(self._sampler)
                 lc.llama_sampler_accept(cursor, int(draft[i]))
@@ -89,9 +119,4 @@ class GrammarMask:
             self._lc.llama_sampler_accept(self._sampler, int(token))
 
     def close(self) -> None:
-        if self._sampler:
-            self._lc.llama_sampler_free(self._sampler)
-            self._sampler = None
-
-    def __del__(self) -> None:  # the decode loop drops it with its generator, however that ends
-        self.close()
+        self._native.close()

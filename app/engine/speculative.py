@@ -350,7 +350,8 @@ class SpeculativeDecoder:
             width = len(draft) + 1 + ctx.replayed  # with the tokens a checkpoint restore left to re-decode
             ctx.synchronize()
             if grammar is not None:  # the target's constrained distribution: forbidden drafts are rejected
-                rows = grammar.mask_rows(rows, draft.tokens)
+                pick = self._greedy_pick(tokens, draft.tokens, settings, penalize) if greedy else None
+                rows = grammar.mask_rows(rows, draft.tokens, pick)
             t_verified = time.perf_counter()
             # --- accept ---
             emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize, draws)
@@ -437,6 +438,19 @@ class SpeculativeDecoder:
         n_keep = min(ctx.n_past, len(tokens) - 1)
         if ctx.can_truncate_cheaply(n_keep):
             ctx.truncate(n_keep)
+
+    @staticmethod
+    def _greedy_pick(tokens: list[int], draft: list[int], settings: SamplingSettings,
+                     penalize: bool) -> Callable[[int, npt.NDArray[np.float32]], int]:
+        """The token row i gives a greedy answer, penalties included, once ``draft[:i]`` was accepted (as
+        ``_accept`` computes it)."""
+        window = settings.repeat_last_n
+
+        def pick(i: int, row: npt.NDArray[np.float32]) -> int:
+            recent = np.array((tokens + draft[:i])[-window:], dtype=np.int64) if penalize else None
+            return sampling.greedy_token(row, settings, recent)
+
+        return pick
 
     def _accept(
         self,
