@@ -401,6 +401,9 @@ class MessageStats:
     # decode tok/s over the plain rate: the engine's estimate; the window replaces it with speedup_over_plain
     speedup_estimate: float
     decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
+    # One-token passes per second at the end of this answer, from the passes the answer itself timed (the
+    # engine's live cost model): the plain rate its speedup is measured against. 0: not measured.
+    plain_tps: float = 0.0
     end_tokens: int = 0  # see RunCounts
     # Every pass's suffix proposal in hindsight, drafted or not (see ProposalHindsight): passes asked, and per
     # position i the passes whose proposal had i + 1 tokens, and those whose first i + 1 the target then emitted.
@@ -415,10 +418,11 @@ class MessageStats:
 
 
 def speedup_over_plain(stats: MessageStats, plain_tps: float) -> float:
-    """An answer's decode rate over the plain (one token per pass) rate measured at load, the rate the
-    dashboard draws; 0 when there is nothing to compare: no plain rate measured, or nothing drafted (an answer
-    decoded without drafts is plain decoding, and its ratio would only measure noise)."""
-    if stats.drafted <= 0 or plain_tps <= 0 or stats.decode_tps <= 0:
+    """An answer's decode rate over the plain (one token per pass) rate measured at the same time, by the
+    same passes (``MessageStats.plain_tps``), never a rate timed at load on a machine since busier or quieter;
+    0 when there is nothing to compare: no plain rate, or no draft token accepted (an answer that kept no
+    draft decoded as plain decoding does, and its ratio would only measure noise)."""
+    if stats.accepted <= 0 or plain_tps <= 0 or stats.decode_tps <= 0:
         return 0.0
     return stats.decode_tps / plain_tps
 
@@ -457,6 +461,8 @@ def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
         k_history=first.k_history + then.k_history,
         decode_tokens=counts.decode_tokens,
         end_tokens=counts.end_tokens,
+        speedup_estimate=speedup_over_plain(replace(then, decode_tps=counts.decode_tps, accepted=counts.accepted),
+                                            then.plain_tps or first.plain_tps),
         proposal_passes=first.proposal_passes + then.proposal_passes,
         proposal_lengths=add_counts(first.proposal_lengths, then.proposal_lengths),
         proposal_matches=add_counts(first.proposal_matches, then.proposal_matches),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ from app.events import (
     Token,
     acceptance,
     decode_rate,
+    speedup_over_plain,
 )
 from app.params import SamplingSettings
 
@@ -127,7 +128,7 @@ class RunTotals:
         counts = self.counts()
         self.hindsight.close()
         decode_tps = counts.decode_tps
-        return MessageStats(
+        stats = MessageStats(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.tokens,
             ttft_seconds=max(self.t_first_token - self.t_request, 0.0) if self.tokens else 0.0,
@@ -143,13 +144,15 @@ class RunTotals:
                 acceptance(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted, strict=True)
             ),
             k_history=tuple(self.k_history),
-            speedup_estimate=decode_tps / plain_tps if plain_tps and decode_tps else 1.0,
+            speedup_estimate=0.0,
+            plain_tps=plain_tps or 0.0,
             decode_tokens=counts.decode_tokens,
             end_tokens=counts.end_tokens,
             proposal_passes=self.hindsight.passes,
             proposal_lengths=tuple(self.hindsight.lengths),
             proposal_matches=tuple(self.hindsight.matches),
         )
+        return replace(stats, speedup_estimate=speedup_over_plain(stats, stats.plain_tps))
 
 
 @dataclass

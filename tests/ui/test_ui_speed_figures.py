@@ -1,6 +1,7 @@
-"""One speed figure: the footer's speedup divides by the plain rate measured at load, the rate the dashboard
-draws, and is shown only for an answer that drafted; a Continue's footer covers the whole answer; the strip
-names the roof between answers, and a probed bandwidth is called probed."""
+"""One speed figure: the footer's speedup divides by the plain rate measured at the answer's own time, by its
+own passes (never a burst timed at load), and is shown only for an answer that kept a draft token; a Continue's
+footer covers the whole answer; the strip names the roof between answers, and a probed bandwidth is called
+probed."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def test_the_speedup_is_over_the_plain_rate_and_only_for_an_answer_that_drafted(
     assert speedup_over_plain(STATS, 0.0) == 0.0  # no plain rate measured: no ratio
     plain = replace(STATS, drafted=0, accepted=0, acceptance=0.0)
     assert speedup_over_plain(plain, 40.0) == 0.0  # nothing drafted: plain decoding, no ratio
+    rejected = replace(STATS, accepted=0, acceptance=0.0)
+    assert speedup_over_plain(rejected, 40.0) == 0.0  # drafts all rejected: decoded as plain is, no ratio
     assert speedup_text(2.0) in format_stats(replace(STATS, speedup_estimate=2.0))
     assert "×" not in format_stats(replace(plain, speedup_estimate=0.0))
     assert "×" not in format_stats(replace(STATS, speedup_estimate=0.0))
@@ -46,7 +49,7 @@ def test_a_continued_answer_adds_up_both_parts() -> None:
     assert message_stats(stored) == STATS
 
 
-def test_the_footer_and_the_chart_share_one_plain_rate(
+def test_the_footer_divides_by_the_plain_rate_of_the_answer_s_own_time(
     qtbot: QtBot, make_window, tiny_target: Path  # type: ignore[no-untyped-def]
 ) -> None:
     window = make_window(folders=(tiny_target.parent,))
@@ -63,8 +66,9 @@ def test_the_footer_and_the_chart_share_one_plain_rate(
     window.dashboard._paint()
     assert window.dashboard.snapshot().measured_ceiling == loaded.plain_tps  # the chart's plain line
     footer = chat.view.stats_lines()[-1]
-    if stats.drafted:  # the tiny model's text decides whether the n-gram drafter found anything
-        assert stats.speedup_estimate == pytest.approx(stats.decode_tps / loaded.plain_tps)
+    assert stats.plain_tps > 0  # the one-token rate of the end of this answer, from its own passes
+    if stats.accepted:  # the tiny model's text decides whether the n-gram drafter found anything
+        assert stats.speedup_estimate == pytest.approx(stats.decode_tps / stats.plain_tps)
         assert speedup_text(stats.speedup_estimate) in footer
     else:
         assert "×" not in footer

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, SignalInstance, Slot
@@ -25,7 +24,6 @@ from app.events import (
     drafted_by,
     drafted_spans,
     message_stats,
-    speedup_over_plain,
 )
 from app.params import SamplingSettings
 from ui.chat.engine import ChatEngine
@@ -185,13 +183,12 @@ class AnswerWriter(QObject):
         self._end(answer)
 
     def _answer_stats(self, event: Finished) -> MessageStats:
-        """The answer's figures: a continued answer's over both parts, and its speedup over the plain rate
-        measured at load (the rate the dashboard draws), or none when that is not measured."""
+        """The answer's figures as the engine measured them (its speedup over the plain rate of the same
+        moment), a continued answer's over both parts."""
         stats = event.stats
         if self._resumed_stats is not None:
             stats = continued_stats(self._resumed_stats, stats)
-        loaded = self.panel.bridge.loaded
-        return replace(stats, speedup_estimate=speedup_over_plain(stats, loaded.plain_tps if loaded else 0.0))
+        return stats
 
     @Slot(EngineError)
     def _on_bridge_engine_error(self, event: EngineError) -> None:

@@ -267,8 +267,8 @@ class DashboardPanel(QWidget):
         self.l_measured = hline(self.p_tps, ORANGE, dash, PLAIN_RATE + ": {value:.0f}", at=0.42)
         self.l_spec_tau = hline(self.p_tps, GREEN, dot, "τ × roof: {value:.0f}", at=0.74)
         # What the lines mean, under the chart. The two differ by design: the roof is the memory bandwidth over
-        # the bytes each token reads; the plain rate is one-token decoding timed here at load (the rate the
-        # chat's "× the plain rate" divides by).
+        # the bytes each token reads; the plain rate is one-token decoding timed here at load. (The chat's
+        # "× the plain rate" divides by the one-token rate of the answer's own time, not this line.)
         self.tps_legend = pg.LabelItem("", size="7pt", justify="left")
         self._tps_legend_note: str | None = None
         self.y_tps = YRange(self.p_tps, 10.0)
