@@ -194,12 +194,12 @@ class LoadSettings:
         _path("The target model", self.target_path)
         _number("Context size", self.n_ctx, 16, MAX_CTX, integer=True)
         _number("Batch size", self.n_batch, 16, 65536, integer=True)
-        if self.n_gpu_layers != AUTO_GPU_LAYERS:
-            if isinstance(self.n_gpu_layers, int) and not isinstance(self.n_gpu_layers, bool) \
-                    and self.n_gpu_layers < ALL_GPU_LAYERS:
+        layers = self.n_gpu_layers
+        if layers != AUTO_GPU_LAYERS:
+            if isinstance(layers, str) or (isinstance(layers, int | float) and layers < ALL_GPU_LAYERS):
                 raise SettingsError(f"GPU layers must be auto, all or a number from 0 to {MAX_GPU_LAYERS}, not "
-                                    f"{self.n_gpu_layers}.")
-            _number("GPU layers", self.n_gpu_layers, ALL_GPU_LAYERS, MAX_GPU_LAYERS, integer=True)
+                                    f"{layers if isinstance(layers, str) else _show(layers)}.")
+            _number("GPU layers", layers, ALL_GPU_LAYERS, MAX_GPU_LAYERS, integer=True)
         if self.main_gpu is not None:
             _number("Main GPU", self.main_gpu, 0, 64, integer=True)
         _number("Threads", self.n_threads, 0, 1024, integer=True)

@@ -10,16 +10,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
+from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
 from app.errors import AppError
-from app.params import RECURRENT_ROLLBACKS, DraftSettings, LoadSettings, parse_rpc_servers
+from app.params import DraftSettings
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
 from app.storage.verify_cost import record_report as record_verify_cost
 
-# Every option's default is the setting's own (one home): the drafting, load and bench settings' defaults.
+# Every option's default is the setting's own (one home): the drafting and bench settings' defaults here, the
+# load settings' in app.cli.load_options.
 DRAFT = DraftSettings()
-LOAD = LoadSettings(target_path="")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,25 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=BENCH_SAMPLING.top_p)
     parser.add_argument("--min-p", type=float, default=BENCH_SAMPLING.min_p)
     parser.add_argument("--seed", type=int, default=BENCH_SAMPLING.seed)
-    parser.add_argument("--ctx", type=int, default=LOAD.n_ctx, help="context size")
-    parser.add_argument("--threads", type=int, default=LOAD.n_threads, help="CPU threads (0 = physical cores)")
-    parser.add_argument("--recurrent-rollback", choices=RECURRENT_ROLLBACKS, default=LOAD.recurrent_rollback,
-                        help="how a recurrent or hybrid target takes back rejected drafts: llama.cpp's state "
-                        "snapshots where it has them (auto), or always a checkpoint")
     parser.add_argument("--baseline", action="store_true", help="also run each prompt without speculation")
     parser.add_argument("--repeat", type=int, default=BenchConfig.repeat, metavar="N",
                         help="run each prompt N times (speculative and plain alternating, in alternating order); "
                         "speedups are reported as median, min and max")
     parser.add_argument("--raw", action="store_true", help="also time a bare llama_decode loop")
     parser.add_argument("--json", type=Path, help="write the full report here")
-    add_rpc_argument(parser)
-
-
-def add_rpc_argument(parser: argparse.ArgumentParser) -> None:
-    """`--rpc host:port,...` for bench, chat and serve (one wording)."""
-    parser.add_argument("--rpc", default="", metavar="HOST:PORT,...",
-                        help="llama.cpp RPC servers (rpc-server) that take the model's layers, split by their free "
-                        "memory; needs llama.cpp built with RPC (python3 bootstrap.py --build rpc)")
+    add_load_arguments(parser)
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
@@ -71,8 +60,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     draft = replace(DRAFT, drafter_path=str(args.drafter) if args.drafter else None, ngram=args.ngram,
                     mtp=args.mtp, adaptive=not fixed, k=args.k if fixed else DRAFT.k,
                     k_max=max(args.k, 1) if fixed else args.k_max, model_start=args.model_start)
-    settings = replace(LOAD, target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads,
-                       recurrent_rollback=args.recurrent_rollback, rpc_servers=parse_rpc_servers(args.rpc))
+    settings = load_settings(args, str(args.target), draft)
     sampling = replace(BENCH_SAMPLING, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     config = BenchConfig(settings, (), sampling, baseline=args.baseline, repeat=args.repeat, raw=args.raw)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import TextIO
 
 from app.ceiling.memory import placement
-from app.cli.bench import add_rpc_argument
 from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
+from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.client import EngineClient
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
-from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings, parse_rpc_servers
+from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.safe_text import terminal_safe
 from app.storage.pair_stats import measured_start
 
@@ -32,12 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ngram", type=int, default=NGRAM_KEY_LENGTH, help="suffix drafter's shortest match (0 = off)")
     parser.add_argument("--mtp", action="store_true",
                         help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
-    parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--stats", action="store_true", help="print speed and acceptance after each answer")
-    add_rpc_argument(parser)
+    add_load_arguments(parser)
 
 
 def say(text: str, stream: TextIO | None = None) -> None:
@@ -139,13 +138,8 @@ class TerminalChat:
 def run(args: argparse.Namespace) -> int:
     target, drafter = str(args.target), str(args.drafter) if args.drafter else None
     try:
-        settings = LoadSettings(
-            target_path=target,
-            draft=DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp,
-                                model_start=measured_start(target, drafter)),
-            n_ctx=args.ctx,
-            rpc_servers=parse_rpc_servers(args.rpc),
-        ).validate()
+        settings = load_settings(args, target, DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp,
+                                                             model_start=measured_start(target, drafter)))
         sampling = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens).validate()
     except AppError as exc:
         say(str(exc))

@@ -15,11 +15,11 @@ from typing import Any
 
 from app.ceiling.backend_modules import describe_modules
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
+from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.decode_check import one_line
 from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
-from app.engine_limits import KV_TYPES
 from app.errors import AppError
-from app.params import K_MAX
+from app.params import ALL_GPU_LAYERS, AUTO_GPU_LAYERS, K_MAX
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 
@@ -28,12 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, metavar="PATH",
                         help="the target model (GGUF) to work out the ceiling for")
     parser.add_argument("--drafter", type=Path, metavar="PATH", help="a drafter model (GGUF) to check and include")
-    parser.add_argument("--ctx", type=int, default=None, metavar="N",
-                        help=f"context length (default: {DEFAULT_CTX}, or the model's if smaller)")
-    parser.add_argument("--kv-type", choices=KV_TYPES, default="f16", metavar="T",
-                        help=f"KV cache type: {', '.join(KV_TYPES)} (default f16)")
-    parser.add_argument("--gpu-layers", type=int, default=-1, metavar="N",
-                        help="layers offloaded to the GPU (default -1: all)")
     parser.add_argument("--draft-k", type=int, default=DEFAULT_DRAFT_K, metavar="K",
                         help=f"draft depth for the speculative pass estimate (default {DEFAULT_DRAFT_K})")
     parser.add_argument("--gpu-bandwidth", type=float, default=None, metavar="GB/S",
@@ -44,12 +38,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="load the model (or the first demo model) in a child process and decode tokens")
     parser.add_argument("--refresh", action="store_true",
                         help="measure the CPU again instead of using the cached probe")
+    add_load_arguments(parser, ctx_help=f"context length (default: {DEFAULT_CTX}, or the model's if smaller)")
+    parser.set_defaults(ctx=None)  # None: the model's own context where it is shorter (doctor_report)
 
 
 def options_from(args: argparse.Namespace) -> DoctorOptions:
-    return DoctorOptions(model=args.model, drafter=args.drafter, ctx=args.ctx, kv_type=args.kv_type, k_max=K_MAX,
-                         gpu_layers=args.gpu_layers, draft_k=args.draft_k, gpu_bandwidth=args.gpu_bandwidth,
-                         decode_check=args.decode_check, refresh=args.refresh)
+    """The options as doctor's report takes them; SettingsError for a bad load option (checked as every command
+    checks them, with a stand-in path when no model is given: doctor runs without one)."""
+    checked = argparse.Namespace(**{**vars(args), "ctx": DEFAULT_CTX if args.ctx is None else args.ctx})
+    settings = load_settings(checked, str(args.model) if args.model else "(no model)")
+    return DoctorOptions(model=args.model, drafter=args.drafter, ctx=None if args.ctx is None else settings.n_ctx,
+                         kv_type=settings.kv_type, k_max=K_MAX, gpu_layers=_report_layers(settings.n_gpu_layers),
+                         draft_k=args.draft_k, gpu_bandwidth=args.gpu_bandwidth, decode_check=args.decode_check,
+                         refresh=args.refresh)
+
+
+def _report_layers(n_gpu_layers: int) -> int:
+    """The layers doctor's ceiling and fit are worked out for: auto as all of them, so the fit line says whether
+    the whole model fits this machine's free memory."""
+    return ALL_GPU_LAYERS if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers
 
 
 def fail(message: str) -> int:

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from app.cli.bench import add_rpc_argument
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
+from app.cli.load_options import add_load_arguments, load_settings
 from app.errors import AppError, SettingsError
-from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, parse_rpc_servers
+from app.params import NGRAM_KEY_LENGTH, DraftSettings
 from app.safe_text import terminal_safe
 from app.serve.protocol import DEFAULT_BODY_LIMIT, Limits
 from app.serve.server import DEFAULT_PORT
@@ -25,7 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtp", action="store_true",
                         help="draft with the target's own MTP heads (Qwen3.5/3.6 GGUFs that ship them)")
     parser.add_argument("--k", type=int, help="fixed draft depth (default: adaptive)")
-    parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other needs an API key)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)")
@@ -40,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="largest request body in bytes")
     parser.add_argument("--queue", type=int, default=4, help="requests that may wait while one is answered")
     parser.add_argument("--no-history", action="store_true", help="do not save API requests to the chat history")
-    add_rpc_argument(parser)
+    add_load_arguments(parser)
 
 
 API_KEY_ENV = "SPECDECK_API_KEY"
@@ -82,11 +81,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         draft = DraftSettings(drafter_path=drafter, ngram=args.ngram, mtp=args.mtp, adaptive=args.k is None,
                               k=args.k if args.k is not None else 4, model_start=measured_start(target, drafter))
-        settings = LoadSettings(target_path=target, draft=draft.validate(), n_ctx=args.ctx,
-                                rpc_servers=parse_rpc_servers(args.rpc)).validate()
+        settings = load_settings(args, target, draft.validate())
         options = ServeOptions(host=args.host, port=args.port, api_key=api_key(args),
                                limits=Limits(body_bytes=max(args.body_limit, 1024),
-                                             max_tokens=args.max_tokens or args.ctx),
+                                             max_tokens=args.max_tokens or settings.n_ctx),
                                max_waiting=max(args.queue, 0)).check()
     except (AppError, ValueError) as exc:
         print(f"specdeck serve: {terminal_safe(exc, one_line=True)}", file=sys.stderr)

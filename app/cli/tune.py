@@ -9,13 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CANCELLED, EXIT_ENGINE_CRASHED, EXIT_ERROR
+from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
 from app.engine.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.errors import AppError
-from app.params import DraftSettings, LoadSettings
+from app.params import DraftSettings
 from app.safe_text import terminal_safe
-
-LOAD = LoadSettings(target_path="")  # the load settings' defaults, which the options share
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,22 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=TuneConfig.repeat, metavar="N",
                         help="side-by-side runs per prompt and setting (the spread needs at least 2)")
     parser.add_argument("--temperature", type=float, default=BENCH_SAMPLING.temperature)
-    parser.add_argument("--threads", type=int, default=LOAD.n_threads, help="CPU threads (0 = physical cores)")
-    parser.add_argument("--ctx", type=int, default=LOAD.n_ctx, help="context size")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-replay", action="store_true",
                         help="measure every suffix-drafter setting for real instead of replaying the first "
                              "run's answers offline and confirming the winner")
+    add_load_arguments(parser)
 
 
 def tune_config(args: argparse.Namespace) -> TuneConfig:
     """The options as a sweep, with its prompts read from the file or the history; raises AppError."""
+    settings = load_settings(args, str(args.target), DraftSettings(drafter_path=str(args.drafter) if args.drafter
+                                                                   else None))
     if args.prompts is not None:
         source, prompts = str(args.prompts), read_prompts(args.prompts)
     else:
         source, prompts = "history", history_prompts(args.from_history)
-    draft = DraftSettings(drafter_path=str(args.drafter) if args.drafter else None)
-    settings = replace(LOAD, target_path=str(args.target), draft=draft, n_ctx=args.ctx, n_threads=args.threads)
     sampling = replace(BENCH_SAMPLING, max_tokens=args.max_tokens, temperature=args.temperature)
     return TuneConfig(settings, tuple(prompts), source, sampling, repeat=args.repeat, budget_s=args.budget_s,
                       replay=not args.no_replay)
