@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "demo-models": ("app.cli.demo_models", "install the two small demo models into the models folder"),
     "tune": ("app.cli.tune", "find the fastest drafting settings for a pair on your own prompts, and keep them"),
     "serve": ("app.cli.serve", "serve the engine over an OpenAI-compatible HTTP API with Prometheus /metrics"),
+    "search": ("app.cli.hub", "search the Hugging Face Hub for GGUF models, or list a repository's quants and fit"),
+    "pull": ("app.cli.hub", "download a GGUF model from the Hub into the models folder (resumable, verified)"),
 }
 
 
