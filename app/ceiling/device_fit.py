@@ -119,8 +119,11 @@ def choose_gpu_layers(target: GGUFInfo, n_gpu_layers: int, n_ctx: int, devices: 
                 hi = mid - 1
         return lo
 
-    if not gpus or n_gpu_layers == 0:
-        chosen, drafter_layers, note = 0, 0, ""
+    if auto and not gpus and main_gpu is not None:
+        # A GPU index llama.cpp does not have: all layers asked, so the load names the GPUs it has.
+        chosen, drafter_layers = ALL_GPU_LAYERS, ALL_GPU_LAYERS
+    elif not gpus or n_gpu_layers == 0:
+        chosen, drafter_layers = 0, 0
     elif auto:
         chosen = most_that_fit(headroom=True, same_for_drafter=False)
         drafter_layers = ALL_GPU_LAYERS if chosen else 0

@@ -92,6 +92,12 @@ def test_two_gpus_share_the_layers_by_free_memory(big: GGUFInfo) -> None:
     assert "CUDA0" not in alone.note
 
 
+def test_a_gpu_index_llama_cpp_lacks_is_left_to_the_load_to_name(big: GGUFInfo) -> None:
+    """Not a silent fall back to the CPU: all layers are asked, and the load refuses the index."""
+    chosen = choose_gpu_layers(big, AUTO_GPU_LAYERS, 4096, [CPU, gpu("CUDA0", 20)], main_gpu=3)
+    assert (chosen.n_gpu_layers, chosen.error) == (ALL_GPU_LAYERS, None)
+
+
 def test_a_full_gpu_means_the_cpu_and_says_so(big: GGUFInfo) -> None:
     chosen = choose_gpu_layers(big, AUTO_GPU_LAYERS, 4096, [CPU, gpu("CUDA0", 0.1)])
     assert (chosen.n_gpu_layers, chosen.drafter_gpu_layers, chosen.error) == (0, 0, None)
