@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from app.ceiling.roofline import Device
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_CANCELLED, EXIT_ERROR
 from app.errors import AppError
 from app.hub.client import RepoHit, list_files, repo_id, search
@@ -76,7 +78,7 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _devices() -> list[Any]:
+def _devices() -> list[Device]:
     from app.ceiling.builder import probe_machine
 
     return probe_machine()[1]
@@ -142,13 +144,16 @@ def _files(args: argparse.Namespace, repo: str) -> int:
 
 def _progress_printer() -> Any:
     tty = sys.stderr.isatty()
-    last = [-1]
+    last = [-1, 0.0]  # the tenth of the way shown last (a file or pipe), the time of the last line (a terminal)
 
     def show(p: Progress) -> None:
         percent = int(p.done * 100 / p.total) if p.total else 100
+        now = time.monotonic()
+        if tty and now - last[1] < 0.25 and p.done < p.total:
+            return
         if not tty and percent // 10 == last[0]:
             return
-        last[0] = percent // 10
+        last[0], last[1] = percent // 10, now
         eta = "?" if p.eta is None else f"{int(p.eta // 60)}m{int(p.eta % 60):02d}s"
         line = (f"{_cell(p.file)}: {format_bytes(p.done)} of {format_bytes(p.total)} ({percent}%), "
                 f"{format_bytes(p.rate)}/s, {eta} left")
@@ -166,8 +171,8 @@ def _pull(args: argparse.Namespace) -> int:
     try:
         done = pull(repo, group, revision=args.revision, progress=_progress_printer())
     except KeyboardInterrupt:
-        print(f"\nspecdeck pull: stopped; the partial file is kept in {target_folder(repo)}: pull again to "
-              "continue.", file=sys.stderr)
+        print(f"\nspecdeck pull: stopped; the partial file is kept in {_cell(target_folder(repo))}: pull again "
+              "to continue.", file=sys.stderr)
         return EXIT_CANCELLED
     if sys.stderr.isatty():
         print(file=sys.stderr)
@@ -194,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
                              EXIT_BAD_OPTIONS)
             return _files(args, repo)
         return _search(args)
+    except KeyboardInterrupt:
+        print(f"\nspecdeck {command}: stopped.", file=sys.stderr)
+        return EXIT_CANCELLED
     except AppError as exc:
         return _fail(command, exc)
     except OSError as exc:

@@ -72,11 +72,15 @@ def repo_id(text: str) -> str | None:
     if text.startswith(("http://", "https://")):
         parts = [p for p in urlsplit(text).path.split("/") if p]
         text = "/".join(parts[:2]) if len(parts) >= 2 else ""
-    return text if _REPO_ID.match(text) else None
+    if not _REPO_ID.match(text) or any(set(p) == {"."} for p in text.split("/")):
+        return None
+    return text
 
 
 def _reachable(url: str) -> None:
     """One TCP connect first: huggingface_hub retries a refused connection for about 20 s before it fails."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise HubError("HF_HUB_OFFLINE is set, so the Hub is not asked: unset it to search or pull.")
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

@@ -110,19 +110,20 @@ def _stream_into(part: Path, resolved: Resolved, size: int, hasher: hashlib._Has
     have = part.stat().st_size if part.exists() else 0
     headers = {"Accept-Encoding": "identity"}
     if have:
+        # No If-Range: the CDN's own ETag is not the Hub's sha256, so it would restart every resume at 0. The
+        # signed URL names the content, and the whole file is checked against the sha256 at the end.
         headers["Range"] = f"bytes={have}-"
-        if resolved.etag:
-            headers["If-Range"] = f'"{resolved.etag}"'
     with client.stream("GET", resolved.url, headers=headers) as r:
         name = part.name.removesuffix(".part")
         if r.status_code not in (200, 206):
             raise HubError(f"The Hub's file server answered {r.status_code} for {name}; the partial file is kept, "
                            "pull again to continue.")
         if r.status_code == 206:
-            first = r.headers.get("Content-Range", "").removeprefix("bytes ").split("-", 1)[0]
-            if first != str(have):
-                raise HubError(f"The Hub's file server sent {name} from the wrong place ({first!r} instead of "
-                               f"{have}); the partial file is kept, pull again to continue.")
+            span = r.headers.get("Content-Range", "").removeprefix("bytes ")
+            first, _, total = span.partition("/")
+            if first.split("-", 1)[0] != str(have) or total not in (str(size), "*"):
+                raise HubError(f"The Hub's file server sent {name} from the wrong place ({span!r} for byte "
+                               f"{have:,} of {size:,}); the partial file is kept, pull again to continue.")
             mode = "ab"
         else:
             meter.add(-have)
@@ -148,7 +149,7 @@ def _fetch_part(repo: str, path: str, size: int, sha256: str | None, target: Pat
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
-        meter.add(-have)
+        meter.add(-size)
         have = 0
     hasher = _hash_prefix(part, have) if have else hashlib.sha256()
     meter.file = target.name

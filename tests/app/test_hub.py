@@ -327,3 +327,12 @@ def test_no_network_says_so(hub: HubLookalike, monkeypatch: pytest.MonkeyPatch,
         assert code == 1
         assert "cannot be reached" in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_offline_mode_says_so(hub: HubLookalike, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "search", "tiny")
+    assert code == 1
+    assert "HF_HUB_OFFLINE is set" in err
+    assert hub.requests == []
