@@ -11,6 +11,7 @@ scales every width at once and a pass timed while it was busy is not held agains
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ NGRAM_PRIORS = (0.2, 0.4, 0.7, 0.9)  # per match-length bucket: < 3, < 6, < 16 a
 SHORT_MATCH_BUCKETS = 2  # the buckets whose evidence is relaxed at each new answer (matches under 6 tokens)
 MODEL_PRIOR = 0.6  # a model drafter's acceptance before this pair has been measured
 BETTER = 1.0001  # how much more tokens per second a deeper draft must promise to be chosen (ties stay shallow)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -391,6 +394,15 @@ class DepthController:
         else:
             self._idle = 0
         self.history.append(best.k)
+        if log.isEnabledFor(logging.DEBUG):  # why this depth: the next report can say what the policy saw
+            predicted = _padded(conditional(probs), ngram_limit)
+            log.debug("plan k=%d (suffix %d): offered %d, match %d, limits suffix %d model %d, suffix rates %s, "
+                      "model rates %s, verify ms %s, draft step %.2f ms, rollback %.2f ms, idle %d",
+                      best.k, best.ngram, ngram_available, match_len, ngram_limit, model_limit,
+                      [round(self.ngram.rate(i, predicted[i]), 2) for i in range(ngram_limit)],
+                      [round(self.model.rate(i), 2) for i in range(model_limit)],
+                      [round(self.cost.verify(w) * 1e3, 1) for w in range(1, limit + 2)],
+                      self.cost.draft_step * 1e3, self.cost.rollback * 1e3, self._idle)
         return best
 
     def _best_split(self, k_low: int, k_high: int, ngram_available: int, has_model: bool,
