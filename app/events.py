@@ -174,6 +174,10 @@ class Loaded:
     devices: tuple[BackendDevice, ...] = ()
     main_gpu: int | None = None  # the one GPU chosen (``devices`` is then that GPU alone); None: all GPUs
     network_seconds: float = 0.0  # per pass: the RPC servers' round trips measured at load (0 without RPC)
+    # Where "--gpu-layers auto" put the layers, in one line ("" when nothing was chosen: no GPU, or a count
+    # given); n_gpu_layers: the count llama.cpp was asked for.
+    gpu_layers_note: str = ""
+    n_gpu_layers: int = 0
 
 
 def drafted_by(loaded: Loaded) -> str | None:

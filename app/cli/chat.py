@@ -67,9 +67,9 @@ class TerminalChat:
                 where = f", {placement(event.devices, event.main_gpu is not None)}" if event.devices else ""
                 print(f"[{name} loaded{terminal_safe(where, one_line=True)}; empty line or Ctrl+D to quit]",
                       file=sys.stderr, flush=True)
-                note = self.settings.context_note(event.n_ctx)
-                if note:
-                    say(note)
+                for note in (event.gpu_layers_note, self.settings.context_note(event.n_ctx)):
+                    if note:
+                        say(terminal_safe(note, one_line=True))
         return True
 
     def recover(self, crash: EngineCrashed) -> bool:

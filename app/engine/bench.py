@@ -218,9 +218,9 @@ def bench(config: BenchConfig, out: TextIO, *, client: EngineClient | None = Non
     try:
         engine.load(settings)
         loaded = _await(engine, Loaded)
-        context = settings.context_note(loaded.n_ctx)
-        if context:
-            note(context)
+        for line in (loaded.gpu_layers_note, settings.context_note(loaded.n_ctx)):
+            if line:
+                note(line)
         return _measure(engine, config, loaded, out, set() if told is None else told, note)
     finally:
         if own_client:

@@ -202,7 +202,8 @@ class EngineSession:
                             main_gpu=settings.main_gpu, progress=stage("target"), load_mtp=draft.mtp,
                             rpc_servers=settings.rpc_servers)
         self._models.append(self.target)
-        flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), settings.n_gpu_layers,
+        self.gpu_layers = layers
+        flash_attn = flash_attention_mode(settings.flash_attn, backend_name(), layers.n_gpu_layers,
                                           settings.kv_type)
         if flash_attn != settings.flash_attn and log is not None:
             log("flash attention: off on Vulkan (llama.cpp's Vulkan flash attention crashes after a KV-cache "
@@ -312,6 +313,8 @@ class EngineSession:
             devices=self.devices,
             main_gpu=self.settings.main_gpu,
             network_seconds=self.network_seconds,
+            gpu_layers_note=self.gpu_layers.note,
+            n_gpu_layers=self.target.n_gpu_layers,
         )
 
     # --- prompts --------------------------------------------------------------------------------

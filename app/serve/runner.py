@@ -260,6 +260,8 @@ class EngineRunner:
                     self.state, self.message = "ready", ""
                     self.log(f"loaded {event.target.name} (context {event.n_ctx}, "
                              f"{event.plain_tps:.1f} tok/s plain)")
+                    if event.gpu_layers_note:
+                        self.log(event.gpu_layers_note)
                     return
                 elif isinstance(event, EngineError):
                     self.state, self.message = "error", event.message

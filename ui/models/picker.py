@@ -9,10 +9,10 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QStandardItemModel
+from PySide6.QtGui import QStandardItemModel, QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -39,8 +39,11 @@ from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
 from app.params import (
+    ALL_GPU_LAYERS,
+    AUTO_GPU_LAYERS,
     HISTORY_TOKENS,
     MAX_CTX,
+    MAX_GPU_LAYERS,
     NGRAM_KEY_LENGTH,
     DraftSettings,
     LoadSettings,
@@ -90,8 +93,16 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
     llama.cpp's devices as the engine worker listed them (the fit then names each GPU and RPC server with its
     free memory); None: this machine's devices as the hardware probe sees them."""
     from app.ceiling.builder import pair_fit
-    from app.ceiling.device_fit import fit_devices
+    from app.ceiling.device_fit import choose_gpu_layers, fit_devices
 
+    chosen = ""
+    if n_gpu_layers == AUTO_GPU_LAYERS:  # the engine's own choice on these devices, before it loads
+        layers = choose_gpu_layers(target, n_gpu_layers, n_ctx, devices or (), kv_type=kv_type, drafter=drafter,
+                                   main_gpu=main_gpu, rpc_servers=rpc_servers) if devices is not None else None
+        if layers is not None and layers.error:
+            return layers.error
+        n_gpu_layers = layers.n_gpu_layers if layers is not None else ALL_GPU_LAYERS
+        chosen = layers.note if layers is not None else ""
     try:
         estimate = pair_fit(target, drafter, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
                             flash_attn=flash_attn,
@@ -102,7 +113,35 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
         f"weights {format_bytes(d.weights)}, KV {format_bytes(d.kv)}, compute {format_bytes(d.compute)}"
         for d in estimate.devices
     )
-    return f"{estimate.message} ({parts})"
+    return f"{chosen}\n{estimate.message} ({parts})" if chosen else f"{estimate.message} ({parts})"
+
+
+class GpuLayersSpin(QSpinBox):
+    """GPU layers: "auto" (as many as fit, the default), "all", or a count."""
+
+    WORDS: ClassVar[dict[int, str]] = {AUTO_GPU_LAYERS: "auto", ALL_GPU_LAYERS: "all"}
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setRange(AUTO_GPU_LAYERS, MAX_GPU_LAYERS)
+        self.setValue(AUTO_GPU_LAYERS)
+
+    def textFromValue(self, value: int) -> str:
+        return self.WORDS.get(value, str(value))
+
+    def valueFromText(self, text: str) -> int:
+        word = text.strip().lower()
+        for value, name in self.WORDS.items():
+            if word == name:
+                return value
+        return int(word) if word.lstrip("-").isdigit() else AUTO_GPU_LAYERS
+
+    def validate(self, text: str, pos: int) -> tuple[QValidator.State, str, int]:
+        word = text.strip().lower()
+        if any(name.startswith(word) for name in self.WORDS.values()) and word:
+            state = QValidator.State.Acceptable if word in self.WORDS.values() else QValidator.State.Intermediate
+            return state, text, pos
+        return super().validate(text, pos)
 
 
 
@@ -250,9 +289,7 @@ class ModelPicker(QWidget):
 
         load = QGroupBox("Loading", self)
         lform = QFormLayout(load)
-        self.gpu_layers_spin = QSpinBox(load)
-        self.gpu_layers_spin.setRange(-1, 10_000)
-        self.gpu_layers_spin.setSpecialValueText("all")
+        self.gpu_layers_spin = GpuLayersSpin(load)
         self.ctx_spin = QSpinBox(load)
         self.ctx_spin.setRange(256, MAX_CTX)
         self.ctx_spin.setSingleStep(1024)
