@@ -101,6 +101,10 @@ class HubLookalike:
         """A file the listing shows with ``size`` bytes whose content is never needed (a free-space refusal)."""
         self.repos.setdefault(repo, Repo()).files[path] = HubFile(None, size, "0" * 64)
 
+    def add_header_only(self, repo: str, path: str, header: bytes, size: int) -> None:
+        """A file of ``size`` bytes of which only the header is served (Range requests past it get a 416)."""
+        self.repos.setdefault(repo, Repo()).files[path] = HubFile(header, size, "0" * 64)
+
     def expire_urls(self) -> None:
         """Every signed URL handed out so far stops working, as the real CDN's do after a while."""
         with self._lock:
@@ -339,3 +343,39 @@ def write_split_model(source: Path, folder: Path, stem: str, max_tensors: int) -
     writer.write_tensors_to_file()
     writer.close()
     return sorted(folder.glob(f"{stem}-*-of-*.gguf"))
+
+
+def big_model_header(folder: Path, n_embd: int = 8192, n_layer: int = 80, n_vocab: int = 128_000) -> tuple[bytes, int]:
+    """(the header of a llama model of about 70B F16 parameters, the size of the whole file): its tensor table
+    is real, its tensor data never written."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = folder / "big-header.gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "llama")
+    writer.add_name("big")
+    writer.add_context_length(8192)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(64)
+    writer.add_head_count_kv(8)
+    writer.add_feed_forward_length(28672)
+    writer.add_vocab_size(n_vocab)
+    f16 = np.dtype(np.float16)
+    shapes = {"token_embd.weight": (n_vocab, n_embd), "output.weight": (n_vocab, n_embd)}
+    for il in range(n_layer):
+        shapes[f"blk.{il}.attn_q.weight"] = (n_embd, n_embd)
+        shapes[f"blk.{il}.ffn_up.weight"] = (28672, n_embd)
+        shapes[f"blk.{il}.ffn_down.weight"] = (n_embd, 28672)
+    total = 0
+    for name, shape in shapes.items():
+        nbytes = shape[0] * shape[1] * 2
+        writer.add_tensor_info(name, shape, f16, nbytes)
+        total += -(-nbytes // 32) * 32
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    header = path.read_bytes()
+    return header, -(-len(header) // 32) * 32 + total

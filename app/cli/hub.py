@@ -117,25 +117,27 @@ def _files(args: argparse.Namespace, repo: str) -> int:
     if models:
         ctx = next(iter(verdicts.values())).ctx if verdicts else None
         rows = [["QUANT", "FILE", "SIZE", f"FITS (ctx {ctx})" if ctx else "FITS", "PLAIN TOK/S"]]
+        notes: list[str] = []
         for g in models:
             v = verdicts.get(g.name)
-            if v is None:
-                fit, speed = "-", "-"
-            elif v.error:
-                fit, speed = f"unknown: {v.error}", "-"
-            else:
+            fit, speed = "-", "-"
+            if v is not None and v.error:
+                fit = "unknown (below)"
+                notes.append(f"  {g.quant or g.label}: {_cell(v.error)}")
+            elif v is not None:
                 fit = "fits" if v.fits else "does not fit"
-                speed = f"{v.tokens_per_second:.1f}" if v.tokens_per_second is not None else "-"
+                if v.tokens_per_second is not None:
+                    speed = f"{v.tokens_per_second:.{0 if v.tokens_per_second >= 100 else 1}f}"
+                if not v.fits:
+                    notes.append(f"  {g.quant or g.label}: {_cell(v.fit_message)}")
             rows.append([g.quant or "?", g.label, format_bytes(g.size), fit, speed])
         out.append(_table(rows))
-        short = [v for v in verdicts.values() if v.fits is False]
-        out += [f"  {v.group.quant or v.group.label}: {_cell(v.fit_message)}" for v in short]
+        out += notes
     others = [g for g in groups if g not in models]
     if others:
         out.append("\nNot models (never a quant to pick):" if models else "No models, only:")
-        for g in others:
-            what = g.kind if g.complete else f"incomplete split model ({len(g.parts)} of {g.expected_parts} parts)"
-            out.append(f"  {_cell(g.label)}  {format_bytes(g.size)}  {what}")
+        out.append(_table([["  " + g.label, format_bytes(g.size), g.kind if g.complete else
+                            f"incomplete split model ({len(g.parts)} of {g.expected_parts} parts)"] for g in others]))
     if models:
         out.append(f"\n`specdeck pull {repo} --quant Q` downloads one into the models folder.")
     print("\n".join(out))

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from app.hub.client import HubError, resolve
-from app.library.gguf_format import GGUFError, Reader, _parse
+from app.library.gguf_format import GGUFError, Reader, TruncatedError, _parse
 from app.library.gguf_reader import GGUFInfo, _interpret
 
 FIRST_READ = 1 << 20
@@ -18,13 +18,12 @@ TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 
 
 class _Prefix(io.RawIOBase):
-    """The first bytes of a remote file; notes when a read wanted more than was fetched."""
+    """The first bytes of a remote file, read as the file: a read past them comes back short, so the reader
+    raises TruncatedError and the caller fetches more."""
 
-    def __init__(self, data: bytes, size: int) -> None:
+    def __init__(self, data: bytes) -> None:
         self.data = data
-        self.size = size
         self.pos = 0
-        self.wanted_more = False
 
     def readable(self) -> bool:
         return True
@@ -34,10 +33,7 @@ class _Prefix(io.RawIOBase):
         return self.pos
 
     def read(self, n: int = -1) -> bytes:
-        end = self.size if n < 0 else self.pos + n
-        if end > len(self.data) and len(self.data) < self.size:
-            self.wanted_more = True
-        chunk = self.data[self.pos : end]
+        chunk = self.data[self.pos :] if n < 0 else self.data[self.pos : self.pos + n]
         self.pos += len(chunk)
         return chunk
 
@@ -62,21 +58,28 @@ def read_remote_info(repo: str, path: str, size: int, revision: str = "main") ->
     length = min(FIRST_READ, size)
     with httpx.Client(timeout=TIMEOUT, follow_redirects=True) as client:
         url = resolve(repo, path, revision).url
+        retried = False
         while True:
             try:
                 data = _fetch(client, url, length)
             except httpx.TransportError as exc:
-                raise HubError(f"The connection to the Hub failed while reading {name}'s header "
-                               f"({exc.__class__.__name__}).") from None
-            prefix = _Prefix(data, size)
+                if retried:
+                    raise HubError(f"The connection to the Hub failed while reading {name}'s header "
+                                   f"({exc.__class__.__name__}).") from None
+                retried = True  # once, with a fresh URL
+                url = resolve(repo, path, revision).url
+                continue
             try:
-                header = _parse(Reader(prefix, size, name), collect_tokens=False)  # type: ignore[arg-type]
+                header = _parse(Reader(_Prefix(data), size, name), collect_tokens=False)  # type: ignore[arg-type]
                 return _interpret(header, where, size, follow_shards=False)
-            except GGUFError as exc:
-                if not prefix.wanted_more or length >= min(size, MAX_HEADER):
-                    if prefix.wanted_more:
-                        raise HubError(f"{name}'s header is longer than {MAX_HEADER >> 20} MiB, so it is not "
-                                       "read from the Hub.") from None
+            except TruncatedError as exc:
+                if len(data) < length or length >= size:  # the whole file, or all the server has: it is short
                     exc.path = f"{repo}/{path}"
                     raise
+                if length >= MAX_HEADER:
+                    raise HubError(f"{name}'s header is longer than {MAX_HEADER >> 20} MiB, so it is not read "
+                                   "from the Hub.") from None
                 length = min(length * 4, size, MAX_HEADER)
+            except GGUFError as exc:
+                exc.path = f"{repo}/{path}"
+                raise

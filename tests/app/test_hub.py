@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from tests.gguf_fixtures import write_tiny_model
-from tests.hub_lookalike import Fault, HubLookalike, write_split_model
+from tests.gguf_fixtures import write_small_gguf, write_tiny_model
+from tests.hub_lookalike import Fault, HubLookalike, big_model_header, write_split_model
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/Tiny-GGUF"
@@ -336,3 +336,36 @@ def test_offline_mode_says_so(hub: HubLookalike, monkeypatch: pytest.MonkeyPatch
     assert code == 1
     assert "HF_HUB_OFFLINE is set" in err
     assert hub.requests == []
+
+
+def test_a_quant_too_big_for_this_machine_does_not_fit(hub: HubLookalike, tiny: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    header, size = big_model_header(tmp_path / "big")
+    hub.add_header_only(REPO, "Big-70B-F16.gguf", header, size)
+    hub.add_file(REPO, Q8, tiny)
+    code, out, _ = run_cli(capsys, "search", REPO, "--json")
+    assert code == 0
+    rows = {r["quant"]: r for r in json.loads(out)["files"]}
+    assert rows["F16"]["error"] is None, rows["F16"]
+    assert rows["F16"]["fits"] is False
+    assert rows["F16"]["fit"].startswith("Does not fit on ")
+    assert rows["F16"]["n_params"] > 40e9
+    assert rows["F16"]["tokens_per_second"] < rows["Q8_0"]["tokens_per_second"]
+    assert rows["Q8_0"]["fits"] is True
+    code, out, _ = run_cli(capsys, "search", REPO)
+    assert code == 0
+    assert "does not fit" in out
+    assert "F16: Does not fit on " in out
+
+
+def test_a_long_header_is_read_with_growing_ranges(hub: HubLookalike, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    long_text = "x" * (3 << 20)  # a 3 MiB description: the header goes on past the first MiB
+    path = write_small_gguf(tmp_path / "long.gguf", "llama",
+                            lambda w: w.add_string("general.description", long_text))
+    hub.add_file(REPO, "Long-Q4_0.gguf", path)
+    code, out, _ = run_cli(capsys, "search", REPO, "--json")
+    assert code == 0
+    (row,) = json.loads(out)["files"]
+    assert row["architecture"] == "llama", row
+    assert cdn_ranges(hub, "Long-Q4_0.gguf") == ["bytes=0-1048575", f"bytes=0-{path.stat().st_size - 1}"]
