@@ -123,9 +123,11 @@ def device_memory(nvidia: Sequence[GPUInfo], devices: Sequence[BackendDevice]) -
 
 
 def placed_bytes(target: str, drafter: str | None, n_ctx: int, kv_bytes_total: int, gpu_offload: bool,
-                 devices: Sequence[GpuMemory], used: Sequence[str] | None = None) -> dict[str, int]:
+                 devices: Sequence[GpuMemory], used: Sequence[str] | None = None,
+                 n_gpu_layers: int = -1) -> dict[str, int]:
     """Weights + KV cache of the loaded models per llama.cpp device name, as the roofline's fit places them
-    (all layers offloaded when the engine offloads), with the KV cache llama.cpp really allocated.
+    (``n_gpu_layers`` of the target's layers offloaded when the engine offloads, -1 all; the drafter goes with
+    them, as the automatic choice places it), with the KV cache llama.cpp really allocated.
     ``used``: the names of the devices the load offloaded to (None: every GPU)."""
     from app.ceiling.fit import fit_estimate
     from app.ceiling.roofline import Device, ModelShape
@@ -136,10 +138,10 @@ def placed_bytes(target: str, drafter: str | None, n_ctx: int, kv_bytes_total: i
         gpus.sort(key=lambda d: list(used).index(d.device))  # llama.cpp's order: RPC servers first
     roof = [Device("CPU", "CPU", "cpu", 1.0)] + [
         Device(d.device, d.name, "gpu", 1.0, free_bytes=d.free) for d in gpus]
-    layers = -1 if gpu_offload and gpus else 0
+    layers = n_gpu_layers if gpu_offload and gpus else 0
     fit = fit_estimate(ModelShape.from_gguf(read_gguf_info(target)), roof, n_ctx, n_gpu_layers=layers,
                        drafter=ModelShape.from_gguf(read_gguf_info(drafter)) if drafter else None,
-                       drafter_gpu_layers=layers)
+                       drafter_gpu_layers=-1 if layers else 0)
     kv_estimate = sum(d.kv for d in fit.devices)
     return {d.device: d.weights + (round(kv_bytes_total * d.kv / kv_estimate) if kv_estimate else 0)
             for d in fit.devices}
@@ -168,11 +170,13 @@ class LoadedModels:
     # be asked only by the worker that holds its connection, so its figures are those of the load).
     devices: tuple[BackendDevice, ...] = ()
     main_gpu: int | None = None
+    n_gpu_layers: int = -1  # the target's layers on the GPUs, as llama.cpp was asked (-1: all)
 
     @classmethod
     def from_loaded(cls, loaded: Loaded) -> LoadedModels:
         return cls(loaded.target.path, loaded.drafter.path if loaded.drafter is not None else None,
-                   loaded.n_ctx, loaded.kv_bytes_total, loaded.gpu_offload, loaded.devices, loaded.main_gpu)
+                   loaded.n_ctx, loaded.kv_bytes_total, loaded.gpu_offload, loaded.devices, loaded.main_gpu,
+                   loaded.n_gpu_layers)
 
     @property
     def placement(self) -> str:
@@ -259,7 +263,8 @@ class MemoryProbe:
             return self._placed[2]
         try:
             placed = placed_bytes(models.target, models.drafter, models.n_ctx, models.kv_bytes_total,
-                                  models.gpu_offload, found, [d.name for d in models.devices] or None)
+                                  models.gpu_offload, found, [d.name for d in models.devices] or None,
+                                  models.n_gpu_layers)
         except Exception:  # a model file gone or unreadable: no share shown, the rest still is
             placed = {}
         self._placed = (models, names, placed)

@@ -162,3 +162,19 @@ def test_llama_cpp_is_asked_only_while_a_model_is_offloaded(tiny_target: Path) -
     assert vulkan.device == "Vulkan0"
     assert vulkan.placed is not None
     assert vulkan.placed > 1000
+
+
+def test_a_partial_offload_places_only_the_chosen_layers_on_the_gpu(tiny_target: Path) -> None:
+    """--gpu-layers auto put part of the model on the GPU: the chart shows that split, not all of it there."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(tiny_target).tensors}
+    cpu = BackendDevice("CPU", "AMD EPYC", "cpu", "CPU", 64 * GIB, 64 * GIB)
+    devices = device_memory((), [cpu, LLVMPIPE])
+    whole = placed_bytes(str(tiny_target), None, 256, 1000, True, devices)
+    half = placed_bytes(str(tiny_target), None, 256, 1000, True, devices, n_gpu_layers=1)
+    block = sum(n for name, n in sizes.items() if name.startswith("blk.1."))
+    assert half["Vulkan0"] < whole["Vulkan0"]
+    assert half["CPU"] > whole["CPU"]
+    assert half["CPU"] - whole["CPU"] >= block  # one layer's weights stayed on the CPU
+    assert sum(half.values()) == sum(whole.values())  # the same bytes, split otherwise
