@@ -44,6 +44,7 @@ class HubFile:
     data: bytes | None  # None: a file whose bytes are never served (its size alone is listed)
     size: int
     sha256: str
+    in_git: bool = False  # a small file kept in git, not LFS: no lfs entry, served by the Hub itself
 
 
 @dataclass
@@ -96,6 +97,10 @@ class HubLookalike:
         f = HubFile(body, len(body), hashlib.sha256(body).hexdigest())
         self.repos.setdefault(repo, Repo()).files[path] = f
         return f
+
+    def add_in_git(self, repo: str, path: str, data: bytes | Path) -> None:
+        """A small file kept in git itself: no LFS sha256 in the listing, its bytes served by the Hub."""
+        self.add_file(repo, path, data).in_git = True
 
     def add_listed_only(self, repo: str, path: str, size: int) -> None:
         """A file the listing shows with ``size`` bytes whose content is never needed (a free-space refusal)."""
@@ -209,8 +214,10 @@ class HubLookalike:
                         parts = rest.split("/")[:-1]
                         folders.update(prefix + "/".join(parts[: i + 1]) for i in range(len(parts)))
                     oid = hashlib.sha1(f"blob {f.size}\0".encode() + (f.data or b"")).hexdigest()
-                    out.append({"type": "file", "oid": oid, "size": f.size, "path": p,
-                                "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}})
+                    entry: dict[str, Any] = {"type": "file", "oid": oid, "size": f.size, "path": p}
+                    if not f.in_git:
+                        entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+                    out.append(entry)
                 out += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(folders)]
                 self._json(out)
 
@@ -227,6 +234,11 @@ class HubLookalike:
                 f = repo.files.get(file)
                 if f is None:
                     return self._error(404, "EntryNotFound", "Entry not found", head)
+                if f.in_git:  # served here, with the git blob id as its ETag
+                    body = f.data or b""
+                    oid = hashlib.sha1(f"blob {f.size}\0".encode() + body).hexdigest()
+                    return self._send(200, body, {"ETag": f'"{oid}"', "X-Repo-Commit": COMMIT}, head,
+                                      "application/octet-stream")
                 sig = f"s{next(hub._sig)}"
                 with hub._lock:
                     hub._signatures[sig] = f.sha256

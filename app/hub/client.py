@@ -56,6 +56,13 @@ class Resolved:
     sha256: str | None
     etag: str | None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The token goes only to the Hub itself (a file kept in git is served there), never to a CDN."""
+        tok = token()
+        same = urlsplit(self.url)[:2] == urlsplit(endpoint())[:2]
+        return {"Authorization": f"Bearer {tok}"} if tok and same else {}
+
 
 def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
@@ -116,8 +123,11 @@ def hub_errors(repo: str | None = None, what: str = "") -> Iterator[None]:
     except OfflineModeIsEnabled:
         raise HubError("HF_HUB_OFFLINE is set, so the Hub is not asked: unset it to search or pull.") from None
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "an"
-        raise HubError(f"The Hub answered {status} error for {name}: try again later.") from None
+        status = exc.response.status_code if exc.response is not None else None
+        if status == 429:
+            raise HubError("The Hub is limiting requests (429): wait a few minutes, or give a token with HF_TOKEN, "
+                           "which raises the limit.") from None
+        raise HubError(f"The Hub answered {status or 'with an error'} for {name}: try again later.") from None
     except (httpx2.TransportError, httpx.TransportError) as exc:
         raise HubError(f"The connection to the Hub failed ({exc.__class__.__name__}): check the network "
                        "connection and try again.") from None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from app.hub.client import HubError, resolve
+from app.hub.client import HubError, Resolved, resolve
 from app.library.gguf_format import GGUFError, Reader, TruncatedError, _parse
 from app.library.gguf_reader import GGUFInfo, _interpret
 
@@ -38,8 +38,9 @@ class _Prefix(io.RawIOBase):
         return chunk
 
 
-def _fetch(client: httpx.Client, url: str, length: int) -> bytes:
-    with client.stream("GET", url, headers={"Range": f"bytes=0-{length - 1}", "Accept-Encoding": "identity"}) as r:
+def _fetch(client: httpx.Client, where: Resolved, length: int) -> bytes:
+    headers = {"Range": f"bytes=0-{length - 1}", "Accept-Encoding": "identity", **where.headers}
+    with client.stream("GET", where.url, headers=headers) as r:
         if r.status_code not in (200, 206):
             raise HubError(f"The Hub's file server answered {r.status_code} to a header read; try again later.")
         out = bytearray()
@@ -57,17 +58,17 @@ def read_remote_info(repo: str, path: str, size: int, revision: str = "main") ->
     where = Path("hf:") / repo / path  # never a local file: tensor_split then spreads weights evenly
     length = min(FIRST_READ, size)
     with httpx.Client(timeout=TIMEOUT, follow_redirects=True) as client:
-        url = resolve(repo, path, revision).url
+        where_now = resolve(repo, path, revision)
         retried = False
         while True:
             try:
-                data = _fetch(client, url, length)
+                data = _fetch(client, where_now, length)
             except httpx.TransportError as exc:
                 if retried:
                     raise HubError(f"The connection to the Hub failed while reading {name}'s header "
                                    f"({exc.__class__.__name__}).") from None
                 retried = True  # once, with a fresh URL
-                url = resolve(repo, path, revision).url
+                where_now = resolve(repo, path, revision)
                 continue
             try:
                 header = _parse(Reader(_Prefix(data), size, name), collect_tokens=False)  # type: ignore[arg-type]

@@ -108,7 +108,7 @@ def _stream_into(part: Path, resolved: Resolved, size: int, hasher: hashlib._Has
     """Append the bytes after ``part``'s end, hashed on into ``hasher`` (or, when the server restarts at 0 with
     a 200, into a fresh one, which is returned)."""
     have = part.stat().st_size if part.exists() else 0
-    headers = {"Accept-Encoding": "identity"}
+    headers = {"Accept-Encoding": "identity", **resolved.headers}
     if have:
         # No If-Range: the CDN's own ETag is not the Hub's sha256, so it would restart every resume at 0. The
         # signed URL names the content, and the whole file is checked against the sha256 at the end.

@@ -369,3 +369,16 @@ def test_a_long_header_is_read_with_growing_ranges(hub: HubLookalike, tmp_path: 
     (row,) = json.loads(out)["files"]
     assert row["architecture"] == "llama", row
     assert cdn_ranges(hub, "Long-Q4_0.gguf") == ["bytes=0-1048575", f"bytes=0-{path.stat().st_size - 1}"]
+
+
+def test_a_file_kept_in_git_comes_from_the_hub_with_the_token(hub: HubLookalike, tiny: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.add_in_git(REPO, Q8, tiny)
+    hub.repos[REPO].gated = True
+    monkeypatch.setenv("HF_TOKEN", "hf_good")
+    code, out, err = run_cli(capsys, "pull", REPO)
+    assert code == 0, err
+    assert "size checked (the Hub gave no sha256)" in out
+    assert sha(models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8) == sha(tiny)
+    assert hub.cdn_requests() == []
