@@ -35,7 +35,9 @@ class Fault:
     hold_after: int | None = None  # stop after this many body bytes until `release` is set
     release: threading.Event = field(default_factory=threading.Event)
     corrupt: bool = False  # flip one byte in the middle of what is served
-    deny: int = 0  # answer this many requests 403 with an XML body, as an expired CDN URL does
+    deny: int = 0  # answer this many requests 403 with an XML body, as an expired CDN URL does...
+    deny_after: int = 0  # ...once this many responses were served
+    served: int = 0
     sent: int = 0  # body bytes written so far, over all responses
 
 
@@ -265,7 +267,7 @@ class HubLookalike:
                                       ctype="application/xml")
                 data = f.data
                 fault = hub.faults.get(file)
-                if fault is not None and fault.deny > 0:
+                if fault is not None and fault.deny > 0 and fault.served >= fault.deny_after:
                     fault.deny -= 1
                     return self._send(403, b"<?xml version='1.0'?><Error><Code>AccessDenied</Code></Error>",
                                       head=head, ctype="application/xml")
@@ -300,6 +302,7 @@ class HubLookalike:
                 if fault is None:
                     self.wfile.write(data)
                     return
+                fault.served += 1
                 cut = fault.cut_after if fault.cuts > 0 else None
                 if cut is not None:
                     fault.cuts -= 1

@@ -206,20 +206,26 @@ def test_a_corrupted_download_is_refused_and_deleted(hub: HubLookalike, tiny: Pa
 def test_an_error_body_is_never_written_into_a_model(hub: HubLookalike, tiny: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     hub.add_file(REPO, Q8, tiny)
-    hub.faults[Q8] = Fault(cut_after=50_000, deny=0)
-    hub.faults[Q8].cuts = 1
-    code, _, err = run_cli(capsys, "pull", REPO)
-    assert code == 0, err
     hub.faults[Q8] = Fault(deny=1)
-    (models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8).unlink()
+    code, _, err = run_cli(capsys, "pull", REPO)
+    assert code == 1
+    assert "answered 403" in err
+    assert files_in(models_dir(tmp_path)) == []
+
+    hub.faults[Q8] = Fault(cut_after=50_000, deny=10, deny_after=1)  # cut, then every fresh URL refused
     code, _, err = run_cli(capsys, "pull", REPO)
     assert code == 1
     assert "answered 403" in err
     assert "kept" in err
-    assert [p.read_bytes()[:4] for p in files_in(models_dir(tmp_path))] in ([], [b""])
-    code, _, err = run_cli(capsys, "pull", REPO)  # the next pull gets a fresh URL and the whole file
+    (part,) = files_in(models_dir(tmp_path))
+    assert part.name == f"{Q8}.part"
+    assert part.read_bytes() == tiny.read_bytes()[:50_000]  # no XML after the good bytes
+
+    hub.faults.pop(Q8)
+    code, _, err = run_cli(capsys, "pull", REPO)
     assert code == 0, err
-    assert sha(models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8) == sha(tiny)
+    assert cdn_ranges(hub, Q8)[-1] == "bytes=50000-"
+    assert sha(part.with_name(Q8)) == sha(tiny)
 
 
 def test_a_gated_repository_needs_a_token(hub: HubLookalike, tiny: Path, tmp_path: Path,
