@@ -25,6 +25,10 @@ FREE_MARGIN = 64 << 20
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 
+class PullStopped(HubError):
+    """The pull was asked to stop; the partial file is kept for the next one."""
+
+
 @dataclass(frozen=True)
 class Progress:
     file: str
@@ -78,15 +82,20 @@ def _hash_prefix(path: Path, n: int) -> hashlib._Hash:
 
 
 class _Meter:
-    def __init__(self, total: int, done: int, report: Callable[[Progress], None] | None) -> None:
+    def __init__(self, total: int, done: int, report: Callable[[Progress], None] | None,
+                 stop: Callable[[], bool] | None) -> None:
         self.total = total
         self.done = done
         self.start_done = done
         self.start = time.monotonic()
         self.report = report
+        self.stop = stop
         self.file = ""
 
     def add(self, n: int) -> None:
+        if self.stop is not None and n > 0 and self.stop():
+            raise PullStopped(f"The pull of {self.file} was stopped at {format_bytes(self.done)} of "
+                              f"{format_bytes(self.total)}; the partial file is kept, pull again to continue.")
         self.done += n
         if self.report is None:
             return
@@ -134,10 +143,10 @@ def _stream_into(part: Path, resolved: Resolved, size: int, hasher: hashlib._Has
                 if f.tell() + len(chunk) > size:
                     raise HubError(f"The Hub's file server sent more than the {size:,} bytes of {name}; the "
                                    "partial file is kept, pull again to continue.")
+                meter.add(len(chunk))  # raises PullStopped before the chunk is written, when asked to
                 f.write(chunk)
                 f.flush()
                 hasher.update(chunk)
-                meter.add(len(chunk))
             os.fsync(f.fileno())
     return hasher
 
@@ -183,8 +192,10 @@ def _fetch_part(repo: str, path: str, size: int, sha256: str | None, target: Pat
 
 
 def pull(repo: str, group: ModelFiles, *, revision: str = "main", root: Path | None = None,
-         progress: Callable[[Progress], None] | None = None) -> Pulled:
-    """Download every part of ``group`` into the models folder, resuming any partial file."""
+         progress: Callable[[Progress], None] | None = None, stop: Callable[[], bool] | None = None) -> Pulled:
+    """Download every part of ``group`` into the models folder, resuming any partial file. ``progress`` is
+    called after every chunk received; ``stop`` is asked before each one is written (True: PullStopped, with
+    the partial file kept)."""
     folder = ensure(target_folder(repo, root))
     targets = [folder / PurePosixPath(p.path).name for p in group.parts]
     if all(t.is_file() and t.stat().st_size == p.size for t, p in zip(targets, group.parts, strict=True)):
@@ -192,7 +203,7 @@ def pull(repo: str, group: ModelFiles, *, revision: str = "main", root: Path | N
     on_disk = [part_path(t).stat().st_size if part_path(t).is_file() else 0 for t in targets]
     done = sum(min(n, p.size) for n, p in zip(on_disk, group.parts, strict=True))
     _check_space(folder, group.size - done)
-    meter = _Meter(group.size, done, progress)
+    meter = _Meter(group.size, done, progress, stop)
     verified = True
     with httpx.Client(timeout=TIMEOUT, follow_redirects=True) as client:
         for target, remote in zip(targets, group.parts, strict=True):

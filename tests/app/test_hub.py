@@ -388,3 +388,25 @@ def test_a_file_kept_in_git_comes_from_the_hub_with_the_token(hub: HubLookalike,
     assert "size checked (the Hub gave no sha256)" in out
     assert sha(models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8) == sha(tiny)
     assert hub.cdn_requests() == []
+
+
+def test_a_pull_asked_to_stop_keeps_its_partial_file(hub: HubLookalike, tiny: Path, tmp_path: Path) -> None:
+    from app.hub.client import list_files
+    from app.hub.files import group_files
+    from app.hub.transfer import Progress, PullStopped, choose, pull
+
+    hub.add_file(REPO, Q8, tiny)
+    hub.faults[Q8] = Fault(chunk=8192)
+    seen: list[Progress] = []
+    group = choose(group_files(list_files(REPO)), repo=REPO)
+    with pytest.raises(PullStopped, match="partial file is kept"):
+        pull(REPO, group, progress=seen.append, stop=lambda: len(seen) >= 3)
+    part = models_dir(tmp_path) / "acme" / "Tiny-GGUF" / f"{Q8}.part"
+    assert 0 < part.stat().st_size == seen[-1].done < tiny.stat().st_size
+    assert tiny.read_bytes().startswith(part.read_bytes())
+
+    done = pull(REPO, group, progress=seen.append)
+    assert done.verified
+    assert done.paths == (part.with_name(Q8),)
+    assert cdn_ranges(hub, Q8)[-1] == f"bytes={seen[2].done}-"
+    assert seen[-1].done == seen[-1].total == tiny.stat().st_size
