@@ -1,8 +1,10 @@
 """What a schema-constrained answer costs: decode tok/s with a JSON schema against free text, plain and speculative.
 
     .venv/bin/python benchmarks/grammar_cost.py [--target MODEL.gguf] [--repeat 5] [--max-tokens 96]
+                                                [--temperature 0]
 
-One session (the target, its suffix drafter), greedy answers to one extraction prompt. Each repeat runs the
+One session (the target, its suffix drafter), answers to one extraction prompt (greedy by default: the grammar
+asks about the token each row gives; sampled: every row is masked over the whole vocabulary). Each repeat runs the
 four conditions back to back, in a rotating order, so a busy machine slows them alike. Prints, per condition,
 the median decode tok/s with its range, and per repeat the constrained over the free rate (plain and
 speculative), median and range. The schema is small and bounded (app.engine.schema_limits): each verify row
@@ -48,13 +50,15 @@ def main() -> None:
     parser.add_argument("--target", type=Path, help="a GGUF model (default: the SmolLM2 demo model)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     target = args.target or next(p for p in install_demo_models() if "smollm2" in p.name.lower())
     session = EngineSession(LoadSettings(target_path=str(target), n_ctx=1024, n_gpu_layers=0,
                                          draft=DraftSettings(ngram=2)))
     messages = [{"role": "user", "content": PROMPT}]
     conditions = {
-        (speculative, constrained): SamplingSettings(max_tokens=args.max_tokens,
+        (speculative, constrained): SamplingSettings(max_tokens=args.max_tokens, temperature=args.temperature,
+                                                     seed=7,
                                                      response_format=json.dumps(SCHEMA) if constrained else "")
         for speculative in (False, True) for constrained in (False, True)
     }
@@ -69,7 +73,8 @@ def main() -> None:
                    if isinstance(e, Finished)][-1]
             rates[key].append(end.stats.decode_tps)
     session.close()
-    print(f"{target.name}: {args.repeat} repeats, {args.max_tokens} tokens, greedy; decode tok/s, median (range)")
+    how = f"temperature {args.temperature:g}, seed 7" if args.temperature else "greedy"
+    print(f"{target.name}: {args.repeat} repeats, {args.max_tokens} tokens, {how}; decode tok/s, median (range)")
     for (speculative, constrained), values in rates.items():
         print(f"  {'speculative' if speculative else 'plain':11s} {'schema' if constrained else 'free':6s} "
               f"{spread(values)}")
