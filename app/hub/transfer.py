@@ -17,6 +17,7 @@ import httpx
 from app.hub.client import HubError, Resolved, resolve
 from app.hub.files import MODEL, ModelFiles, split_of
 from app.paths import ensure, models_dir
+from app.storage.atomic import fsync_folder
 from app.units import format_bytes
 
 CHUNK = 1 << 20
@@ -53,19 +54,6 @@ def target_folder(repo: str, root: Path | None = None) -> Path:
 
 def part_path(target: Path) -> Path:
     return target.with_name(target.name + ".part")
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _hash_prefix(path: Path, n: int) -> hashlib._Hash:
@@ -215,7 +203,7 @@ def pull(repo: str, group: ModelFiles, *, revision: str = "main", root: Path | N
         part = part_path(target)
         if part.exists():
             os.replace(part, target)
-    _fsync_folder(folder)
+    fsync_folder(folder)
     return Pulled(tuple(targets), False, verified)
 
 

@@ -50,7 +50,7 @@ def storage_error(exc: OSError, path: StrPath) -> StorageError:
     )
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     # Makes the rename durable. Windows cannot open a folder, and some file systems refuse to fsync
     # one; the new file is already in place then, so this is best effort, never an error.
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
@@ -102,7 +102,7 @@ def atomic_write_bytes(path: StrPath, data: bytes) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-    _fsync_folder(folder)
+    fsync_folder(folder)
 
 
 def atomic_write_text(path: StrPath, text: str) -> None:
