@@ -586,8 +586,9 @@ def missing_libraries(binaries: list[Path]) -> list[str]:
 
 def qt_platform_hint(missing: list[str]) -> str:
     """One paragraph: what the window needs, and the apt and dnf commands that install it."""
-    debian = sorted({QT_XCB_PACKAGES.get(name, (None, None))[0] or "" for name in missing} - {""})
-    fedora = sorted({QT_XCB_PACKAGES.get(name, (None, None))[1] or "" for name in missing} - {""})
+    packages = [QT_XCB_PACKAGES[name] for name in missing if name in QT_XCB_PACKAGES]
+    debian = sorted({deb for deb, _ in packages})
+    fedora = sorted({rpm for _, rpm in packages})
     unknown = [name for name in missing if name not in QT_XCB_PACKAGES]
     hint = (f"the window cannot open on X11: Qt's platform plugin needs {', '.join(missing)}, which this system "
             "lacks.")

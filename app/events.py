@@ -402,7 +402,7 @@ class MessageStats:
     tokens_per_pass: float
     per_position_acceptance: tuple[float, ...]
     k_history: tuple[int, ...]
-    # decode tok/s over the plain rate: the engine's estimate; the window replaces it with speedup_over_plain
+    # decode tok/s over the plain rate of the answer's own time (speedup_over_plain); 0: no ratio
     speedup_estimate: float
     decode_tokens: int = 0  # tokens in the decode window (see RunCounts)
     # One-token passes per second at the end of this answer, from the passes the answer itself timed (the
@@ -421,14 +421,14 @@ class MessageStats:
                          self.decode_seconds, self.end_tokens)
 
 
-def speedup_over_plain(stats: MessageStats, plain_tps: float) -> float:
+def speedup_over_plain(decode_tps: float, accepted: int, plain_tps: float) -> float:
     """An answer's decode rate over the plain (one token per pass) rate measured at the same time, by the
     same passes (``MessageStats.plain_tps``), never a rate timed at load on a machine since busier or quieter;
     0 when there is nothing to compare: no plain rate, or no draft token accepted (an answer that kept no
     draft decoded as plain decoding does, and its ratio would only measure noise)."""
-    if stats.accepted <= 0 or plain_tps <= 0 or stats.decode_tps <= 0:
+    if accepted <= 0 or plain_tps <= 0 or decode_tps <= 0:
         return 0.0
-    return stats.decode_tps / plain_tps
+    return decode_tps / plain_tps
 
 
 def message_stats(value: MessageStats | Mapping[str, Any] | None) -> MessageStats | None:
@@ -465,8 +465,7 @@ def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
         k_history=first.k_history + then.k_history,
         decode_tokens=counts.decode_tokens,
         end_tokens=counts.end_tokens,
-        speedup_estimate=speedup_over_plain(replace(then, decode_tps=counts.decode_tps, accepted=counts.accepted),
-                                            then.plain_tps or first.plain_tps),
+        speedup_estimate=speedup_over_plain(counts.decode_tps, counts.accepted, then.plain_tps or first.plain_tps),
         proposal_passes=first.proposal_passes + then.proposal_passes,
         proposal_lengths=add_counts(first.proposal_lengths, then.proposal_lengths),
         proposal_matches=add_counts(first.proposal_matches, then.proposal_matches),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -128,7 +128,7 @@ class RunTotals:
         counts = self.counts()
         self.hindsight.close()
         decode_tps = counts.decode_tps
-        stats = MessageStats(
+        return MessageStats(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.tokens,
             ttft_seconds=max(self.t_first_token - self.t_request, 0.0) if self.tokens else 0.0,
@@ -144,7 +144,7 @@ class RunTotals:
                 acceptance(a, d) for a, d in zip(self.pos_accepted, self.pos_drafted, strict=True)
             ),
             k_history=tuple(self.k_history),
-            speedup_estimate=0.0,
+            speedup_estimate=speedup_over_plain(decode_tps, self.accepted, plain_tps or 0.0),
             plain_tps=plain_tps or 0.0,
             decode_tokens=counts.decode_tokens,
             end_tokens=counts.end_tokens,
@@ -152,7 +152,6 @@ class RunTotals:
             proposal_lengths=tuple(self.hindsight.lengths),
             proposal_matches=tuple(self.hindsight.matches),
         )
-        return replace(stats, speedup_estimate=speedup_over_plain(stats, stats.plain_tps))
 
 
 @dataclass

@@ -25,12 +25,12 @@ STATS = MessageStats(prompt_tokens=20, completion_tokens=41, ttft_seconds=0.2, p
 
 
 def test_the_speedup_is_over_the_plain_rate_and_only_for_an_answer_that_drafted() -> None:
-    assert speedup_over_plain(STATS, 40.0) == pytest.approx(2.0)
-    assert speedup_over_plain(STATS, 0.0) == 0.0  # no plain rate measured: no ratio
+    assert speedup_over_plain(STATS.decode_tps, STATS.accepted, 40.0) == pytest.approx(2.0)
+    assert speedup_over_plain(STATS.decode_tps, STATS.accepted, 0.0) == 0.0  # no plain rate measured: no ratio
     plain = replace(STATS, drafted=0, accepted=0, acceptance=0.0)
-    assert speedup_over_plain(plain, 40.0) == 0.0  # nothing drafted: plain decoding, no ratio
+    assert speedup_over_plain(plain.decode_tps, plain.accepted, 40.0) == 0.0  # nothing drafted: no ratio
     rejected = replace(STATS, accepted=0, acceptance=0.0)
-    assert speedup_over_plain(rejected, 40.0) == 0.0  # drafts all rejected: decoded as plain is, no ratio
+    assert speedup_over_plain(rejected.decode_tps, rejected.accepted, 40.0) == 0.0  # all rejected: no ratio
     assert speedup_text(2.0) in format_stats(replace(STATS, speedup_estimate=2.0))
     assert "×" not in format_stats(replace(plain, speedup_estimate=0.0))
     assert "×" not in format_stats(replace(STATS, speedup_estimate=0.0))

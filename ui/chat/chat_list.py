@@ -222,10 +222,12 @@ class ChatList(QWidget):
 
     def _fitted_undo_text(self, label: str, title: str) -> str:
         """The longest of the undo button's wordings that fits the list's width, the title elided at last."""
+        if not title:
+            return label
         metrics = self.undo_delete_button.fontMetrics()
         room = max(self.history_list.width() - 16, 40)
         for text in (label, f"Undo: “{title}”"):
-            if not title or metrics.horizontalAdvance(text) <= room:
+            if metrics.horizontalAdvance(text) <= room:
                 return text
         short = metrics.elidedText(title, Qt.TextElideMode.ElideRight, room - metrics.horizontalAdvance("Undo: “”"))
         return f"Undo: “{short}”"

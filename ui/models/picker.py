@@ -96,13 +96,15 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
     from app.ceiling.device_fit import choose_gpu_layers, fit_devices
 
     chosen = ""
-    if n_gpu_layers == AUTO_GPU_LAYERS:  # the engine's own choice on these devices, before it loads
-        layers = choose_gpu_layers(target, n_gpu_layers, n_ctx, devices or (), kv_type=kv_type, drafter=drafter,
-                                   main_gpu=main_gpu, rpc_servers=rpc_servers) if devices is not None else None
-        if layers is not None and layers.error:
-            return layers.error
-        n_gpu_layers = layers.n_gpu_layers if layers is not None else ALL_GPU_LAYERS
-        chosen = layers.note if layers is not None else ""
+    if n_gpu_layers == AUTO_GPU_LAYERS:
+        if devices is None:
+            n_gpu_layers = ALL_GPU_LAYERS  # no device list yet: the estimate for every layer offloaded
+        else:  # the engine's own choice on these devices, before it loads
+            layers = choose_gpu_layers(target, n_gpu_layers, n_ctx, devices, kv_type=kv_type, drafter=drafter,
+                                       main_gpu=main_gpu, rpc_servers=rpc_servers)
+            if layers.error:
+                return layers.error
+            n_gpu_layers, chosen = layers.n_gpu_layers, layers.note
     try:
         estimate = pair_fit(target, drafter, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
                             flash_attn=flash_attn,
