@@ -168,6 +168,7 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 # fit (app.ceiling.device_fit) for the most layers that fit in the GPUs' free memory, the rest on the CPU.
 ALL_GPU_LAYERS = -1
 AUTO_GPU_LAYERS = -2
+GPU_LAYER_WORDS = {AUTO_GPU_LAYERS: "auto", ALL_GPU_LAYERS: "all"}  # how the commands and the window say them
 MAX_GPU_LAYERS = 10_000
 
 

@@ -12,9 +12,8 @@ from dataclasses import replace
 
 from app.engine_limits import KV_TYPES
 from app.params import (
-    ALL_GPU_LAYERS,
-    AUTO_GPU_LAYERS,
     FLASH_ATTN_MODES,
+    GPU_LAYER_WORDS,
     RECURRENT_ROLLBACKS,
     DraftSettings,
     LoadSettings,
@@ -49,15 +48,8 @@ def _number_or_text(value: str) -> int | str:
 
 def _gpu_layers(value: str) -> int | str:
     word = value.strip().lower()
-    if word == "auto":
-        return AUTO_GPU_LAYERS
-    if word == "all":
-        return ALL_GPU_LAYERS
-    return _number_or_text(value)
-
-
-def _gpu_layers_text(value: int) -> str:
-    return {AUTO_GPU_LAYERS: "auto", ALL_GPU_LAYERS: "all"}.get(value, str(value))
+    named = [count for count, name in GPU_LAYER_WORDS.items() if name == word]
+    return named[0] if named else _number_or_text(value)
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, *, ctx_help: str | None = None) -> None:
@@ -77,7 +69,7 @@ def add_load_arguments(parser: argparse.ArgumentParser, *, ctx_help: str | None 
            help=f"CPU threads (default {LOAD.n_threads}: the physical cores)")
     option("n_gpu_layers", type=_gpu_layers, default=LOAD.n_gpu_layers, metavar="auto|all|N",
            help="layers on the GPU: auto (as many as fit in its free memory with the KV cache, the rest on the "
-           f"CPU), all, or N (default {_gpu_layers_text(LOAD.n_gpu_layers)})")
+           f"CPU), all, or N (default {GPU_LAYER_WORDS.get(LOAD.n_gpu_layers, LOAD.n_gpu_layers)})")
     option("main_gpu", type=_number_or_text, default=LOAD.main_gpu, metavar="I",
            help="put every offloaded layer on llama.cpp's GPU I alone (default: spread over all GPUs)")
     option("kv_type", default=LOAD.kv_type, metavar="T",

@@ -41,6 +41,7 @@ from app.library.heads import OWN_MTP_HEADS
 from app.params import (
     ALL_GPU_LAYERS,
     AUTO_GPU_LAYERS,
+    GPU_LAYER_WORDS,
     HISTORY_TOKENS,
     MAX_CTX,
     MAX_GPU_LAYERS,
@@ -121,7 +122,7 @@ def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: st
 class GpuLayersSpin(QSpinBox):
     """GPU layers: "auto" (as many as fit, the default), "all", or a count."""
 
-    WORDS: ClassVar[dict[int, str]] = {AUTO_GPU_LAYERS: "auto", ALL_GPU_LAYERS: "all"}
+    WORDS: ClassVar[dict[int, str]] = GPU_LAYER_WORDS
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
