@@ -212,6 +212,9 @@ RECURRENT_ARCHS = frozenset(("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", 
 INTERVAL_HYBRID_ARCHS = frozenset(("qwen3next", "qwen35", "qwen35moe", "qwen4exp"))
 # Hybrids whose every layer has both an attention block and a recurrent (Mamba 2) block.
 PARALLEL_HYBRID_ARCHS = frozenset(("falcon-h1",))
+# Hybrids with MLP-only layers beside the Mamba 2 and attention ones, told apart by feed_forward_length
+# (llama_model_nemotron_h::load_arch_hparams and the hybrid memory's layer filters).
+FFN_LAYER_HYBRID_ARCHS = frozenset(("nemotron_h", "nemotron_h_moe"))
 
 
 def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -226,13 +229,32 @@ def _layer_kinds(h: Header, arch: str, n_layer: int, name: str) -> tuple[tuple[b
         attention = tuple((il + 1) % interval == 0 for il in range(n_layer))
         return attention, tuple(not a for a in attention)
     # Hybrids such as LFM2, Granite-4-H, Nemotron-H and Jamba: a layer is recurrent where it has no KV heads.
-    arr = h.arrays.get(f"{arch}.attention.head_count_kv")
     recurrent_keys = (f"{arch}.ssm.state_size", f"{arch}.shortconv.l_cache")
-    if arr is not None and arr.values is not None and len(arr.values) == n_layer \
-            and any(key in h.kv for key in recurrent_keys):
-        attention = tuple(int(v) > 0 for v in arr.values)
-        return attention, tuple(not a for a in attention)
-    return attention, (False,) * n_layer
+    kv_key = f"{arch}.attention.head_count_kv"
+    kv_heads = _per_layer(h, kv_key, n_layer) if kv_key in h.arrays else None
+    if kv_heads is None or not any(key in h.kv for key in recurrent_keys):
+        return attention, (False,) * n_layer
+    if arch in FFN_LAYER_HYBRID_ARCHS:
+        # Nemotron-H: a layer with a feed-forward length is MLP-only, with neither a KV cache nor a state.
+        ff = _per_layer(h, f"{arch}.feed_forward_length", n_layer) or (0,) * n_layer
+        return (tuple(kv > 0 and f == 0 for kv, f in zip(kv_heads, ff, strict=True)),
+                tuple(kv == 0 and f == 0 for kv, f in zip(kv_heads, ff, strict=True)))
+    attention = tuple(kv > 0 for kv in kv_heads)
+    return attention, tuple(not a for a in attention)
+
+
+def _per_layer(h: Header, key: str, n_layer: int) -> tuple[int, ...] | None:
+    """The trunk's ``n_layer`` values of a per-layer key, from an array (llama.cpp's get_key_or_arr: one value
+    per block, MTP blocks last) or a scalar for every layer; None when absent or not integers."""
+    arr = h.arrays.get(key)
+    if arr is not None:
+        if arr.values is None or arr.elem_type not in INT_TYPES or len(arr.values) < n_layer:
+            return None
+        return tuple(int(v) for v in arr.values[:n_layer])
+    v = h.kv.get(key)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v,) * n_layer
+    return None
 
 
 def _recurrent_state_floats(h: Header, arch: str, n_embd: int, name: str) -> int:

@@ -27,7 +27,7 @@ from app.library.discovery import (
     default_roots,
     discover,
 )
-from app.library.header_cache import CACHE_FILE
+from app.library.header_cache import CACHE_FILE, CACHE_VERSION
 from tests.gguf_fixtures import write_tiny_model
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
@@ -194,7 +194,7 @@ def test_header_cache_is_used_and_invalidated(tmp_path: Path, tiny: dict[str, Pa
     cache = tmp_path / "cache" / CACHE_FILE
     run_discover(p, cache)
     doc = json.loads(cache.read_text())
-    assert doc["version"] == 1
+    assert doc["version"] == CACHE_VERSION
     assert str(p["specdeck"]) in doc["entries"]
     assert [f.name for f in cache.parent.iterdir()] == [CACHE_FILE]  # no temp file left behind
     errors = [e for e in doc["entries"].values() if "error" in e]
@@ -213,7 +213,7 @@ def test_header_cache_is_used_and_invalidated(tmp_path: Path, tiny: dict[str, Pa
     # A corrupt cache file is ignored, then replaced.
     cache.write_bytes(b"\0\0garbage")
     assert run_discover(p, cache)["a.gguf"].usable
-    assert json.loads(cache.read_text())["version"] == 1
+    assert json.loads(cache.read_text())["version"] == CACHE_VERSION
 
 
 def test_split_model_in_the_library(tmp_path: Path, tiny: dict[str, Path]) -> None:
