@@ -21,6 +21,8 @@ Pure: no llama.cpp, no Qt. The formats and how a template is recognised follow l
 A call that does not read cleanly (bad JSON, a tool that was not offered, a block left open) is not a call:
 the answer is then all text, so nothing the model wrote is lost. Content is the text outside the calls, each
 piece stripped and the pieces joined by a new line.
+
+Over 500 lines: six formats, each read whole and as it streams, under one rule for what a malformed call becomes.
 """
 
 from __future__ import annotations
