@@ -208,6 +208,26 @@ class PromptProcessed:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a position, under the target."""
+
+    token: str  # the token's text
+    token_bytes: bytes  # the token's raw bytes (a piece of a split UTF-8 character has its own bytes)
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log probability under the target: the log-softmax of its row after the logit bias,
+    the penalties and a grammar's mask, before temperature and the filters. A token ruled out reads -9999."""
+
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()  # SamplingSettings.top_logprobs tokens, most likely first
+
+
+@dataclass(frozen=True)
 class Token:
     """Tokens emitted by one verify pass, with their text and where each came from."""
 
@@ -216,6 +236,7 @@ class Token:
     token_ids: tuple[int, ...]
     sources: tuple[str, ...]  # FROM_TARGET, FROM_NGRAM or FROM_MODEL per token
     pieces: tuple[str, ...] = ()  # text per token, aligned with token_ids ("" for a split character)
+    logprobs: tuple[TokenLogprob, ...] = ()  # aligned with token_ids when SamplingSettings.logprobs, else empty
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,9 @@ def _path(name: str, value: object) -> None:
 
 JSON_OBJECT = "json_object"  # SamplingSettings.response_format for "any JSON object"
 MAX_RESPONSE_FORMAT_CHARS = 64 << 10  # a JSON schema; the grammar made from it grows with its size
+MAX_LOGIT_BIAS = 1024  # tokens given a bias in one request
+MAX_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
 
 MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS
@@ -94,6 +98,14 @@ class SamplingSettings:
     max_tokens: int = 512
     # Structured output (app.engine.grammar): "" free text, "json_object" any JSON object, else a JSON Schema.
     response_format: str = ""
+    # OpenAI's penalties, as llama.cpp's penalties sampler applies them over the last repeat_last_n tokens.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before the penalties; ids are checked against the vocabulary
+    # when an answer starts (app.engine.speculative), since only the loaded model knows its size.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False  # each emitted token's log probability under the target (app.events.TokenLogprob)
+    top_logprobs: int = 0  # and the most likely tokens at its position, up to MAX_TOP_LOGPROBS
 
     def validate(self) -> SamplingSettings:
         _number("Temperature", self.temperature, 0.0, 5.0)
@@ -109,11 +121,42 @@ class SamplingSettings:
         if len(self.response_format) > MAX_RESPONSE_FORMAT_CHARS:
             raise SettingsError(f"The response format is {len(self.response_format)} characters; at most "
                                 f"{MAX_RESPONSE_FORMAT_CHARS} are taken.")
+        _number("Presence penalty", self.presence_penalty, -2.0, 2.0)
+        _number("Frequency penalty", self.frequency_penalty, -2.0, 2.0)
+        _logit_bias(self.logit_bias)
+        _flag("Log probabilities", self.logprobs)
+        _number("Top log probabilities", self.top_logprobs, 0, MAX_TOP_LOGPROBS, integer=True)
+        if self.top_logprobs and not self.logprobs:
+            raise SettingsError("Top log probabilities need log probabilities turned on.")
         return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (each is off at its neutral value, or with no window)."""
+        return self.repeat_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+
+def _logit_bias(value: object) -> None:
+    """(token id, bias) pairs: each id once, biases as OpenAI bounds them."""
+    if not isinstance(value, tuple | list):
+        raise SettingsError(f"Logit bias must be a list of (token id, bias) pairs, not {reprlib.repr(value)}.")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise SettingsError(f"Logit bias takes at most {MAX_LOGIT_BIAS} tokens; {len(value)} are given.")
+    seen: set[int] = set()
+    for pair in value:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise SettingsError(f"Logit bias must be a list of (token id, bias) pairs, not {reprlib.repr(pair)}.")
+        token, bias = pair
+        _number("A logit bias's token id", token, 0, 2**31 - 1, integer=True)
+        _number(f"The logit bias of token {token}", bias, -MAX_BIAS, MAX_BIAS)
+        if token in seen:
+            raise SettingsError(f"Logit bias lists token {token} twice.")
+        seen.add(token)
 
 
 NGRAM_KEY_LENGTH = 3  # the suffix drafter's shortest match where none is chosen (window, chat, serve, tune, bench)

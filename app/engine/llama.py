@@ -234,6 +234,11 @@ class Model:
         self._pieces[token] = data
         return data
 
+    def piece_text(self, token: int) -> str:
+        """One token's text on its own: a piece of a split UTF-8 character reads as U+FFFD (``piece`` has its
+        bytes)."""
+        return self.piece(token).decode("utf-8", errors="replace")
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 

@@ -1,9 +1,10 @@
 """One transform from a logits row to a probability distribution, shared by target (p) and drafter (q).
 
-Order: repetition penalty, temperature, min-p, top-k, top-p, each on what the previous kept. A token
-whose probability is below 1e-12 of the top token's is treated as impossible, which keeps the support
-small without changing any probability float32 logits can express. Temperature 0 is greedy.
-Distributions are sparse: the ids kept and their probabilities (float64, summing to 1).
+Order: the logits adjustment (``adjust``: logit bias, then llama.cpp's penalties), temperature, min-p, top-k,
+top-p, each on what the previous kept. A token whose probability is below 1e-12 of the top token's is treated
+as impossible, which keeps the support small without changing any probability float32 logits can express.
+Temperature 0 is greedy. Distributions are sparse: the ids kept and their probabilities (float64, summing to 1).
+``log_softmax`` and ``most_likely`` give the log probabilities an answer reports, from the adjusted row.
 
 ``SeededDraws``: with a fixed seed, the token at each position is drawn by the Gumbel-max trick from noise
 keyed by (seed, position, token id), so the same seed gives the same answer however many tokens each pass
@@ -12,6 +13,7 @@ drafted, and with speculation or without.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -48,29 +50,56 @@ def point_mass(token: int) -> Dist:
     return Dist(np.array([token], dtype=np.int64), np.array([1.0]))
 
 
-def apply_penalty(
-    row: npt.NDArray[np.float32], recent: npt.NDArray[np.int64], penalty: float
-) -> npt.NDArray[np.float32]:
-    """llama.cpp's repetition penalty on a copy: positive logits divided, negative multiplied."""
+def adjust(row: npt.NDArray[np.float32], settings: SamplingSettings,
+           recent: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float32]:
+    """The row every sampler reads, for target and drafter alike: the logit bias added, then llama.cpp's
+    penalties sampler over ``recent`` (the window; read only when ``settings.penalized``).
+
+    As llama-server chains them: bias first; then for each token in the window, a positive logit is divided by
+    the repetition penalty and any other multiplied by it, and count * frequency + presence is subtracted.
+    Float32 throughout, as llama.cpp computes it. Ids past the row (a drafter's smaller vocabulary) are skipped;
+    the target's are checked against its vocabulary before an answer starts. A copy when anything changes.
+    """
+    penalize = settings.penalized and recent is not None and recent.size > 0
+    if not settings.logit_bias and not penalize:
+        return row
     out = np.array(row, dtype=np.float32, copy=True)
-    ids = np.unique(recent)
-    vals = out[ids]
-    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    if settings.logit_bias:
+        ids, biases = _bias_arrays(settings.logit_bias)
+        inside = ids < out.size
+        out[ids[inside]] += biases[inside]  # each id once (SamplingSettings.validate)
+    if penalize:
+        assert recent is not None
+        ids, counts = np.unique(recent, return_counts=True)
+        inside = (ids >= 0) & (ids < out.size)
+        ids, counts = ids[inside], counts[inside]
+        vals = out[ids]
+        repeat = np.float32(settings.repeat_penalty)
+        vals = np.where(vals > 0, vals / repeat, vals * repeat).astype(np.float32)
+        vals -= counts.astype(np.float32) * np.float32(settings.frequency_penalty) \
+            + np.float32(settings.presence_penalty)
+        out[ids] = vals
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _bias_arrays(logit_bias: tuple[tuple[int, float], ...]) -> tuple[IntArray, npt.NDArray[np.float32]]:
+    """A request's bias as arrays, made once per answer rather than once per row."""
+    ids = np.array([int(t) for t, _ in logit_bias], dtype=np.int64)
+    biases = np.array([b for _, b in logit_bias], dtype=np.float32)
+    ids.flags.writeable = biases.flags.writeable = False  # shared by every caller of the cache
+    return ids, biases
+
+
 def greedy_token(row: npt.NDArray[np.float32], settings: SamplingSettings, recent: npt.NDArray[np.int64] | None) -> int:
-    if settings.repeat_penalty != 1.0 and recent is not None and recent.size:
-        row = apply_penalty(row, recent, settings.repeat_penalty)
-    return int(np.argmax(row))
+    return int(np.argmax(adjust(row, settings, recent)))
 
 
 def distribution(
     row: npt.NDArray[np.float32], settings: SamplingSettings, recent: npt.NDArray[np.int64] | None = None
 ) -> Dist:
     """The sampling distribution for one logits row (a point mass on the argmax when greedy)."""
-    if settings.repeat_penalty != 1.0 and recent is not None and recent.size:
-        row = apply_penalty(row, recent, settings.repeat_penalty)
+    row = adjust(row, settings, recent)
     if settings.temperature == 0.0:
         return point_mass(int(np.argmax(row)))
     inv_t = 1.0 / settings.temperature
@@ -106,6 +135,31 @@ def _nucleus(ids: IntArray, probs: FloatArray, top_p: float) -> tuple[IntArray, 
             kept = probs[keep]
             return ids[keep], kept / kept.sum()
         m = min(m * 4, n)
+
+
+NO_LOGPROB = -9999.0  # a token the row rules out (-inf): a number JSON can carry, as OpenAI's API reports it
+
+
+def log_softmax(row: npt.NDArray[np.float32]) -> FloatArray:
+    """Log probabilities of a logits row (float64), with ruled-out tokens at NO_LOGPROB rather than -inf."""
+    x = row.astype(np.float64)
+    top = float(x.max())
+    if not math.isfinite(top):  # nothing allowed (never the case for a row a token came from)
+        return np.full(x.size, NO_LOGPROB)
+    out: FloatArray = np.maximum(x - (top + math.log(float(np.exp(x - top).sum()))), NO_LOGPROB)
+    return out
+
+
+def most_likely(logprobs: FloatArray, n: int) -> IntArray:
+    """The ``n`` most likely ids, most likely first; ties in id order, as argmax breaks them."""
+    n = min(n, logprobs.size)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    cut = np.partition(logprobs, logprobs.size - n)[logprobs.size - n]
+    ids = np.flatnonzero(logprobs >= cut)  # every tie at the cut, so the order below decides between them
+    order = np.lexsort((ids, -logprobs[ids]))
+    out: IntArray = ids[order[:n]].astype(np.int64)
+    return out
 
 
 def residual(p: Dist, q: Dist) -> Dist:

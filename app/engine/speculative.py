@@ -23,7 +23,7 @@ from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
 from app.engine.mtp import MTPDrafter
 from app.engine.suffix_tree import SuffixDrafter
-from app.errors import PromptTooLongError
+from app.errors import PromptTooLongError, SettingsError
 from app.events import (
     FROM_MODEL,
     FROM_NGRAM,
@@ -33,6 +33,8 @@ from app.events import (
     PromptProgress,
     RunCounts,
     Token,
+    TokenLogprob,
+    TopLogprob,
     acceptance,
     decode_rate,
     speedup_over_plain,
@@ -157,6 +159,14 @@ class RunTotals:
 @dataclass
 class StopReason:
     reason: str = ""
+
+
+def check_logit_bias(settings: SamplingSettings, n_vocab: int) -> None:
+    """Refuse a logit bias on a token the target does not have, naming it and the vocabulary's size."""
+    outside = [int(t) for t, _ in settings.logit_bias if t >= n_vocab]
+    if outside:
+        raise SettingsError(f"Logit bias names token {outside[0]}, but this model's vocabulary has {n_vocab} "
+                            f"tokens (ids 0 to {n_vocab - 1}).")
 
 
 class SpeculativeDecoder:
@@ -284,6 +294,7 @@ class SpeculativeDecoder:
                 f"The prompt is {len(prompt)} tokens but the context holds {ctx.n_ctx}; "
                 "shorten it or load the model with a larger context."
             )
+        check_logit_bias(settings, model.n_vocab)
         seed = settings.seed if settings.seed >= 0 else None
         rng = np.random.default_rng(seed)
         draws = sampling.SeededDraws(seed) if seed is not None and not settings.greedy else None
@@ -291,7 +302,7 @@ class SpeculativeDecoder:
         grammar = GrammarMask(model.vocab, model.n_vocab, settings.response_format, model.native) \
             if settings.response_format else None
         greedy = settings.greedy
-        penalize = settings.repeat_penalty != 1.0 and settings.repeat_last_n > 0
+        penalize = settings.penalized  # the window is read only then; the logit bias applies regardless
         controller = self.controller
         detok = Detokenizer(model)
 
@@ -352,12 +363,16 @@ class SpeculativeDecoder:
             width = len(draft) + 1 + ctx.replayed  # with the tokens a checkpoint restore left to re-decode
             ctx.synchronize()
             if grammar is not None:  # the target's constrained distribution: forbidden drafts are rejected
-                pick = self._greedy_pick(tokens, draft.tokens, settings, penalize) if greedy else None
+                # Log probabilities need whole masked rows; the greedy shortcut leaves a row unmasked.
+                pick = self._greedy_pick(tokens, draft.tokens, settings, penalize) \
+                    if greedy and not settings.logprobs else None
                 rows = grammar.mask_rows(rows, draft.tokens, pick)
             t_verified = time.perf_counter()
             # --- accept ---
             emitted, accepted = self._accept(rows, draft, tokens, settings, rng, greedy, penalize, draws)
             t_accepted = time.perf_counter()
+            # From the verify rows, before anything else decodes on this context (the rows are its buffer).
+            logprobs = self._logprobs(rows, emitted, tokens, settings, penalize) if settings.logprobs else []
             n_acc = sum(accepted)
             ctx.truncate(n_before + 1 + n_acc)
             if draft:
@@ -409,7 +424,8 @@ class SpeculativeDecoder:
             totals.k_history.append(k)
             overhead = time.perf_counter() - t_pass - (t_verified - t_drafted) - draft.model_seconds
             if out_ids:
-                yield Token(request_id, "".join(pieces), tuple(out_ids), tuple(sources), tuple(pieces))
+                yield Token(request_id, "".join(pieces), tuple(out_ids), tuple(sources), tuple(pieces),
+                            tuple(logprobs[: len(out_ids)]))
             yield PassStats(
                 request_id=request_id,
                 t_start=t_pass,
@@ -440,6 +456,21 @@ class SpeculativeDecoder:
         n_keep = min(ctx.n_past, len(tokens) - 1)
         if ctx.can_truncate_cheaply(n_keep):
             ctx.truncate(n_keep)
+
+    def _logprobs(self, rows: npt.NDArray[np.float32], emitted: list[int], tokens: list[int],
+                  settings: SamplingSettings, penalize: bool) -> list[TokenLogprob]:
+        """Each emitted token's log probability from the row that emitted it (row i after ``emitted[:i]``), through
+        the same adjustment as ``_accept``; with the ``top_logprobs`` most likely tokens of that row."""
+        model = self.target
+        window = settings.repeat_last_n
+        out: list[TokenLogprob] = []
+        for i, tok in enumerate(emitted):
+            recent = np.array((tokens + emitted[:i])[-window:], dtype=np.int64) if penalize else None
+            lp = sampling.log_softmax(sampling.adjust(rows[i], settings, recent))
+            top = tuple(TopLogprob(model.piece_text(t), model.piece(t), float(lp[t]))
+                        for t in sampling.most_likely(lp, settings.top_logprobs).tolist())
+            out.append(TokenLogprob(model.piece_text(tok), model.piece(tok), float(lp[tok]), top))
+        return out
 
     @staticmethod
     def _greedy_pick(tokens: list[int], draft: list[int], settings: SamplingSettings,
