@@ -77,6 +77,7 @@ class HubLookalike:
         self._signatures: dict[str, str] = {}  # signature -> sha256 it may fetch
         self._sig = count(1)
         self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()  # open keep-alive connections, closed with the servers
         self.hub = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=False))
         self.cdn = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=True))
         for server in (self.hub, self.cdn):
@@ -91,6 +92,11 @@ class HubLookalike:
         for server in (self.hub, self.cdn):
             server.shutdown()
             server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:  # a client's pooled connection would keep its handler thread waiting
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     # --- content ---
 
@@ -110,7 +116,9 @@ class HubLookalike:
 
     def add_header_only(self, repo: str, path: str, header: bytes, size: int) -> None:
         """A file of ``size`` bytes of which only the header is served (Range requests past it get a 416)."""
-        self.repos.setdefault(repo, Repo()).files[path] = HubFile(header, size, "0" * 64)
+        # The CDN finds bytes by sha256: each header its own, or every header-only file would serve the first's.
+        sha = hashlib.sha256(header + size.to_bytes(8, "little")).hexdigest()
+        self.repos.setdefault(repo, Repo()).files[path] = HubFile(header, size, sha)
 
     def expire_urls(self) -> None:
         """Every signed URL handed out so far stops working, as the real CDN's do after a while."""
@@ -130,6 +138,16 @@ class HubLookalike:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with hub._lock:
+                    hub._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with hub._lock:
+                    hub._connections.discard(self.connection)
+                super().finish()
 
             def _record(self) -> None:
                 with hub._lock:

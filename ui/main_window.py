@@ -49,6 +49,7 @@ from ui.crash_banner import CrashBanner
 from ui.dashboard.panel import DashboardPanel
 from ui.first_run import FirstRunPanel
 from ui.history_reads import ReadDelivery
+from ui.hub.window_side import FindModelsSide
 from ui.log_window import LogWindow
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
@@ -279,6 +280,7 @@ class MainWindow(QMainWindow):
                                                   self._on_connect_server_action_triggered)
         self.remote = RemoteSide(self, model_menu, self.connect_server_action, self.tasks, self.notifier,
                                  lambda: self.bridge.last_load, self.picker, self.chat)
+        self.find_models = FindModelsSide(self, model_menu, self.picker)
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", self._on_shortcuts_action_triggered)
         self._action(help_menu, "&About SpecDeck", self._on_about_action_triggered)

@@ -253,7 +253,8 @@ class ModelPicker(QWidget):
         self.demo_button.clicked.connect(self._on_demo_button_clicked)
         self.rescan_button = QPushButton("Rescan", models)
         self.rescan_button.clicked.connect(self._on_rescan_button_clicked)
-        for button in (self.add_folder_button, self.demo_button, self.rescan_button):
+        self.find_models_button = QPushButton("Find models…", models)  # opens the Hub view (ui.hub.window_side)
+        for button in (self.add_folder_button, self.find_models_button, self.demo_button, self.rescan_button):
             folder_row.addWidget(button)
         form.addRow(folder_buttons)
         outer.addWidget(models)

@@ -1,0 +1,100 @@
+"""What the main window gets for the Hub, wired in one place so its own edit stays one line: Model → Find
+models… (and the picker's Find models… button) opening the view, the picker rescanned after a download so the
+model is listed at once, and the view's Load choosing that model in the picker and loading it once the picker
+has ranked its drafters, so it loads with the drafter the picker would choose."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject, Slot
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QMainWindow, QMenu
+
+from ui.hub.find_models import FindModelsDialog
+from ui.models.picker import ModelPicker
+
+VIEW_SHARE = 0.9  # of the window: the view opens over it, never larger than the screen the window fits
+VIEW_MAX = (1200, 800)
+
+
+class FindModelsSide(QObject):
+    def __init__(self, window: QMainWindow, menu: QMenu, picker: ModelPicker) -> None:
+        super().__init__(window)
+        self.window = window
+        self.picker = picker
+        self.dialog: FindModelsDialog | None = None
+        self._load_wanted: str | None = None
+        self._ranked_for: str | None = None  # the target the picker's drafter list was last ranked for
+        menu.addSeparator()
+        self.action = QAction("&Find models…", window)
+        self.action.setToolTip("Search the Hugging Face Hub for GGUF models, see which fit, and download one")
+        self.action.triggered.connect(self.open)
+        menu.addAction(self.action)
+        picker.find_models_button.clicked.connect(self.open)
+        # After the picker's own slot: its ranking for the new target has started when this one runs.
+        picker.target_combo.currentIndexChanged.connect(self._on_picker_target_changed)
+        picker.drafters_ranked.connect(self._on_picker_drafters_ranked)
+        picker.library_changed.connect(self._on_picker_library_changed)
+        window.installEventFilter(self)
+
+    def open(self) -> FindModelsDialog:
+        if self.dialog is None:
+            self.dialog = FindModelsDialog(self.window, context=self.picker.ctx_spin.value(),
+                                           library=lambda: self.picker.entries)
+            self.dialog.download_finished.connect(self._on_dialog_download_finished)
+            self.dialog.load_requested.connect(self.load)
+            w, h = self.window.width(), self.window.height()
+            self.dialog.resize(min(VIEW_MAX[0], int(w * VIEW_SHARE)), min(VIEW_MAX[1], int(h * VIEW_SHARE)))
+        elif self.dialog.isHidden():
+            self.dialog.ctx_spin.setValue(self.picker.ctx_spin.value())  # the context the picker loads with now
+        self.dialog.show()
+        self.dialog.raise_()
+        self.dialog.activateWindow()
+        self.dialog.query_edit.setFocus()
+        return self.dialog
+
+    @Slot(str)
+    def _on_dialog_download_finished(self, _path: str) -> None:
+        self.picker.rescan()  # discovery looks in the models folder: the new file is listed when the scan ends
+
+    @Slot(list)
+    def _on_picker_library_changed(self, _entries: list[object]) -> None:
+        if self.dialog is not None:
+            self.dialog.library_changed()
+
+    # --- Load ---------------------------------------------------------------------------------------
+
+    @Slot(str)
+    def load(self, path: str) -> bool:
+        """Choose ``path`` in the picker and load it with the drafter the picker ranks first for it."""
+        self._load_wanted = path
+        if self.picker.target_path() == path and self._ranked_for == path:
+            return self._load_now()
+        if self.picker.target_path() != path and not self.picker.select_target(path):
+            self._load_wanted = None
+            return False
+        return True  # the ranking for it is under way: drafters_ranked loads it
+
+    def _load_now(self) -> bool:
+        self._load_wanted = None
+        if self.dialog is not None:
+            self.dialog.hide()  # the picker's progress bar and the chat are where the load goes on
+        self.window.raise_()
+        return self.picker.request_load()
+
+    @Slot(int)
+    def _on_picker_target_changed(self, _index: int) -> None:
+        self._ranked_for = None
+
+    @Slot()
+    def _on_picker_drafters_ranked(self) -> None:
+        self._ranked_for = self.picker.target_path()
+        if self._load_wanted is not None and self._ranked_for == self._load_wanted:
+            self._load_now()
+
+    # --- closing ------------------------------------------------------------------------------------
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.window and event.type() == QEvent.Type.Close and self.dialog is not None:
+            self.dialog.hide()
+            self.dialog.shutdown()  # a download stops at its next chunk, its partial file kept for the next start
+        return super().eventFilter(watched, event)
