@@ -46,13 +46,18 @@ class Load:
     settings: LoadSettings
 
 
+ChatMessage = dict[str, Any]  # "role" and "content", and a tool turn's "tool_calls", "tool_call_id", "name"
+ToolSpec = dict[str, Any]  # an OpenAI function tool: {"type": "function", "function": {"name", ...}}
+
+
 @dataclass(frozen=True)
 class Generate:
     request_id: int
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[ChatMessage, ...]
     sampling: SamplingSettings
     continue_answer: bool = False  # the last message is a partial answer: go on from its end
     raw: bool = False  # completion: the messages' texts joined are the prompt, with no chat template
+    tools: tuple[ToolSpec, ...] = ()  # rendered by the model's chat template
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,7 @@ class PromptProcessed:
     prompt_tokens: int
     seconds: float
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
+    tool_format: str = ""  # a request with tools: the format its calls are read in (app.engine.tool_calls)
 
 
 @dataclass(frozen=True)
@@ -506,6 +512,7 @@ class Finished:
     reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error", "stop" (a stop sequence, served)
     stats: MessageStats
     text: str
+    stop_sequence: str | None = None  # reason "stop": the sequence that ended the answer
 
 
 @dataclass(frozen=True)
@@ -523,6 +530,7 @@ class BenchResult:
     overhead_seconds: tuple[float, ...]  # per pass
     verify_cost: tuple[tuple[int, float], ...]  # (width, seconds) the cost model holds after the run
     warning: str | None = None  # the chat template was refused or the messages repaired: tell the user
+    tool_format: str = ""  # a request with tools: the format its calls are read in (app.engine.tool_calls)
     draft_step_seconds: float = 0.0  # the cost model's median model-drafter step (0: no model drafted)
     sources: tuple[SourceCounts, ...] = ()  # (n-gram drafter, trained drafter), from the run's passes
     prompt_ids: tuple[int, ...] = ()  # the prompt's tokens (tune replays the answers offline)

@@ -66,10 +66,10 @@ class Server:
     """One llama-server process for one mode; stopped on exit."""
 
     def __init__(self, binary: Path, target: Path, mode: str | None, drafter: Path | None, args: argparse.Namespace,
-                 log: Path) -> None:
+                 log: Path, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         cmd = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", str(args.ctx), "-np", "1", "--no-webui"]
+               "-c", str(args.ctx), "-np", "1", "--no-webui", *extra]
         if args.threads:
             cmd += ["-t", str(args.threads)]
         if mode is not None:

@@ -34,7 +34,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -49,7 +49,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from app.engine.template_runner import TemplateLimitError, TemplateMemoryError, shared_runner, time_message
 from app.errors import TemplateError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")  # what a tool turn carries beside its content
 MAX_OUTPUT_CHARS = 4 * 1024 * 1024
 MAX_TEMPLATE_CHARS = 1024 * 1024  # real templates are at most tens of KB
 TIME_LIMIT_S = 2.0
@@ -60,6 +61,7 @@ class RenderedPrompt:
     text: str
     used_fallback: bool  # True: the ChatML fallback was used (warning says why)
     warning: str | None
+    tool_format: str = ""  # with tools: the format the answer's calls are read in (app.engine.tool_calls)
 
 
 class _TemplateRaised(Exception):
@@ -356,14 +358,15 @@ def completion_text(messages: Sequence[Mapping[str, str]]) -> str:
     return "".join(m.get("content", "") for m in messages if m.get("role") in ("user", "assistant"))
 
 
-def clean_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, str]], list[str]]:
-    """Check roles and content; return ``{"role", "content"}`` dicts and notes about what was changed.
+def clean_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Check roles and content; return ``{"role", "content"}`` dicts (with a tool turn's ``tool_calls``,
+    ``tool_call_id`` and ``name``) and notes about what was changed.
 
-    Raises TemplateError for a role other than system/user/assistant or content that is not text.
+    Raises TemplateError for a role other than system/user/assistant/tool or content that is not text.
     """
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise TemplateError("The conversation must be a list of messages.")
-    cleaned: list[dict[str, str]] = []
+    cleaned: list[dict[str, Any]] = []
     surrogates = nuls = False
     for i, m in enumerate(messages, 1):
         if not isinstance(m, Mapping):
@@ -371,19 +374,27 @@ def clean_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise TemplateError(
-                f"Message {i} has role {role!r}; only system, user and assistant are supported."
+                f"Message {i} has role {role!r}; only system, user, assistant and tool are supported."
             )
         if not isinstance(content, str):
             raise TemplateError(f"Message {i} has content of type {type(content).__name__}; it must be text.")
         text, s, n = _clean_content(content)
         surrogates, nuls = surrogates or s, nuls or n
-        cleaned.append({"role": str(role), "content": text})
+        message: dict[str, Any] = {"role": str(role), "content": text}
+        message.update({key: m[key] for key in TOOL_KEYS if m.get(key) is not None})
+        if not isinstance(message.get("tool_calls", []), list):
+            raise TemplateError(f"Message {i} has tool calls that are not a list.")
+        cleaned.append(message)
     notes = []
     if surrogates:
         notes.append("Broken characters (lone UTF-16 surrogates) in the messages were replaced with U+FFFD.")
     if nuls:
         notes.append("NUL characters in the messages were removed.")
     return cleaned, notes
+
+
+def has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 
 
 def render_chatml(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
@@ -416,6 +427,7 @@ def render_chat(
     add_generation_prompt: bool = True,
     *,
     architecture: str = "",
+    tools: Sequence[Mapping[str, Any]] = (),
     time_limit: float = TIME_LIMIT_S,
     max_chars: int = MAX_OUTPUT_CHARS,
 ) -> RenderedPrompt:
@@ -423,8 +435,14 @@ def render_chat(
 
     The fallback is the architecture's known format (:func:`builtin_template`) when there is one, else
     plain ChatML. Raises TemplateError only for invalid messages (see :func:`clean_messages`).
+
+    ``tools`` (OpenAI function tools) and tool turns go to the model's own template; one that does not show
+    the tools, or refuses the tool turns, gets them as text instead (:func:`_render_tools_as_text`).
     """
     cleaned, notes = clean_messages(messages)
+    if tools or has_tool_turns(cleaned):
+        return _render_with_tools(template, cleaned, notes, bos_token, eos_token, add_generation_prompt,
+                                  architecture, tools, time_limit, max_chars)
 
     def result(text: str, fallback: bool, extra: list[str]) -> RenderedPrompt:
         warning = " ".join([*extra, *notes]) or None
@@ -464,6 +482,49 @@ def render_chat(
     else:
         text = render_chatml(cleaned, add_generation_prompt)
     return result(text, True, [f"{first} {fallback_sentence(architecture)}"])
+
+
+TOOLS_AS_TEXT = ("The model's chat template does not take tools, so they were described in the system message "
+                 "and its calls are read as <tool_call> blocks.")
+
+
+def _render_with_tools(template: str | None, cleaned: list[dict[str, Any]], notes: list[str], bos_token: str,
+                       eos_token: str, add_generation_prompt: bool, architecture: str,
+                       tools: Sequence[Mapping[str, Any]], time_limit: float, max_chars: int) -> RenderedPrompt:
+    from app.engine import tool_calls
+
+    if (template or "").strip():
+        try:
+            text = render_template(template or "", tool_calls.template_messages(cleaned), bos_token=bos_token,
+                                   eos_token=eos_token, add_generation_prompt=add_generation_prompt,
+                                   extra_context={"tools": [dict(t) for t in tools]} if tools else None,
+                                   time_limit=time_limit, max_chars=max_chars)
+        except TemplateError:  # refused the tool turns (or stopped): they go in as text
+            pass
+        else:
+            if not tools or tool_calls.template_renders_tools(text, tools):
+                return RenderedPrompt(text, False, " ".join(notes) or None, tool_calls.detect_format(template))
+    return _render_tools_as_text(template, cleaned, bos_token, eos_token, add_generation_prompt, architecture,
+                                 tools, time_limit, max_chars)
+
+
+def _render_tools_as_text(template: str | None, cleaned: list[dict[str, Any]], bos_token: str, eos_token: str,
+                          add_generation_prompt: bool, architecture: str, tools: Sequence[Mapping[str, Any]],
+                          time_limit: float, max_chars: int) -> RenderedPrompt:
+    """Tools described in the system turn and tool turns as plain text, answered in the generic format."""
+    from app.engine import tool_calls
+
+    plain: list[dict[str, Any]] = list(tool_calls.plain_history(cleaned))
+    if tools:
+        described = tool_calls.tools_system_text(tools)
+        if plain and plain[0]["role"] == "system":
+            plain[0] = {**plain[0], "content": f"{plain[0]['content']}\n\n{described}"}
+        else:
+            plain.insert(0, {"role": "system", "content": described})
+    rendered = render_chat(template, plain, bos_token, eos_token, add_generation_prompt, architecture=architecture,
+                           time_limit=time_limit, max_chars=max_chars)
+    warning = " ".join(w for w in (TOOLS_AS_TEXT, rendered.warning) if w)
+    return replace(rendered, warning=warning, tool_format="generic")
 
 
 def fallback_name(architecture: str) -> str:

@@ -22,6 +22,7 @@ from app.events import (
     BenchResult,
     BenchRun,
     Cancel,
+    ChatMessage,
     Devices,
     EngineCrashed,
     EngineError,
@@ -36,6 +37,7 @@ from app.events import (
     RawDecoded,
     Request,
     Shutdown,
+    ToolSpec,
     Unload,
     Unloaded,
     WorkerReady,
@@ -146,13 +148,14 @@ class EngineClient:
         self._load_gpu_layers = settings.n_gpu_layers
         self._send(Load(settings))
 
-    def generate(self, messages: list[dict[str, str]], sampling: SamplingSettings, *,
-                 continue_answer: bool = False, raw: bool = False) -> int:
+    def generate(self, messages: list[ChatMessage], sampling: SamplingSettings, *,
+                 continue_answer: bool = False, raw: bool = False, tools: Sequence[ToolSpec] = ()) -> int:
         sampling.validate()
         request_id = next(self._ids)
         self.start()
         self.state = "generate"
-        self._send(Generate(request_id, tuple(messages), sampling, continue_answer=continue_answer, raw=raw))
+        self._send(Generate(request_id, tuple(messages), sampling, continue_answer=continue_answer, raw=raw,
+                            tools=tuple(tools)))
         return request_id
 
     def bench_run(self, messages: list[dict[str, str]], sampling: SamplingSettings, plain: bool) -> int:

@@ -1024,6 +1024,12 @@ def _llama_grammar() -> Any:
     return importlib.import_module("llama_cpp.llama_grammar")
 
 
+# llama-cpp-python's string character rule lets raw newlines and other control characters into a string, which
+# no JSON parser accepts; llama.cpp's own converter excludes them, as this does.
+_LOOSE_CHAR = r'[^"\\] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 def _convert(checked: CheckedSchema) -> str:
     lg = _llama_grammar()
     invalid_rule_chars = lg.INVALID_RULE_CHARS_RE
@@ -1043,6 +1049,8 @@ def _convert(checked: CheckedSchema) -> str:
 
         def _add_rule(self, name: str, rule: str) -> str:
             key = str(invalid_rule_chars.sub("-", name))
+            if key == "char" and rule == _LOOSE_CHAR:  # JSON strings hold no raw control characters
+                rule = _JSON_CHAR
             if self._rules.get(key) == _PLACEHOLDER:
                 self._rules[key] = rule
                 return key

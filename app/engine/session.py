@@ -6,11 +6,13 @@ against the target as llama.cpp does, and measures what a target pass of each wi
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from app.ceiling.backend import backend_name, probe_backend
 from app.ceiling.device_fit import available_ram, load_gpu_layers
@@ -123,28 +125,55 @@ def summarize(model: Model) -> ModelSummary:
     )
 
 
-def chat_prompt_tokens(model: Model, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+@dataclass(frozen=True)
+class ChatPrompt:
+    tokens: list[int]
+    warning: str | None  # what was replaced or repaired, for the user
+    tool_format: str = ""  # with tools: how the answer's calls are written (app.engine.tool_calls)
+
+
+def chat_prompt(model: Model, messages: Sequence[dict[str, Any]],
+                tools: Sequence[dict[str, Any]] = ()) -> ChatPrompt:
     """Render the chat with the model's template and tokenize it; the warning says what was replaced.
 
     Only the template's own text may contain control tokens: each message's content is tokenized
-    with special-token parsing off, so a user typing "<|im_end|>" gets plain text, not a control token.
+    with special-token parsing off, so a user typing "<|im_end|>" gets plain text, not a control token. Tool
+    definitions and calls are rendered by the template as its own text, so one that spells a control token is
+    refused.
     """
     bos_text = model.token_text(model.bos) if model.bos >= 0 else ""
     eos_text = model.token_text(model.eos) if model.eos >= 0 else ""
     messages, clean_notes = clean_messages(messages)  # the renderer sees clean text: keep its notes
+    _refuse_control_text(model, tools, messages)
     template = model.chat_template()
     architecture = model.meta("general.architecture") or ""
-    rendered = render_chat(template, messages, bos_text, eos_text, architecture=architecture)
+    rendered = render_chat(template, messages, bos_text, eos_text, architecture=architecture, tools=tools)
     text = rendered.text
     tokens: list[int] = []
     if model.add_bos and model.bos >= 0 and not (bos_text and text.startswith(bos_text)):
         tokens.append(model.bos)
     for piece, is_content in split_contents(
         text, messages,
-        lambda msgs: render_chat(template, msgs, bos_text, eos_text, architecture=architecture).text,
+        lambda msgs: render_chat(template, msgs, bos_text, eos_text, architecture=architecture, tools=tools).text,
     ):
         tokens += model.tokenize(piece, parse_special=not is_content)
-    return tokens, " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
+    warning = " ".join(w for w in (rendered.warning, *clean_notes) if w) or None
+    return ChatPrompt(tokens, warning, rendered.tool_format)
+
+
+def chat_prompt_tokens(model: Model, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str | None]:
+    prompt = chat_prompt(model, messages)
+    return prompt.tokens, prompt.warning
+
+
+def _refuse_control_text(model: Model, tools: Sequence[dict[str, Any]], messages: Sequence[dict[str, Any]]) -> None:
+    texts = [json.dumps(list(tools), ensure_ascii=False)] if tools else []
+    texts += [json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")]
+    texts += [str(m["name"]) for m in messages if m.get("name")]
+    for text in texts:
+        if model.tokenize(text, parse_special=True) != model.tokenize(text, parse_special=False):
+            raise TemplateError("A tool definition or tool call spells one of the model's control tokens (such "
+                                "as an end-of-turn marker); remove it and send the request again.")
 
 
 class EngineSession:
@@ -319,7 +348,7 @@ class EngineSession:
 
     # --- prompts --------------------------------------------------------------------------------
 
-    def prompt_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
+    def prompt_tokens(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str | None]:
         return chat_prompt_tokens(self.target, messages)
 
     def continuation_tokens(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str | None]:
@@ -344,14 +373,17 @@ class EngineSession:
                  *, prompt: Sequence[int] | None = None,
                  cancelled: Callable[[], bool] | None = None,
                  decoder: SpeculativeDecoder | None = None,
-                 continue_answer: bool = False, raw: bool = False) -> Iterator[Event]:
+                 continue_answer: bool = False, raw: bool = False,
+                 tools: Sequence[dict[str, Any]] = ()) -> Iterator[Event]:
         """One answer. ``continue_answer``: the last message is a partial answer to go on from. ``raw``: no
-        chat template (completion); a partial answer at the end is then simply part of the prompt."""
+        chat template (completion); a partial answer at the end is then simply part of the prompt. ``tools``
+        (OpenAI function tools) go to the template; ``PromptProcessed.tool_format`` says how calls are read."""
         sampling.validate()
         decoder = decoder or self.decoder
         if isinstance(self.decoder.drafter, MTPDrafter | DFlashDrafter):
             self.decoder.drafter.follow(decoder is not self.plain_decoder)
         warning: str | None = None
+        tool_format = ""
         if prompt is not None:
             tokens = list(prompt)
         elif raw:
@@ -359,7 +391,8 @@ class EngineSession:
         elif continue_answer:
             tokens, warning = self.continuation_tokens(messages)
         else:
-            tokens, warning = self.prompt_tokens(messages)
+            rendered = chat_prompt(self.target, messages, tools)
+            tokens, warning, tool_format = rendered.tokens, rendered.warning, rendered.tool_format
         if not tokens:
             raise PromptTooLongError("The prompt is empty; type a message first.")
         if len(tokens) >= self.ctx.n_ctx:
@@ -378,7 +411,8 @@ class EngineSession:
                                        cancelled=cancelled):
             if not announced and not isinstance(event, PromptProgress):
                 announced = True
-                yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds, warning)
+                yield PromptProcessed(request_id, totals.prompt_tokens, totals.prefill_seconds, warning,
+                                      tool_format)
             if hasattr(event, "text"):
                 pieces.append(event.text)
             yield event

@@ -175,7 +175,7 @@ class Worker:
 
         for event in self.session.generate(request.request_id, request.messages, request.sampling,
                                            cancelled=is_cancelled, continue_answer=request.continue_answer,
-                                           raw=request.raw):
+                                           raw=request.raw, tools=request.tools):
             try:
                 self.send(event)
             except (BrokenPipeError, OSError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.serve.api_error import ApiError
-from app.serve.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_SEQUENCES, Limits, StopMatcher
+from app.serve.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_SEQUENCES, Limits
 
 # Fields that change what the answer says; each is honoured or refused below.
 _HONOURED = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
@@ -460,21 +460,6 @@ def message_body(message_id: str, model: str, text: str, calls: Sequence[tuple[s
         "stop_reason": stop_reason, "stop_sequence": stop_sequence,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
     }, extra)
-
-
-@dataclass
-class StopSequenceMatcher(StopMatcher):
-    """protocol's matcher that also keeps which sequence ended the answer: Anthropic's ``stop_sequence``."""
-
-    matched: str | None = None
-
-    def feed(self, text: str) -> str:
-        buffer = self._held + text
-        was_stopped = self.stopped
-        out = super().feed(text)
-        if self.stopped and not was_stopped:
-            self.matched = min((buffer.find(s), s) for s in self.stops if s and s in buffer)[1]
-        return out
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine import tool_calls
 from app.engine.schema_limits import check_schema
+from app.engine.tool_calls import ToolCall
 from app.errors import SettingsError
-from app.events import MessageStats
+from app.events import MessageStats, TokenLogprob
 from app.params import JSON_OBJECT, SamplingSettings
+from app.serve.api_error import ApiError
+from app.serve.json_schema import unsupported_in_schema
+from app.serve.tools import ToolRequest, parse_message_tools, parse_tools, tool_call_json
 
 DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about 0.5 MB of text
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
@@ -33,73 +39,18 @@ LARGEST_NUMBER = 2**53  # past this a JSON number is not a count anyone means (a
 # OpenAI parameters this server cannot honour: a client that sends one with an effect gets a 400 naming it
 # rather than an answer that silently ignored it. The neutral value of each (false, 0, empty) is accepted.
 UNSUPPORTED = {
-    "tools": "tool calls", "tool_choice": "tool calls", "functions": "function calls",
-    "function_call": "function calls", "parallel_tool_calls": "tool calls", "logprobs": "log probabilities",
-    "top_logprobs": "log probabilities", "presence_penalty": "presence penalties (use repeat_penalty)",
-    "frequency_penalty": "frequency penalties (use repeat_penalty)", "logit_bias": "logit biases",
-    "audio": "audio", "modalities": "other modalities",
+    "functions": "the legacy function calls (send 'tools')", "function_call": "the legacy function calls (send "
+    "'tool_choice')", "audio": "audio", "modalities": "other modalities",
     "prediction": "predicted outputs", "web_search_options": "web search",
     "echo": "echoing the prompt", "suffix": "suffixes",
     # llama-server's own: a raw grammar has no path to the engine (a JSON schema does: json_schema below)
     "grammar": "a GBNF grammar (send a JSON schema in 'json_schema' or 'response_format')",
-    "n_probs": "token probabilities", "mirostat": "Mirostat sampling",
+    "n_probs": "token probabilities (send 'logprobs' and 'top_logprobs')", "mirostat": "Mirostat sampling",
 }
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_FORCED_CALLS = 16  # parallel calls in one forced answer
+MAX_LOGIT_BIAS = 1024
 NEUTRAL_VALUES: tuple[Any, ...] = (None, False, 0, 0.0, "", [], {}, "none", "auto")
-
-# --- response_format -------------------------------------------------------------------------------------
-# The JSON Schema keywords llama.cpp's schema-to-grammar converter turns into grammar rules. Anything else would
-# be ignored by it, so the output could break the schema: such a schema is refused by name instead.
-SCHEMA_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format", "minLength",
-    "maxLength", "title", "description", "default", "examples", "$schema", "$id", "$comment",
-})
-SCHEMA_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
-SCHEMA_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
-SCHEMA_MAX_DEPTH = 64
-
-
-def _unsupported_in_schema(schema: Any, where: str, depth: int = 0) -> str | None:
-    """Where the schema leaves the supported subset, in words; None when it stays inside it."""
-    if depth > SCHEMA_MAX_DEPTH:
-        return f"{where} is nested more than {SCHEMA_MAX_DEPTH} deep"
-    if isinstance(schema, bool):
-        return None if schema else f"{where} is false (nothing matches it)"
-    if not isinstance(schema, dict):
-        return f"{where} is not a schema object"
-    for key, value in schema.items():
-        here = f"{where}.{key}"
-        if key not in SCHEMA_KEYWORDS:
-            return f"the keyword '{key}' (at {where})"
-        if key == "type":
-            kinds = value if isinstance(value, list) else [value]
-            odd = [k for k in kinds if k not in SCHEMA_TYPES]
-            if odd:
-                return f"the type {odd[0]!r} (at {here})"
-        elif key == "format" and value not in SCHEMA_FORMATS:
-            return f"the format {str(value)[:40]!r} (at {here}); supported: {', '.join(sorted(SCHEMA_FORMATS))}"
-        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            return f"the reference {str(value)[:80]!r} (at {here}); only references inside the schema are"
-        elif key in ("properties", "$defs", "definitions"):
-            if not isinstance(value, dict):
-                return f"{here} is not an object"
-            for name, sub in value.items():
-                found = _unsupported_in_schema(sub, f"{here}.{name}", depth + 1)
-                if found:
-                    return found
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") or (key == "items" and isinstance(value, list)):
-            if not isinstance(value, list) or not value:
-                return f"{here} is not a non-empty list"
-            for i, sub in enumerate(value):
-                found = _unsupported_in_schema(sub, f"{here}[{i}]", depth + 1)
-                if found:
-                    return found
-        elif key in ("items", "additionalProperties") and not isinstance(value, bool):
-            found = _unsupported_in_schema(value, here, depth + 1)
-            if found:
-                return found
-    return None
-
 
 def parse_response_format(value: Any) -> str:
     """``response_format`` as ``SamplingSettings.response_format``: "", "json_object" or the schema's JSON."""
@@ -124,29 +75,12 @@ def parse_response_format(value: Any) -> str:
         check_schema(schema)  # the grammar's bounds and the keywords' types (app.engine.schema_limits)
     except SettingsError as exc:
         raise ApiError(400, str(exc), param="response_format", code="invalid_schema") from None
-    unsupported = _unsupported_in_schema(schema, "schema")
+    unsupported = unsupported_in_schema(schema, "schema")
     if unsupported:
         raise ApiError(400, f"The JSON schema uses {unsupported}, which this server cannot enforce; it supports "
                        "the subset llama.cpp turns into a grammar.", param="response_format",
                        code="unsupported_schema")
     return json.dumps(schema, ensure_ascii=False)
-
-
-class ApiError(Exception):
-    """A refusal with its HTTP status, in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -157,11 +91,13 @@ class Limits:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """One checked request. ``chat`` is False for /v1/completions: its prompt is the one message, fed raw."""
+    """One checked request. ``chat`` is False for /v1/completions: its prompt is the one message, fed raw.
+    ``tools``: the request's tools, unless it has none or its tool choice is "none"."""
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     sampling: SamplingSettings
     chat: bool = True
+    tools: ToolRequest | None = None
     stream: bool = False
     include_usage: bool = False
     timings_per_token: bool = False
@@ -214,20 +150,23 @@ def _text_content(content: Any, where: str) -> str:
     raise ApiError(400, f"{where} content must be a string or a list of text parts.", param="messages")
 
 
-def parse_messages(value: Any) -> tuple[dict[str, str], ...]:
+def parse_messages(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
     if len(value) > MAX_MESSAGES:
         raise ApiError(400, f"The request has {len(value)} messages; this server takes at most {MAX_MESSAGES}.",
                        param="messages", code="too_many_messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise ApiError(400, f"messages[{i}] must be an object with 'role' and 'content'.", param="messages")
+        if message.get("role") == "tool" or (message.get("role") == "assistant" and message.get("tool_calls")):
+            out.append(parse_message_tools(message, i))
+            continue
         role = ROLE_ALIASES.get(message.get("role"))  # type: ignore[arg-type]
         if role is None:
             raise ApiError(400, f"messages[{i}] has role {message.get('role')!r}; this server takes system, "
-                           "developer, user and assistant.", param="messages")
+                           "developer, user, assistant and tool.", param="messages")
         out.append({"role": role, "content": _text_content(message.get("content"), f"messages[{i}]")})
     return tuple(out)
 
@@ -320,6 +259,15 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
     temperature = _number(body, "temperature", 1.0)
     if 0 < temperature < GREEDY_BELOW:
         temperature = 0.0
+    tools = parse_tools(body) if chat else None
+    response_format = _structured_output(body)
+    if tools is not None and forced_response_format(tools):
+        if response_format:
+            raise ApiError(400, "A forced tool call ('tool_choice' required or a named function) and a JSON "
+                           "'response_format' cannot both constrain the answer; send one of them.",
+                           param="tool_choice")
+        response_format = forced_response_format(tools)
+    logprobs, top_logprobs = _logprobs(body, chat)
     try:
         sampling = SamplingSettings(
             temperature=temperature,
@@ -327,9 +275,14 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
             top_k=_integer(body, "top_k", SamplingSettings.top_k),
             min_p=_number(body, "min_p", SamplingSettings.min_p),
             repeat_penalty=_number(body, "repeat_penalty", 1.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            logit_bias=_logit_bias(body.get("logit_bias")),
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
             seed=_integer(body, "seed", -1) if seed is not None else -1,
             max_tokens=max_tokens,
-            response_format=_structured_output(body),
+            response_format=response_format,
         ).validate()
     except SettingsError as exc:
         raise ApiError(400, str(exc)) from None
@@ -342,12 +295,64 @@ def parse_request(body: dict[str, Any], limits: Limits, *, chat: bool) -> Comple
         messages=messages,
         sampling=sampling,
         chat=chat,
+        tools=tools,
         stream=body.get("stream") is True,
         include_usage=bool(options and options.get("include_usage") is True),
         timings_per_token=body.get("timings_per_token") is True,
         stop=_stop(body.get("stop")),
         model=str(body.get("model") or ""),
     )
+
+
+def forced_response_format(tools: ToolRequest) -> str:
+    """The grammar's schema when the call is forced (``required`` or a named function), else ""."""
+    if tools.choice in (None, "auto", "none"):
+        return ""
+    schema = tool_calls.forced_schema(tools.tools, tools.choice, tools.parallel)
+    if schema.get("type") == "array":  # a model that never closes the list would run to max_tokens
+        schema["maxItems"] = min(schema.get("maxItems", MAX_FORCED_CALLS), MAX_FORCED_CALLS)
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}``; the ids are checked against the vocabulary by the engine."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ApiError(400, "'logit_bias' must be an object of token ids to biases.", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ApiError(400, f"'logit_bias' has {len(value)} entries; this server takes at most {MAX_LOGIT_BIAS}.",
+                       param="logit_bias")
+    out = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise ApiError(400, f"'logit_bias' key {key[:20]!r} is not a token id.", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ApiError(400, f"'logit_bias' for token {key} must be a number from -100 to 100.",
+                           param="logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(out)
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> tuple[bool, int]:
+    """(logprobs on, how many alternatives): chat's ``logprobs`` is a boolean with ``top_logprobs`` beside it;
+    the legacy completions' ``logprobs`` is the count of alternatives itself."""
+    value = body.get("logprobs")
+    if not chat:
+        if value is None or value is False:
+            return False, 0
+        top = _integer(body, "logprobs", 0)
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"'logprobs' must be 0 to {MAX_TOP_LOGPROBS}.", param="logprobs")
+        return True, top
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, "'logprobs' must be true or false.", param="logprobs")
+    top = _integer(body, "top_logprobs", 0) if body.get("top_logprobs") is not None else 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be 0 to {MAX_TOP_LOGPROBS}.", param="top_logprobs")
+    if top and value is not True:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
+    return value is True, top
 
 
 # --- stop sequences -------------------------------------------------------------------------------
@@ -360,6 +365,7 @@ class StopMatcher:
     stops: tuple[str, ...]
     _held: str = ""
     stopped: bool = False
+    matched: str | None = None  # the stop sequence that ended the answer
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -367,11 +373,12 @@ class StopMatcher:
         if not self.stops:
             return text
         buffer = self._held + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(at, s) for at, s in ((buffer.find(s), s) for s in self.stops) if at >= 0]
         if hits:
+            at, self.matched = min(hits)
             self.stopped = True
             self._held = ""
-            return buffer[: min(hits)]
+            return buffer[:at]
         keep = 0
         for s in self.stops:
             for n in range(min(len(s) - 1, len(buffer)), 0, -1):
@@ -407,6 +414,8 @@ class Answer:
     text: list[str] = field(default_factory=list)
     per_step_drafted: list[int] = field(default_factory=list)  # one entry per verify pass that drafted
     per_step_accepted: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when the request asked
+    tool_format: str = ""  # how the answer's tool calls are written (PromptProcessed.tool_format)
 
     def count_pass(self, drafted: int, accepted: int, emitted: int) -> None:
         self.drafted += drafted
@@ -492,11 +501,16 @@ def lm_studio_stats(stats: MessageStats, reason: str, drafter: str | None) -> di
 
 def completion_body(request: CompletionRequest, response_id: str, model: str, text: str, reason: str,
                     stats: MessageStats, prompt_seconds: float, answer: Answer, drafter: str | None,
-                    created: int) -> dict[str, Any]:
-    finish = FINISH_REASONS.get(reason, "stop")
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+                    created: int, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    finish = "tool_calls" if calls else FINISH_REASONS.get(reason, "stop")
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                              "logprobs": logprobs_body(answer.logprobs, request.chat)
+                              if request.sampling.logprobs else None}
     if request.chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+        if calls:
+            message["tool_calls"] = [tool_call_json(call) for call in calls]
+        choice["message"] = message
     else:
         choice["text"] = text
     return {
@@ -513,14 +527,18 @@ def completion_body(request: CompletionRequest, response_id: str, model: str, te
 
 
 def chunk_body(request: CompletionRequest, response_id: str, model: str, created: int, *, text: str | None = None,
-               role: bool = False, finish: str | None = None) -> dict[str, Any]:
+               role: bool = False, finish: str | None = None, tool_calls: Sequence[dict[str, Any]] = (),
+               logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
     """One chunk; ``created`` is the response's, the same in every chunk of it (as OpenAI's)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                              "logprobs": logprobs_body(logprobs, request.chat) if logprobs else None}
     body: dict[str, Any]
     if request.chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = list(tool_calls)
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
@@ -534,6 +552,22 @@ def chunk_body(request: CompletionRequest, response_id: str, model: str, created
     if request.include_usage:
         body["usage"] = None  # OpenAI's chunks say so until the last, which carries the usage
     return body
+
+
+def logprobs_body(items: Sequence[TokenLogprob], chat: bool) -> dict[str, Any]:
+    """OpenAI's ``logprobs``: chat's ``content`` list, or the legacy completions' parallel lists."""
+    if chat:
+        return {"content": [{
+            "token": item.token, "logprob": item.logprob, "bytes": list(item.token_bytes),
+            "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token_bytes)}
+                             for t in item.top],
+        } for item in items], "refusal": None}
+    offsets, at = [], 0
+    for item in items:
+        offsets.append(at)
+        at += len(item.token)
+    return {"tokens": [item.token for item in items], "token_logprobs": [item.logprob for item in items],
+            "top_logprobs": [{t.token: t.logprob for t in item.top} for item in items], "text_offset": offsets}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.engine.client import EngineClient
+from app.engine.tool_calls import plain_history
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -63,13 +64,14 @@ class _RestartIfDead:
 
 @dataclass
 class Job:
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     sampling: SamplingSettings
     loop: asyncio.AbstractEventLoop
     raw: bool = False  # /v1/completions: the prompt as it is, no chat template (the engine's completion mode)
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     stops: tuple[str, ...] = ()  # the answer ends before the first of these; cut on the engine thread
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools for the chat template
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -275,7 +277,7 @@ class EngineRunner:
         self.state = "error"
 
     def _answer(self, client: EngineClient, job: Job) -> None:
-        request_id = client.generate(list(job.messages), job.sampling, raw=job.raw)
+        request_id = client.generate(list(job.messages), job.sampling, raw=job.raw, tools=job.tools)
         self.metrics.requests_processing.set(1)
         # The exchange is saved once the prompt is in the context: a prompt refused as too long (100k messages)
         # writes nothing, and the user's turn is still saved before the first token.
@@ -317,7 +319,7 @@ class EngineRunner:
                     if matcher.stopped:
                         kept = "".join(text)
                         counted = sum(1 for start in starts if start < len(kept))
-                        event = replace(event, reason="stop", text=kept,
+                        event = replace(event, reason="stop", text=kept, stop_sequence=matcher.matched,
                                         stats=replace(event.stats, completion_tokens=counted))
                 self._observe(event)
                 # An answer's last save is queued before the client hears the end (it does not wait for it), so
@@ -386,12 +388,13 @@ class EngineRunner:
         history = self._history
         if history is None:
             return None
-        system = "\n\n".join(m["content"] for m in job.messages if m["role"] == "system")
-        first_user = next((m["content"] for m in job.messages if m["role"] == "user"), "")
+        messages = plain_history(job.messages)  # tool turns as the text a model without tools would read
+        system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
         title = " ".join(first_user.split())[:API_TITLE_CHARS] or "API request"
         # Handles, not ids: the writes are queued on the writer thread, which puts the real ids in their place.
         chat_id = history.new_chat_later(title, system, origin="api")
-        for message in job.messages:
+        for message in messages:
             if message["role"] != "system":
                 history.add_message_later(chat_id, message["role"], message["content"])
         return history.begin_answer_later(chat_id, model=self.settings.target_path,

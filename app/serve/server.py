@@ -27,9 +27,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from app.engine.tool_calls import ToolCall
 from app.errors import SettingsError
 from app.events import EngineCrashed, EngineError, Finished, MessageStats, PassStats, PromptProcessed, Token
-from app.serve import protocol
+from app.serve import anthropic, protocol
+from app.serve.api_error import ApiError
 from app.serve.guard import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEAD_TIMEOUT,
@@ -41,11 +43,16 @@ from app.serve.guard import (
     is_loopback,
 )
 from app.serve.metrics import CONTENT_TYPE, ServeMetrics
-from app.serve.protocol import Answer, ApiError, CompletionRequest, Limits
+from app.serve.protocol import Answer, CompletionRequest, Limits
 from app.serve.runner import EngineRunner, Job, JobEnded
+from app.serve.tool_answer import ToolAnswer
 
 DEFAULT_PORT = 8642
 DISCONNECT_POLL_SECONDS = 0.25
+UNAUTHORIZED = ApiError(401, "A valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY).",
+                        code="invalid_api_key")
+# A route's answer to a running job, in its API's shape: (request, job, first event, HTTP request, close).
+Reply = Callable[[CompletionRequest, Job, Any, Request, Callable[[], None]], Awaitable[Response]]
 
 
 @dataclass(frozen=True)
@@ -167,8 +174,15 @@ class _Streaming(StreamingResponse):
 
 
 def error_response(exc: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=_retry_after(exc))
+
+
+def anthropic_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(anthropic.error_body(exc), status_code=exc.status, headers=_retry_after(exc))
+
+
+def _retry_after(exc: ApiError) -> dict[str, str] | None:
+    return {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
 
 
 # The engine's crash messages end with advice for a chat window's user, who restarts the engine by hand; the
@@ -217,6 +231,7 @@ class ServeApp:
             Route("/props", self.props, methods=["GET"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
         ]
         # Web pages the user visits must not reach the model (see app.serve.guard).
         middleware = [Middleware(RequestGuard, loopback_only=is_loopback(options.host))]
@@ -250,8 +265,7 @@ class ServeApp:
         return hmac.compare_digest(token.strip(), key.encode("utf-8"))
 
     def _unauthorized(self) -> JSONResponse:
-        return error_response(ApiError(401, "A valid API key is required (Authorization: Bearer KEY).",
-                                       code="invalid_api_key"))
+        return error_response(UNAUTHORIZED)
 
     async def _body(self, request: Request) -> dict[str, Any]:
         limit = self.options.limits.body_bytes
@@ -342,33 +356,38 @@ class ServeApp:
     # --- completions --------------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        return await self._complete(request, chat=True)
+        return await self._complete(request, lambda body: protocol.parse_request(body, self.options.limits, chat=True),
+                                    self._openai_reply, error_response)
 
     async def completions(self, request: Request) -> Response:
-        return await self._complete(request, chat=False)
+        return await self._complete(request, lambda body: protocol.parse_request(body, self.options.limits,
+                                                                                 chat=False),
+                                    self._openai_reply, error_response)
 
-    async def _complete(self, request: Request, *, chat: bool) -> Response:
+    async def _complete(self, request: Request, parse: Callable[[dict[str, Any]], CompletionRequest],
+                        reply: Reply, refuse: Callable[[ApiError], Response]) -> Response:
+        """One request's life: parse, wait for its turn, run the job, ``reply`` in the route's own shape."""
         if not self._authorized(request):
-            return self._unauthorized()
+            return refuse(UNAUTHORIZED)
         try:
-            parsed = protocol.parse_request(await self._body(request), self.options.limits, chat=chat)
+            parsed = parse(await self._body(request))
             if self.runner.state != "ready":
                 raise ApiError(503, self.runner._not_ready_message(), kind="server_error", code="model_not_loaded")
         except ApiError as exc:
-            return error_response(exc)
+            return refuse(exc)
         except ClientGone:
             return Response(status_code=499)
         try:
             await self.admission.acquire(lambda: _disconnected(request))
         except ApiError as exc:
-            return error_response(exc)
+            return refuse(exc)
         except ClientGone:
             return Response(status_code=499)
         if await request.is_disconnected():  # gave up while waiting in the queue: its job is not run
             self.admission.release()
             return Response(status_code=499)
         job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat,
-                  stops=parsed.stop)
+                  stops=parsed.stop, tools=parsed.tools.tools if parsed.tools else ())
         closed = False
 
         def close() -> None:
@@ -383,22 +402,105 @@ class ServeApp:
             first = await self._next(job, request)  # errors before the first token get their own status
             if isinstance(first, EngineError | EngineCrashed):
                 close()
-                return error_response(engine_error(first))
+                return refuse(engine_error(first))
             if isinstance(first, JobEnded):
                 close()
-                return error_response(ApiError(500, "The engine ended the request without an answer.",
-                                               kind="server_error"))
-            if parsed.stream:
-                return _Streaming(self._stream(parsed, job, first, request), close, self.options.send_timeout_seconds)
-            response = await self._collect(parsed, job, first, request)
-            close()
-            return response
+                return refuse(ApiError(500, "The engine ended the request without an answer.", kind="server_error"))
+            return await reply(parsed, job, first, request, close)
         except ClientGone:
             close()
             return Response(status_code=499)
         except BaseException:
             close()
             raise
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: the request becomes the OpenAI one it means, checked by the same rules."""
+        return await self._complete(request, self._parse_messages, self._messages_reply, anthropic_error_response)
+
+    def _parse_messages(self, body: dict[str, Any]) -> CompletionRequest:
+        wanted = anthropic.parse_messages_request(body, self.options.limits)
+        return protocol.parse_request(anthropic.openai_body(wanted), self.options.limits, chat=True)
+
+    async def _messages_reply(self, parsed: CompletionRequest, job: Job, first: Any, request: Request,
+                              close: Callable[[], None]) -> Response:
+        if parsed.stream:
+            return _Streaming(self._messages_stream(parsed, job, first, request), close,
+                              self.options.send_timeout_seconds)
+        answer = Answer()
+        try:
+            async for event in self._events(job, first, request):
+                if isinstance(event, Token):
+                    answer.text.append(event.text)
+                elif isinstance(event, Finished):
+                    shaper = ToolAnswer(parsed.tools)
+                    shaper.start(answer.tool_format)
+                    content, calls = shaper.whole("".join(answer.text))
+                    return JSONResponse(anthropic.message_body(
+                        anthropic.new_message_id(), self.runner.model_id, content,
+                        [(call.id, call.name, call.arguments) for call in calls],
+                        anthropic.stop_reason_for(event.reason, event.stop_sequence, bool(calls)),
+                        event.stop_sequence, event.stats.prompt_tokens, event.stats.completion_tokens,
+                        extra=self._figures(answer, event)))
+                elif isinstance(event, EngineError | EngineCrashed):
+                    return anthropic_error_response(engine_error(event))
+                else:
+                    self._count(answer, event)
+            return anthropic_error_response(ApiError(500, "The engine ended the request without an answer.",
+                                                     kind="server_error"))
+        finally:
+            close()
+
+    async def _messages_stream(self, parsed: CompletionRequest, job: Job, first: Any,
+                               request: Request) -> AsyncIterator[bytes]:
+        stream = anthropic.MessageStream()
+        answer = Answer()
+        shaper = ToolAnswer(parsed.tools)
+        started = False
+        try:
+            async for event in self._events(job, first, request):
+                if isinstance(event, PromptProcessed):
+                    self._count(answer, event)
+                    shaper.start(event.tool_format)
+                    yield stream.start(anthropic.new_message_id(), self.runner.model_id, event.prompt_tokens)
+                    started = True
+                elif isinstance(event, Token):
+                    answer.text.append(event.text)
+                    text, _fragments = shaper.feed(event.text)  # a forced call goes out whole, at the end
+                    if text:
+                        yield stream.text(text)
+                elif isinstance(event, Finished):
+                    tail, calls = shaper.finish()
+                    if tail:
+                        yield stream.text(tail)
+                    for call in calls:
+                        yield stream.tool_call(call.id, call.name, call.arguments)
+                    yield stream.finish(anthropic.stop_reason_for(event.reason, event.stop_sequence, bool(calls)),
+                                        event.stop_sequence, event.stats.completion_tokens,
+                                        extra=self._figures(answer, event))
+                    break
+                elif isinstance(event, EngineError | EngineCrashed):
+                    if not started:
+                        yield stream.start(anthropic.new_message_id(), self.runner.model_id, 0)
+                    yield stream.error(engine_error(event))
+                    break
+                else:
+                    self._count(answer, event)
+        except ClientGone:
+            return
+
+    def _figures(self, answer: Answer, event: Finished) -> dict[str, Any]:
+        """SpecDeck's own figures beside an answer: speculation per request and llama-server's timings."""
+        return {"metrics": {"speculative_decoding": protocol.speculative_decoding(answer)},
+                "timings": protocol.timings(event.stats.prompt_tokens, answer.prompt_seconds, event.stats, answer)}
+
+    async def _openai_reply(self, parsed: CompletionRequest, job: Job, first: Any, request: Request,
+                            close: Callable[[], None]) -> Response:
+        if parsed.stream:
+            return _Streaming(self._stream(parsed, job, first, request), close, self.options.send_timeout_seconds)
+        response = await self._collect(parsed, job, first, request)
+        close()
+        return response
 
     async def _next(self, job: Job, request: Request) -> Any:
         while True:
@@ -420,6 +522,7 @@ class ServeApp:
         async for event in self._events(job, first, request):
             if isinstance(event, Token):
                 answer.text.append(event.text)
+                answer.logprobs += event.logprobs
             elif isinstance(event, Finished):
                 return JSONResponse(self._final_body(parsed, answer, event))
             elif isinstance(event, EngineError | EngineCrashed):
@@ -432,36 +535,66 @@ class ServeApp:
     def _count(answer: Answer, event: object) -> None:
         if isinstance(event, PromptProcessed):
             answer.prompt_tokens, answer.prompt_seconds = event.prompt_tokens, event.seconds
+            answer.tool_format = event.tool_format
         elif isinstance(event, PassStats):
             answer.count_pass(event.drafted, sum(event.accepted), event.emitted)
 
     def _final_body(self, parsed: CompletionRequest, answer: Answer, event: Finished) -> dict[str, Any]:
-        return protocol.completion_body(parsed, _response_id(parsed), self.runner.model_id, "".join(answer.text),
+        shaper = ToolAnswer(parsed.tools)
+        shaper.start(answer.tool_format)
+        content, calls = shaper.whole("".join(answer.text))
+        return protocol.completion_body(parsed, _response_id(parsed), self.runner.model_id, content,
                                         event.reason, event.stats, answer.prompt_seconds, answer,
-                                        self.runner.drafter_name, int(time.time()))
+                                        self.runner.drafter_name, int(time.time()), calls)
 
     async def _stream(self, parsed: CompletionRequest, job: Job, first: Any, request: Request) -> AsyncIterator[bytes]:
         response_id = _response_id(parsed)
         model = self.runner.model_id
         created = int(time.time())
         answer = Answer()
+        shaper = ToolAnswer(parsed.tools)
+        streamed: dict[str, int] = {}  # tool call id -> its index in the stream
+
+        def chunk(**fields: Any) -> dict[str, Any]:
+            return protocol.chunk_body(parsed, response_id, model, created, **fields)
+
+        def deltas(fragments: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
+            out = []
+            for call, fragment in fragments:
+                if call.id not in streamed:
+                    streamed[call.id] = len(streamed)
+                    out.append({"index": streamed[call.id], "id": call.id, "type": "function",
+                                "function": {"name": call.name, "arguments": ""}})
+                if fragment:
+                    out.append({"index": streamed[call.id], "function": {"arguments": fragment}})
+            return out
+
         if parsed.chat:
-            yield protocol.sse(protocol.chunk_body(parsed, response_id, model, created, role=True))
+            yield protocol.sse(chunk(role=True))
         try:
             async for event in self._events(job, first, request):
-                if isinstance(event, Token):
-                    text = event.text
-                    answer.text.append(text)
-                    if text:
-                        chunk = protocol.chunk_body(parsed, response_id, model, created, text=text)
+                if isinstance(event, PromptProcessed):
+                    self._count(answer, event)
+                    shaper.start(event.tool_format)
+                elif isinstance(event, Token):
+                    answer.text.append(event.text)
+                    answer.logprobs += event.logprobs
+                    text, fragments = shaper.feed(event.text)
+                    calls = deltas(fragments)
+                    if text or calls or event.logprobs:
+                        body = chunk(text=text, tool_calls=calls, logprobs=event.logprobs)
                         if parsed.timings_per_token:
-                            chunk["timings"] = protocol.timings(answer.prompt_tokens, answer.prompt_seconds,
-                                                                None, answer)
-                        yield protocol.sse(chunk)
+                            body["timings"] = protocol.timings(answer.prompt_tokens, answer.prompt_seconds,
+                                                               None, answer)
+                        yield protocol.sse(body)
                 elif isinstance(event, Finished):
-                    yield protocol.sse(self._last_chunk(parsed, response_id, created, answer, event))
+                    tail, found = shaper.finish()
+                    fragments = [(call, call.arguments) for call in found if call.id not in streamed]
+                    if tail or fragments:
+                        yield protocol.sse(chunk(text=tail, tool_calls=deltas(fragments)))
+                    yield protocol.sse(self._last_chunk(parsed, response_id, created, answer, event, bool(found)))
                     if parsed.include_usage:
-                        usage_chunk = protocol.chunk_body(parsed, response_id, model, created)
+                        usage_chunk = chunk()
                         usage_chunk["choices"] = []
                         usage_chunk["usage"] = protocol.usage(event.stats.prompt_tokens, event.stats.completion_tokens)
                         yield protocol.sse(usage_chunk)
@@ -477,11 +610,11 @@ class ServeApp:
             return
 
     def _last_chunk(self, parsed: CompletionRequest, response_id: str, created: int, answer: Answer,
-                    event: Finished) -> dict[str, Any]:
+                    event: Finished, called: bool = False) -> dict[str, Any]:
         reason = event.reason
         stats: MessageStats = event.stats
         chunk = protocol.chunk_body(parsed, response_id, self.runner.model_id, created,
-                                    finish=protocol.FINISH_REASONS.get(reason, "stop"))
+                                    finish="tool_calls" if called else protocol.FINISH_REASONS.get(reason, "stop"))
         chunk["metrics"] = {"speculative_decoding": protocol.speculative_decoding(answer)}
         chunk["timings"] = protocol.timings(stats.prompt_tokens, answer.prompt_seconds, stats, answer)
         chunk["stats"] = protocol.lm_studio_stats(stats, reason, self.runner.drafter_name)

@@ -76,13 +76,6 @@ def _function(i: int, tool: Any) -> dict[str, Any]:
                       f"{str(parameters.get('type'))[:40]!r}); a call's arguments are an object.", "tools",
                       "invalid_schema")
     parameters = {"type": "object", **parameters}
-    try:
-        check_schema(parameters)
-    except SettingsError as exc:
-        raise _refuse(f"'{where}.function.parameters' ({name}): {exc}", "tools", "invalid_schema") from None
-    except RecursionError:
-        raise _refuse(f"'{where}.function.parameters' ({name}) is nested too deeply.", "tools",
-                      "invalid_schema") from None
     # The template gets a description and parameters always: some templates read them unguarded.
     return {"type": "function", "function": {"name": name, "description": description or "",
                                              "parameters": parameters}}
@@ -148,11 +141,20 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
 
 def _check_forced(tools: tuple[dict[str, Any], ...], choice: str, parallel: bool) -> None:
     """A forced call is held to its schema by the grammar, so each schema it uses must be one the grammar
-    enforces whole, and the forced schema must fit the grammar's bounds."""
+    enforces whole, and the forced schema must fit the grammar's bounds. Under ``auto`` a schema is only text in
+    the prompt, so it is not held to the grammar's subset."""
     for i, tool in enumerate(tools):
         function = tool["function"]
         if choice not in ("required", function["name"]):
             continue
+        try:
+            check_schema(function["parameters"])
+        except SettingsError as exc:
+            raise _refuse(f"'tools[{i}].function.parameters' ({function['name']}): {exc}", "tools",
+                          "invalid_schema") from None
+        except RecursionError:
+            raise _refuse(f"'tools[{i}].function.parameters' ({function['name']}) is nested too deeply.", "tools",
+                          "invalid_schema") from None
         unsupported = unsupported_in_schema(function["parameters"], "parameters")
         if unsupported:
             raise _refuse(f"'tools[{i}]' ({function['name']}) uses {unsupported}, which this server cannot enforce "

@@ -53,6 +53,11 @@ OVERFLOW_POLICIES = ("stop", "drop_oldest")
 NOT_SAVED = {
     "DraftSettings.model_start": "the pair's acceptance measured in earlier runs, read afresh at each load",
     "SamplingSettings.response_format": "set by an API request, never kept as a window setting",
+    "SamplingSettings.presence_penalty": "set by an API request, never kept as a window setting",
+    "SamplingSettings.frequency_penalty": "set by an API request, never kept as a window setting",
+    "SamplingSettings.logit_bias": "set by an API request, never kept as a window setting",
+    "SamplingSettings.logprobs": "set by an API request, never kept as a window setting",
+    "SamplingSettings.top_logprobs": "set by an API request, never kept as a window setting",
 }
 
 

@@ -20,7 +20,6 @@ from app.serve.anthropic import (
     ERROR_TYPES,
     MessagesRequest,
     MessageStream,
-    StopSequenceMatcher,
     count_tokens_body,
     error_body,
     error_type,
@@ -33,7 +32,7 @@ from app.serve.anthropic import (
     stop_reason_for,
 )
 from app.serve.api_error import ApiError
-from app.serve.protocol import Limits
+from app.serve.protocol import Limits, StopMatcher
 
 LIMITS = Limits(max_tokens=512)
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -424,7 +423,7 @@ def test_stop_reasons(engine: str, stopped_by: str | None, has_calls: bool, expe
 
 
 def test_the_stop_matcher_names_the_sequence_that_ended_the_answer() -> None:
-    matcher = StopSequenceMatcher(("END", "STOP"))
+    matcher = StopMatcher(("END", "STOP"))
     assert matcher.feed("abc EN") == "abc "
     assert matcher.matched is None
     assert matcher.feed("D more") == ""
@@ -432,10 +431,10 @@ def test_the_stop_matcher_names_the_sequence_that_ended_the_answer() -> None:
     assert matcher.stopped
     assert matcher.feed("STOP") == ""
     assert matcher.matched == "END"
-    earliest = StopSequenceMatcher(("b", "cd"))
+    earliest = StopMatcher(("b", "cd"))
     assert earliest.feed("xcdb") == "x"
     assert earliest.matched == "cd"
-    plain = StopSequenceMatcher(())
+    plain = StopMatcher(())
     assert plain.feed("text") == "text"
     assert plain.matched is None
 

@@ -221,8 +221,8 @@ def test_output_cap_counts_everything() -> None:
 
 
 def test_messages_are_validated() -> None:
-    with pytest.raises(TemplateError, match="Message 2 has role 'tool'"):
-        render_chat(None, [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}])
+    with pytest.raises(TemplateError, match="Message 2 has role 'function'"):
+        render_chat(None, [{"role": "user", "content": "a"}, {"role": "function", "content": "b"}])
     with pytest.raises(TemplateError, match="Message 1 has content of type list"):
         render_chat(None, [{"role": "user", "content": ["a"]}])
     with pytest.raises(TemplateError, match="Message 1 has content of type NoneType"):

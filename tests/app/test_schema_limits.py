@@ -24,7 +24,9 @@ from app.engine import schema_limits
 from app.engine.grammar import grammar_text
 from app.errors import SettingsError
 from app.serve import protocol
-from app.serve.protocol import ApiError, Limits
+from app.serve.api_error import ApiError
+from app.serve.json_schema import unsupported_in_schema
+from app.serve.protocol import Limits
 from tests.app.test_serve import MESSAGES, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +222,7 @@ def test_the_old_code_failed_with_a_traceback_on_a_wrong_type() -> None:
     with pytest.raises(AttributeError):
         _old_grammar_text(json.dumps({"type": "string", "pattern": 5}))
     with pytest.raises(TypeError):  # the server's keyword check, which now runs after the types are checked
-        protocol._unsupported_in_schema({"type": [["string"]]}, "schema")
+        unsupported_in_schema({"type": [["string"]]}, "schema")
 
 
 def test_the_old_code_refused_a_reference_from_the_root() -> None:

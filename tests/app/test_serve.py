@@ -229,7 +229,8 @@ def raw_post(server: Server, body: bytes, path: str = "/v1/chat/completions") ->
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000000000}', 400, "max_tokens"),
     (b'{"messages": "hi"}', 400, "messages"),
     (b'[1, 2]', 400, "JSON object"),
-    (b'{"messages": [{"role": "tool", "content": "x"}]}', 400, "role"),
+    (b'{"messages": [{"role": "tool", "content": "x"}]}', 400, "tool_call_id"),
+    (b'{"messages": [{"role": "function", "content": "x"}]}', 400, "role"),
     (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "text parts"),
     (os.urandom(1 << 20), 400, "not valid JSON"),
 ])

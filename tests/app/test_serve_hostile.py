@@ -19,7 +19,8 @@ import pytest
 
 from app.errors import SettingsError
 from app.serve import protocol
-from app.serve.protocol import ApiError, Limits
+from app.serve.api_error import ApiError
+from app.serve.protocol import Limits
 from app.serve.server import ServeOptions, Server
 from tests.app.test_serve import MESSAGES, PROMPT, api_chats, start_server
 
@@ -188,14 +189,12 @@ def test_nesting_is_named_as_nesting() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "required"),
-    ("logprobs", True),
-    ("top_logprobs", 2),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -1),
-    ("logit_bias", {"42": 5}),
     ("functions", [{"name": "f"}]),
+    ("function_call", {"name": "f"}),
+    ("audio", {"voice": "alloy"}),
+    ("prediction", {"type": "content", "content": "x"}),
+    ("n_probs", 3),
+    ("mirostat", 2),
 ])
 def test_unsupported_parameters_are_a_400_with_param(name: str, value: Any) -> None:
     body = {"messages": MESSAGES, name: value}

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from app.serve import protocol
-from app.serve.protocol import ApiError, Limits
+from app.serve.api_error import ApiError
+from app.serve.protocol import Limits
 from app.serve.server import Server
 from tests.app.test_serve import MESSAGES, start_server
 

@@ -488,13 +488,15 @@ def with_parameters(parameters: Any) -> dict[str, Any]:
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "'parallel_tool_calls' must be true or false"),
     ({"functions": [{"name": "x"}]}, "'functions' is OpenAI's deprecated function calling"),
     ({"tools": [WEATHER], "function_call": {"name": "get_weather"}}, "send 'tool_choice' instead"),
-    ({"tools": [with_parameters(deep_schema(200))]}, "nested more than 64 deep"),
+    ({"tools": [with_parameters(deep_schema(200))], "tool_choice": "required"}, "nested more than 64 deep"),
     ({"tools": [with_parameters({"type": "object", "properties": {
-        "x": {"type": "string", "enum": [str(i) for i in range(100_000)]}}})]}, "enum has 100000 values"),
+        "x": {"type": "string", "enum": [str(i) for i in range(100_000)]}}})], "tool_choice": "required"},
+     "enum has 100000 values"),
     ({"tools": [with_parameters({"type": "object", "properties": {
-        "x": {"type": "string", "pattern": "^(a|b)*(c|d)*((e|f)*){1000}$"}}})]}, "pattern"),
-    ({"tools": [with_parameters({"type": "object", "properties": {"x": {"type": "string", "maxLength": 10**6}}})]},
-     "maxLength"),
+        "x": {"type": "string", "pattern": "^(a|b)*(c|d)*((e|f)*){1000}$"}}})], "tool_choice": "required"},
+     "pattern"),
+    ({"tools": [with_parameters({"type": "object", "properties": {"x": {"type": "string", "maxLength": 10**6}}})],
+      "tool_choice": {"type": "function", "function": {"name": "hostile"}}}, "maxLength"),
     ({"tools": [with_parameters({"type": "object", "properties": {"x": {"type": "string", "x-custom": 1}}})],
       "tool_choice": "required"}, "the keyword 'x-custom'"),
 ])
@@ -509,6 +511,8 @@ def test_malformed_or_hostile_tools_are_refused_by_name(body: dict[str, Any], wo
 def test_an_unenforceable_keyword_is_only_refused_where_a_grammar_enforces_the_schema() -> None:
     loose = with_parameters({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})
     assert parse_tools({"tools": [loose]}) is not None  # auto: the schema is only shown to the model
+    long_string = with_parameters({"type": "object", "properties": {"x": {"type": "string", "maxLength": 10**6}}})
+    assert parse_tools({"tools": [long_string]}) is not None
     assert parse_tools({"tools": [loose, ADD], "tool_choice": {"type": "function", "function": {"name": "add"}}})
     with pytest.raises(ApiError, match="'minimum'"):
         parse_tools({"tools": [loose, ADD], "tool_choice": "required"})
