@@ -240,10 +240,12 @@ def backend_name() -> str:
     return probe_backend(rpc_servers=()).backend
 
 
-def probe_backend_isolated(timeout_s: float = 120.0) -> BackendInfo:
-    """:func:`probe_backend` in a child process, so a build that traps cannot take this process down."""
+def probe_backend_isolated(timeout_s: float = 120.0, rpc_servers: Sequence[str] = ()) -> BackendInfo:
+    """:func:`probe_backend` in a child process, so a build that traps cannot take this process down.
+    ``rpc_servers``: registered in the child first, so their devices are listed with the local ones."""
+    rpc = ("--rpc", ",".join(rpc_servers)) if rpc_servers else ()
     try:
-        info = BackendInfo.from_dict(run_probe("backend", timeout_s=timeout_s, what="loading llama.cpp"))
+        info = BackendInfo.from_dict(run_probe("backend", *rpc, timeout_s=timeout_s, what="loading llama.cpp"))
     except ProbeFailed as exc:
         logging.getLogger(__name__).warning("llama.cpp probe: %s", exc)
         return BackendInfo(available=False, error=str(exc))

@@ -41,8 +41,10 @@ class GpuLayers:
     error: str | None = None
 
 
-def _gpus(devices: Sequence[BackendDevice], main_gpu: int | None,
-          rpc_servers: Sequence[str] | None) -> list[BackendDevice]:
+def offload_gpus(devices: Sequence[BackendDevice], main_gpu: int | None,
+                 rpc_servers: Sequence[str] | None) -> list[BackendDevice]:
+    """The devices a load's layers go to: the one GPU chosen, or all of them (RPC servers first), each with
+    its memory reported."""
     gpus = list(offload_devices(devices, rpc_servers))
     if main_gpu is not None:
         gpus = gpus[main_gpu:main_gpu + 1] if main_gpu >= 0 else []
@@ -83,7 +85,7 @@ def choose_gpu_layers(target: GGUFInfo, n_gpu_layers: int, n_ctx: int, devices: 
     llama.cpp's GPUs), else all of them share the layers. ``rpc_servers``: the RPC servers of this load (their
     devices come first, as llama.cpp orders them). ``ram_free``: the RAM available (None: the CPU device's
     report). A load whose CPU share does not fit in that RAM is refused."""
-    gpus = _gpus(devices, main_gpu, rpc_servers)
+    gpus = offload_gpus(devices, main_gpu, rpc_servers)
     auto = n_gpu_layers == AUTO_GPU_LAYERS
     shape = ModelShape.from_gguf(target)
     drafter_shape = ModelShape.from_gguf(drafter) if drafter is not None else None

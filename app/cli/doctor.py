@@ -19,7 +19,7 @@ from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.decode_check import one_line
 from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.errors import AppError
-from app.params import ALL_GPU_LAYERS, AUTO_GPU_LAYERS, K_MAX
+from app.params import K_MAX
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
 
@@ -43,20 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> DoctorOptions:
-    """The options as doctor's report takes them; SettingsError for a bad load option (checked as every command
-    checks them, with a stand-in path when no model is given: doctor runs without one)."""
+    """The options as doctor's report takes them, every load option among them; SettingsError for a bad one
+    (checked as every command checks them, with a stand-in path when no model is given: doctor runs without
+    one)."""
     checked = argparse.Namespace(**{**vars(args), "ctx": DEFAULT_CTX if args.ctx is None else args.ctx})
     settings = load_settings(checked, str(args.model) if args.model else "(no model)")
     return DoctorOptions(model=args.model, drafter=args.drafter, ctx=None if args.ctx is None else settings.n_ctx,
-                         kv_type=settings.kv_type, k_max=K_MAX, gpu_layers=_report_layers(settings.n_gpu_layers),
-                         draft_k=args.draft_k, gpu_bandwidth=args.gpu_bandwidth, decode_check=args.decode_check,
-                         refresh=args.refresh)
-
-
-def _report_layers(n_gpu_layers: int) -> int:
-    """The layers doctor's ceiling and fit are worked out for: auto as all of them, so the fit line says whether
-    the whole model fits this machine's free memory."""
-    return ALL_GPU_LAYERS if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers
+                         load=settings, k_max=K_MAX, draft_k=args.draft_k, gpu_bandwidth=args.gpu_bandwidth,
+                         decode_check=args.decode_check, refresh=args.refresh)
 
 
 def fail(message: str) -> int:
@@ -197,6 +191,9 @@ def render_text(r: dict[str, Any]) -> str:
     if compat:
         verdict = "yes" if compat["compatible"] else ("no" if compat["checked"] else "not checked")
         add(f"drafter fits {verdict}: {compat['message']}")
+    layers = r.get("gpu_layers")
+    if layers:
+        add(f"GPU layers   {layers['message']}")
     fit = r.get("fit")
     if fit:
         add(f"memory fit   {fit['message']}")

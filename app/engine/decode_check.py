@@ -17,6 +17,7 @@ from typing import Any
 from app.ceiling.calibration import make_calibration
 from app.ceiling.child import describe_exit
 from app.ceiling.roofline import CeilingModel
+from app.params import LoadSettings
 
 CHECK_CTX = 512
 CHECK_TOKENS = 16  # timed single-token decodes after the prompt, for the calibration
@@ -40,21 +41,25 @@ def crash_message(exit_code: int | None, during: str, last_lines: tuple[str, ...
     return one_line(f"llama.cpp {how} {PHASES.get(during, 'while idle')}{last}")
 
 
-def decode_check(path: Path, gpu_layers: int = -1, timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
-    """Load the model in the engine worker and time CHECK_TOKENS greedy one-token decodes after a short
-    prompt. Never raises for the model's sake: a refusal, an error or a crash is the result's message."""
+def decode_check(path: Path, settings: LoadSettings | None = None,
+                 timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
+    """Load the model in the engine worker with ``settings`` (its load options; None: the defaults at
+    CHECK_CTX) and time CHECK_TOKENS greedy one-token decodes after a short prompt. Never raises for the
+    model's sake: a refusal, an error or a crash is the result's message."""
     from app.engine.client import EngineClient
     from app.errors import AppError
     from app.events import EngineCrashed, EngineError, Loaded, RawDecoded
-    from app.params import DraftSettings, LoadSettings
+    from app.params import DraftSettings
 
     base: dict[str, Any] = {"ok": False, "model": str(path), "message": "", "tokens": 0, "seconds": None,
                             "tokens_per_second": None}
     plain = DraftSettings(adaptive=False, k=0, k_max=0)  # only width-1 passes are timed at load
+    load = replace(settings or LoadSettings(target_path=str(path), n_ctx=CHECK_CTX), target_path=str(path),
+                   draft=plain)
     client = EngineClient(watchdog_seconds=timeout_s)
     t = time.perf_counter()
     try:
-        client.load(LoadSettings(target_path=str(path), n_gpu_layers=gpu_layers, n_ctx=CHECK_CTX, draft=plain))
+        client.load(load)
         reply: Any = None
         for phase in ("load", "generate"):
             if phase == "generate":
@@ -83,12 +88,12 @@ def decode_check(path: Path, gpu_layers: int = -1, timeout_s: float = CHECK_TIME
             "message": f"loaded and decoded {reply.tokens} tokens in {wall:.1f} s"}
 
 
-def calibrate(result: dict[str, Any], model: CeilingModel) -> None:
+def calibrate(result: dict[str, Any], model: CeilingModel, kv_type: str = "f16") -> None:
     """Add the calibration (delivered bandwidth and FLOP/s, efficiency) to a passed check's result: the
-    plain ceiling at the context the check decoded at, with the f16 cache it used."""
+    plain ceiling at the context the check decoded at, with the KV cache type it used."""
     if not result.get("ok") or not result.get("tokens_per_second"):
         return
-    at = replace(model, type_k="f16", type_v=None, drafter=None).plain(int(result.get("context") or 1))
+    at = replace(model, type_k=kv_type, type_v=None, drafter=None).plain(int(result.get("context") or 1))
     cal = make_calibration(float(result["tokens_per_second"]), at.bytes, at.flops, at.passes_per_second)
     result["calibration"] = {**asdict(cal), "tokens_per_second": cal.tokens_per_second,
                              "efficiency": cal.efficiency}

@@ -5,13 +5,14 @@ schema; `app.cli.doctor` only parses arguments and prints it). Also the ceiling 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.ceiling.backend import probe_backend_isolated
+from app.ceiling.backend import BackendInfo, probe_backend_isolated
 from app.ceiling.builder import ceiling_model, probe_machine
+from app.ceiling.device_fit import GpuLayers, available_ram, choose_gpu_layers, offload_gpus
 from app.ceiling.fit import fit_estimate
 from app.ceiling.hardware import HardwareReport
 from app.ceiling.memory import device_memory
@@ -26,16 +27,18 @@ from app.ceiling.roofline import (
     kv_cache_bytes,
     recurrent_rollback,
 )
+from app.ceiling.rpc import network_seconds_per_pass, probe_server
 from app.ceiling.speculation import expected_tokens_per_pass
-from app.engine.decode_check import calibrate, decode_check, one_line
+from app.engine.decode_check import CHECK_CTX, calibrate, decode_check, one_line
 from app.engine_limits import DEPTH_CAP
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
+from app.params import ALL_GPU_LAYERS, GPU_LAYER_WORDS, LoadSettings, fit_flash_attention
 
-SCHEMA = 1
+SCHEMA = 2  # 2: settings holds every load option; gpu_layers says what the fit chose
 DEFAULT_CTX = 4096
 DEFAULT_DRAFT_K = 4
 GB = 1e9
@@ -48,8 +51,8 @@ class DoctorOptions:
     model: Path | None = None
     drafter: Path | None = None
     ctx: int | None = None  # None: DEFAULT_CTX, or the model's trained context if smaller
-    kv_type: str = "f16"
-    gpu_layers: int = -1
+    # The load options, as every command takes them (its n_ctx stands in where ``ctx`` is None).
+    load: LoadSettings = field(default_factory=lambda: LoadSettings(target_path=""))
     draft_k: int = DEFAULT_DRAFT_K
     gpu_bandwidth: float | None = None  # GB/s; None: the saved setting, else NVML or the card table
     decode_check: bool = False
@@ -57,8 +60,9 @@ class DoctorOptions:
     k_max: int = 0  # the adaptive depth's cap at load: how many recurrent-state snapshots a load asks for
 
 
-def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str, k_max: int = 0) -> dict[str, Any]:
-    rollback = recurrent_rollback(shape, info.architecture, k_max)
+def model_block(info: GGUFInfo, shape: ModelShape, ctx: int, kv_type: str, k_max: int = 0,
+                rollback_setting: str = "auto") -> dict[str, Any]:
+    rollback = recurrent_rollback(shape, info.architecture, k_max, rollback_setting)
     return {
         "path": info.path,
         "name": info.name,
@@ -151,16 +155,46 @@ def chat_template_block(info: GGUFInfo) -> dict[str, Any]:
     return {"ok": status.ok, "fallback": status.fallback, "message": one_line(status.message)}
 
 
-def build_report(args: DoctorOptions,
-                 check: Callable[[Path, int], dict[str, Any]] | None = None) -> tuple[dict[str, Any], bool]:
+def settings_block(load: LoadSettings, ctx: int, draft_k: int) -> dict[str, Any]:
+    return {"ctx": ctx, "batch": load.n_batch, "threads": load.n_threads, "gpu_layers": load.n_gpu_layers,
+            "main_gpu": load.main_gpu, "kv_type": load.kv_type, "flash_attn": load.flash_attn,
+            "rpc_servers": list(load.rpc_servers), "recurrent_rollback": load.recurrent_rollback,
+            "draft_k": draft_k}
+
+
+def gpu_layers_block(layers: GpuLayers, asked: int, total: int, gpus: int, no_gpu: str = "no GPU",
+                     ) -> dict[str, Any]:
+    """What the load's GPU layers come to on these devices, as a load would choose them, and the line that
+    says so: auto's own line, "all on the CPU: no GPU", or the refusal of a count that does not fit.
+    ``no_gpu``: why there is none to put layers on."""
+    chosen = layers.n_gpu_layers
+    on_gpus = 0 if not gpus else total if chosen == ALL_GPU_LAYERS else min(chosen, total)
+    if layers.error:
+        message = layers.error
+    elif not gpus:
+        message = f"{GPU_LAYER_WORDS.get(asked, asked)}: all on the CPU: {no_gpu}"
+    elif layers.note:
+        message = layers.note.removeprefix("GPU layers ")
+    elif on_gpus == 0:
+        message = "0: all on the CPU"
+    else:
+        message = f"{GPU_LAYER_WORDS.get(asked, asked)}: {on_gpus} of {total} on the GPU{'s' if gpus > 1 else ''}"
+    return {"asked": GPU_LAYER_WORDS.get(asked, asked), "chosen": chosen, "on_gpus": on_gpus, "total": total,
+            "drafter_chosen": layers.drafter_gpu_layers, "message": message, "error": layers.error}
+
+
+def build_report(args: DoctorOptions, check: Callable[[Path, LoadSettings], dict[str, Any]] | None = None, *,
+                 backend: BackendInfo | None = None, ram_free: int | None = None) -> tuple[dict[str, Any], bool]:
     """The whole report as plain JSON values, and whether the decode check (if asked for) passed. Raises
-    AppError (a ModelFileError for a bad file) with one sentence."""
+    AppError (a ModelFileError for a bad file, an unusable RPC server) with one sentence. ``backend``:
+    llama.cpp's build and devices (None: asked in a child); ``ram_free``: the RAM available (None: now)."""
     if args.ctx is not None and args.ctx < 16:
         raise AppError(f"--ctx must be at least 16, not {args.ctx}.")
     if args.draft_k < 0 or args.draft_k > DEPTH_CAP:
         raise AppError(f"--draft-k must be between 0 and {DEPTH_CAP}, not {args.draft_k}.")
     if args.gpu_bandwidth is not None and not args.gpu_bandwidth > 0:
         raise AppError(f"--gpu-bandwidth must be a positive number of GB/s, not {args.gpu_bandwidth}.")
+    load = args.load
     target_path: Path | None = args.model
     if target_path is None and args.decode_check:
         from app.library.demo_install import installed_demo_models
@@ -173,29 +207,54 @@ def build_report(args: DoctorOptions,
     target = check_model_file(target_path, "target") if target_path is not None else None
     drafter = check_model_file(args.drafter, "drafter") if args.drafter is not None else None
 
+    # RPC servers: each probed here first (one sentence for one that cannot be used; ggml would abort), their
+    # round trips the network's cost per pass, their devices listed by the child that asks llama.cpp.
+    network = network_seconds_per_pass([probe_server(s) for s in load.rpc_servers])
     override = args.gpu_bandwidth * GB if args.gpu_bandwidth else None
-    hw, devices = probe_machine(backend=probe_backend_isolated(), gpu_bandwidth_override=override,
-                                refresh=args.refresh)
+    if backend is None:
+        backend = probe_backend_isolated(rpc_servers=load.rpc_servers)
+        if load.rpc_servers and not backend.available:
+            raise AppError(backend.error or "llama.cpp could not list the RPC servers' devices.")
+    hw, devices = probe_machine(backend=backend, gpu_bandwidth_override=override, refresh=args.refresh)
     report: dict[str, Any] = {"schema": SCHEMA, "specdeck": __version__, **hardware_block(hw, devices)}
     ctx = args.ctx or min(DEFAULT_CTX, target.context_length if target and target.context_length else
                           DEFAULT_CTX)
-    report["settings"] = {"ctx": ctx, "kv_type": args.kv_type, "gpu_layers": args.gpu_layers,
-                          "draft_k": args.draft_k}
-    report.update({"target": None, "drafter": None, "ceiling": None, "speculative": None, "fit": None,
-                   "compatibility": None, "chat_template": None, "decode_check": None})
+    kv_type = load.kv_type
+    report["settings"] = settings_block(load, ctx, args.draft_k)
+    report.update({"target": None, "drafter": None, "gpu_layers": None, "ceiling": None, "speculative": None,
+                   "fit": None, "compatibility": None, "chat_template": None, "decode_check": None})
     model: CeilingModel | None = None
     if target is not None:
-        model = ceiling_model(target, drafter_path=drafter, kv_type=args.kv_type, n_gpu_layers=args.gpu_layers,
-                              devices=devices)
-        report["target"] = model_block(target, model.target, ctx, args.kv_type, args.k_max)
+        shape = ModelShape.from_gguf(target)
+        rollback = recurrent_rollback(shape, target.architecture, args.k_max, load.recurrent_rollback)
+        copies = max(1, rollback.allocated_bytes // shape.state_bytes) if shape.state_bytes else 1
+        mtp_kv = 0 if mtp_refusal(target) else mtp_kv_bytes(target, ctx, kv_type)
+        # The layers a load of these settings puts on the GPUs, chosen as chat, bench and serve choose them.
+        layers = choose_gpu_layers(target, load.n_gpu_layers, ctx, backend.devices, kv_type=kv_type,
+                                   drafter=drafter, main_gpu=load.main_gpu, rpc_servers=load.rpc_servers,
+                                   ram_free=ram_free if ram_free is not None else available_ram(),
+                                   mtp=mtp_kv > 0, state_copies=copies, n_batch=load.n_batch)
+        gpus = offload_gpus(backend.devices, load.main_gpu, load.rpc_servers)
+        every = offload_gpus(backend.devices, None, load.rpc_servers)
+        no_gpu = (f"llama.cpp has no GPU {load.main_gpu} (its GPUs: {', '.join(d.name for d in every)})"
+                  if every and not gpus else "no GPU")
+        report["gpu_layers"] = gpu_layers_block(layers, load.n_gpu_layers, shape.n_layer + 1, len(gpus), no_gpu)
+        n_gpu_layers = layers.n_gpu_layers if gpus else 0
+        if load.main_gpu is not None:  # the roofline's GPUs: the one chosen
+            names = {d.name for d in gpus}
+            keys = {f"gpu{g.index}" for g in hw.gpus if g.backend_device in names}
+            devices = [d for d in devices if d.kind == "cpu" or d.key in keys]
+        model = ceiling_model(target, drafter_path=drafter, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
+                              devices=devices, network_seconds=network)
+        report["target"] = model_block(target, model.target, ctx, kv_type, args.k_max, load.recurrent_rollback)
         report["chat_template"] = chat_template_block(target)
         plain = model.plain(ctx)
         report["ceiling"] = pass_block(plain)
-        copies = recurrent_rollback(model.target, target.architecture, args.k_max).allocated_bytes // max(
-            model.target.state_bytes, 1)
-        fit = fit_estimate(model.target, devices, ctx, type_k=args.kv_type, n_gpu_layers=args.gpu_layers,
-                           drafter=model.drafter, state_copies=max(copies, 1),
-                           mtp_kv_bytes=0 if mtp_refusal(target) else mtp_kv_bytes(target, ctx, args.kv_type))
+        fit = fit_estimate(model.target, devices, ctx, type_k=kv_type, n_gpu_layers=n_gpu_layers,
+                           drafter=model.drafter, drafter_gpu_layers=layers.drafter_gpu_layers if gpus else 0,
+                           n_ubatch=load.n_batch, state_copies=copies, mtp_kv_bytes=mtp_kv,
+                           flash_attn=fit_flash_attention(load.flash_attn, backend.backend, n_gpu_layers,
+                                                          kv_type))
         report["fit"] = {
             "fits": fit.fits, "message": fit.message,
             "devices": [{"device": d.device, "name": d.name, "weights": d.weights, "kv": d.kv,
@@ -203,7 +262,7 @@ def build_report(args: DoctorOptions,
                          "short_by": d.short_by} for d in fit.devices],
         }
         if drafter is not None and model.drafter is not None:
-            report["drafter"] = model_block(drafter, model.drafter, ctx, args.kv_type)
+            report["drafter"] = model_block(drafter, model.drafter, ctx, kv_type)
             report["compatibility"] = compatibility(target, drafter)
             k = args.draft_k
             spec = model.speculative(ctx, k)
@@ -221,9 +280,11 @@ def build_report(args: DoctorOptions,
     ok = True
     if args.decode_check:
         assert target_path is not None
-        result = (check or decode_check)(target_path, args.gpu_layers)
+        # The load options as given; the context the check's own unless one was asked for (it times decodes).
+        checked = replace(load, target_path=str(target_path), n_ctx=args.ctx or CHECK_CTX)
+        result = (check or decode_check)(target_path, checked)
         if model is not None:
-            calibrate(result, model)
+            calibrate(result, model, kv_type=kv_type)
         report["decode_check"] = result
         ok = bool(result.get("ok"))
     return report, ok

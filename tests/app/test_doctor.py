@@ -21,11 +21,12 @@ import pytest
 from app.ceiling.child import SIGILL_MESSAGE
 from app.cli import doctor
 from app.engine import decode_check, doctor_report
+from app.params import LoadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 TOP_LEVEL = {"schema", "specdeck", "backend", "cpu", "nvml", "gpus", "devices", "memory", "notes", "settings",
-             "target", "drafter", "ceiling", "speculative", "fit", "compatibility", "chat_template",
+             "target", "drafter", "gpu_layers", "ceiling", "speculative", "fit", "compatibility", "chat_template",
              "decode_check"}
 CPU_FIELDS = {"model", "physical_cores", "logical_cores", "ram_total", "ram_available", "bandwidth",
               "bandwidth_source", "peak_flops", "probe_cached", "probe_seconds"}
@@ -130,7 +131,10 @@ def test_json_report_field_names(env: dict[str, str], demo_models: tuple[Path, P
     assert set(r["compatibility"]) == {"checked", "compatible", "check", "confirmed", "message"}
     assert set(r["backend"]) >= {"available", "llama_cpp_python", "llama_cpp", "ggml_version", "ggml_commit",
                                  "backend", "gpu_offload", "system_info", "cpu_features", "devices", "error"}
-    assert r["settings"] == {"ctx": 2048, "kv_type": "f16", "gpu_layers": -1, "draft_k": 4}
+    assert r["settings"] == {"ctx": 2048, "batch": 512, "threads": 0, "gpu_layers": -2, "main_gpu": None,
+                             "kv_type": "f16", "flash_attn": "auto", "rpc_servers": [],
+                             "recurrent_rollback": "auto", "draft_k": 4}
+    assert set(r["gpu_layers"]) == {"asked", "chosen", "on_gpus", "total", "drafter_chosen", "message", "error"}
     assert r["decode_check"] is None
     # Gemma 3 270M: 18 layers, 1 KV head of 256 for K and V, f16: 18,432 bytes per token; 15 SWA layers.
     t = r["target"]
@@ -312,7 +316,7 @@ def test_text_report_shows_the_check_and_the_calibration(
     doctor.add_arguments(parser)
     args = parser.parse_args(["--decode-check", "--model", str(demo_models[1])])
 
-    def check(path: Path, gpu_layers: int) -> dict[str, Any]:
+    def check(path: Path, settings: LoadSettings) -> dict[str, Any]:
         return {"ok": True, "model": str(path), "message": "loaded and decoded 17 tokens in 0.4 s", "tokens": 17,
                 "seconds": 0.4, "tokens_per_second": 40.0, "context": 7}
 
@@ -326,7 +330,7 @@ def test_text_report_shows_the_check_and_the_calibration(
     assert "plain decode 40.0 tok/s" in text
     assert "% of the ceiling" in text
 
-    def broken(path: Path, gpu_layers: int) -> dict[str, Any]:
+    def broken(path: Path, settings: LoadSettings) -> dict[str, Any]:
         return {"ok": False, "model": str(path), "message": SIGILL_MESSAGE, "tokens": 0, "seconds": None,
                 "tokens_per_second": None}
 
