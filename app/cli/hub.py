@@ -90,6 +90,9 @@ def _group_json(g: ModelFiles, v: QuantVerdict | None) -> dict[str, Any]:
                            "complete": g.complete, "sha256": [p.sha256 for p in g.parts]}
     if v is not None:
         out.update({"ctx": v.ctx, "fits": v.fits, "fit": v.fit_message, "tokens_per_second": v.tokens_per_second,
+                    "ceiling_tokens_per_second": v.ceiling_tokens_per_second,
+                    "efficiency": v.efficiency.efficiency if v.efficiency else None,
+                    "speed_basis": v.speed_basis or None,
                     "error": v.error or None,
                     "architecture": v.info.architecture if v.info else None,
                     "n_params": v.info.n_params if v.info else None,
@@ -132,6 +135,12 @@ def _files(args: argparse.Namespace, repo: str) -> int:
                     notes.append(f"  {g.quant or g.label}: {_cell(v.fit_message)}")
             rows.append([g.quant or "?", g.label, format_bytes(g.size), fit, speed])
         out.append(_table(rows))
+        bases = sorted({v.speed_basis for v in verdicts.values() if v.speed_basis})
+        if len(bases) == 1:
+            out.append(f"PLAIN TOK/S: {bases[0]}.")
+        else:  # quants bound by different devices (one spills to the CPU): each says its own
+            out += [f"  {g.quant or g.label} tok/s: {verdicts[g.name].speed_basis}" for g in models
+                    if g.name in verdicts and verdicts[g.name].speed_basis]
         out += notes
     others = [g for g in groups if g not in models]
     if others:

@@ -9,11 +9,13 @@ from dataclasses import dataclass, replace
 from app.ceiling.builder import ceiling_model, pair_fit
 from app.ceiling.roofline import Device
 from app.errors import AppError
+from app.hub.efficiency import MeasuredEfficiency, efficiency_for
 from app.hub.files import ModelFiles
 from app.hub.remote_header import read_remote_info
 from app.library.gguf_reader import GGUFInfo
 
 DEFAULT_CTX = 4096
+CEILING_ONLY = "the ceiling; run specdeck doctor --decode-check to measure this machine"
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,17 @@ class QuantVerdict:
     ctx: int
     fits: bool | None  # None: the header could not be read
     fit_message: str
-    tokens_per_second: float | None
+    tokens_per_second: float | None  # the prediction: the ceiling times the measured efficiency when there is one
     error: str = ""
+    ceiling_tokens_per_second: float | None = None  # the roofline's alone
+    efficiency: MeasuredEfficiency | None = None  # what the prediction was scaled by
+
+    @property
+    def speed_basis(self) -> str:
+        """What the predicted tok/s is, in words (the CLI and the window say the same)."""
+        if self.tokens_per_second is None:
+            return ""
+        return self.efficiency.describe() if self.efficiency is not None else CEILING_ONLY
 
 
 def model_info(repo: str, group: ModelFiles, revision: str = "main") -> GGUFInfo:
@@ -50,7 +61,22 @@ def judge(repo: str, group: ModelFiles, devices: Sequence[Device], ctx: int | No
     n_ctx = ctx or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
     try:
         fit = pair_fit(info, None, n_ctx, devices=devices)
-        speed = ceiling_model(info, devices=devices).plain(n_ctx).tokens_per_second
+        plain = ceiling_model(info, devices=devices).plain(n_ctx)
     except ValueError as exc:
         return QuantVerdict(group, info, n_ctx, None, "", None, f"no estimate: {exc}")
-    return QuantVerdict(group, info, n_ctx, fit.fits, fit.message, speed)
+    ceiling = plain.tokens_per_second
+    measured = _measured(devices, plain.binding_device)
+    speed = ceiling * measured.efficiency if measured is not None else ceiling
+    return QuantVerdict(group, info, n_ctx, fit.fits, fit.message, speed, "", ceiling, measured)
+
+
+def _measured(devices: Sequence[Device], binding: str) -> MeasuredEfficiency | None:
+    """Doctor's measurement for the device that bounds this quant's pass; a store that cannot be read is
+    no measurement (the prediction falls back to the ceiling and says so)."""
+    device = next((d for d in devices if d.key == binding), None)
+    if device is None:
+        return None
+    try:
+        return efficiency_for(device)
+    except (OSError, ValueError):
+        return None

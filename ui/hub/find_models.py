@@ -444,6 +444,7 @@ class FindModelsDialog(QDialog):
             item.setText(3, fit)
             item.setToolTip(3, plain_tooltip(tip))
             item.setText(4, speed_text(v.tokens_per_second))
+            item.setToolTip(4, plain_tooltip(v.speed_basis))
         self._after_verdict()
 
     def _on_judge_failed(self, serial: int, group: ModelFiles, exc: Exception) -> None:
@@ -488,7 +489,10 @@ class FindModelsDialog(QDialog):
             return
         judged = self.verdicts.get(group.name)
         verdict = judged.verdict if judged is not None else None
-        self.fit_label.setText("" if verdict is None else (verdict.error or verdict.fit_message))
+        text = "" if verdict is None else (verdict.error or verdict.fit_message)
+        if verdict is not None and verdict.speed_basis:
+            text += f"\nPlain decoding {speed_text(verdict.tokens_per_second)} tok/s: {verdict.speed_basis}."
+        self.fit_label.setText(text.strip())
         self.drafters_label.setText(drafters_text(judged, self._others()))
 
     @Slot()
