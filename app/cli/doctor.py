@@ -19,6 +19,7 @@ from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.decode_check import one_line
 from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.errors import AppError
+from app.hub.efficiency import record_doctor_report
 from app.params import K_MAX
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si
@@ -65,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     except OSError as exc:
         return fail(f"could not read a file: {exc}")
+    try:
+        record_doctor_report(report)  # what `specdeck search` and Find models predict plain speed from
+    except (AppError, OSError, ValueError) as exc:
+        print(f"specdeck doctor: the measured efficiency was not kept: {one_line(str(exc))}", file=sys.stderr)
     out = args.json
     if out is not None:
         text = json.dumps(report, indent=2, allow_nan=False)
