@@ -7,6 +7,13 @@ often such drafts were right against how often the tree said they would be. Expe
 t_verify(k + 1) plus the drafter's steps. k maximises E(k) / time. t_verify(n) is measured per width (flat
 on a GPU, rising on a small CPU), relative to the one-token cost of the same moment, so a busy machine
 scales every width at once and a pass timed while it was busy is not held against drafting later.
+
+While the policy does not draft it probes now and then, at the depth the measured acceptance suggests, and
+probes again at once after a probe whose every draft was accepted: a copy drafts within a few passes of
+its start even where the costs learned so far say drafting does not pay.
+
+Over 500 lines: the acceptance estimates, the cost model and the policy that weighs them are one decision,
+and each is tuned against the others (a change to one moves the depth the others' tests pin).
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ DECAY = 0.92  # weight of the old estimate per observation: recent text matters 
 # copy must not talk the policy out of it (0.85 lost 3 % on a short answer in the replay)
 PRIOR_WEIGHT = 2.0  # the prior counts as this many observations: the first few outcomes move a rate fast
 EXPLORE_DEPTH = 2  # how far past the deepest measured position the policy may draft
-PROBE_EVERY = 12  # fewest passes at k = 0 between probes, so a return of good drafts is noticed
+PROBE_EVERY = 12  # fewest passes between probes, so a return of good drafts is noticed
 PROBE_BUDGET = 0.03  # most of the decoding time that probes may take (an expensive drafter probes rarely)
-PROBE_K = 2
+PROBE_K = 2  # the shallowest probe; deeper where the measured acceptance says a deeper draft holds
+PROBE_WHOLE = 0.5  # a probe goes as deep as its drafts are at least this likely to be accepted whole
 PROBE_MAX_INTERVAL = 64  # most passes between probes, whatever a wide pass was last measured to cost
 NGRAM_PRIORS = (0.2, 0.4, 0.7, 0.9)  # per match-length bucket: < 3, < 6, < 16 and longer
 SHORT_MATCH_BUCKETS = 2  # the buckets whose evidence is relaxed at each new answer (matches under 6 tokens)
@@ -143,9 +151,18 @@ class CostModel:
     depth at 0 for hundreds of passes). Medians, not means: on a shared machine one pass in a few is
     slowed by other work. Ratios older than MAX_AGE passes are forgotten, so a width the policy stopped
     using is measured again rather than trusted forever.
+
+    A ratio above the width, or below 1, is not a measurement of the width: a batched pass of w tokens does
+    no more work than w one-token passes and no less than one, so either that pass or the one-token passes
+    it is compared with were held up by other programs (on a busy 2-core CPU, one pass in a few reads 5 to
+    90 times a one-token pass, and the one-token median sits far above an unslowed pass). Those samples are
+    dropped, not capped: capped at the width, a few of them made every width cost w one-token passes, so no
+    draft could pay, and the policy stayed at k = 0 through verbatim copies (issue 38). Their time still
+    updates the one-token cost, so a machine that is slower for good is followed.
     """
 
     WINDOW = 15  # ratios kept per width
+    SETTLED = 3  # ratios after which a width's cost is trusted to price probes (one sample on a busy CPU is noise)
     ONE_WINDOW = 5  # one-token estimates: short, so a change of load is followed within three passes
     MAX_AGE = 1000  # passes
 
@@ -157,6 +174,7 @@ class CostModel:
         self._catch_up: deque[float] = deque(maxlen=self.WINDOW)
         self._rollback: deque[float] = deque(maxlen=self.WINDOW)
         self._table: dict[int, float] | None = None
+        self.dropped = 0  # ratio samples outside 1..width, not kept
 
     @property
     def widths(self) -> dict[int, float]:
@@ -172,6 +190,10 @@ class CostModel:
     def one(self) -> float | None:
         """The one-token cost now (None before any pass was measured)."""
         return statistics.median(self._one) if self._one else None
+
+    def samples(self, width: int) -> int:
+        """How many recent ratios the cost of ``width`` rests on (0: interpolated)."""
+        return len(self._ratios.get(width, ()))
 
     def ratio(self, width: int) -> float | None:
         """The median recent cost of a ``width``-token pass over the one-token cost of its time."""
@@ -191,9 +213,21 @@ class CostModel:
         known = self.ratio(width)
         one = self.one
         if one is not None and one > 0:
-            self._ratios.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds / one, self._passes))
+            if 1.0 <= seconds / one <= width:
+                self._ratios.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds / one, self._passes))
+            else:
+                self.dropped += 1
         if known:
             self._one.append(seconds / known)
+
+    def describe(self) -> str:
+        """Each measured width's ratio and its number of samples, for the plan's debug line: "3:2.41/7 9:4.9/3"."""
+        out = []
+        for width in sorted(self._ratios):
+            ratio = self.ratio(width)
+            if ratio is not None:
+                out.append(f"{width}:{ratio:.2f}/{len(self._ratios[width])}")
+        return " ".join(out)
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
@@ -218,7 +252,7 @@ class CostModel:
         self._rollback.append(seconds)
 
     def _fit(self) -> dict[int, float]:
-        """The one-token cost now times each width's ratio, never above width × the one-token cost.
+        """The one-token cost now times each width's ratio (within 1 and the width, as every sample is).
 
         Not forced to rise with width: quantized CPU kernels work in row groups (llama.cpp's repacked
         Q4_K handles 4 at a time), so a pass of 8 tokens can cost less than one of 7.
@@ -230,7 +264,7 @@ class CostModel:
         for width in sorted(self._ratios):
             ratio = self.ratio(width)
             if ratio is not None:
-                table[width] = min(one * ratio, width * one)
+                table[width] = one * ratio
         return table
 
     def verify(self, width: int) -> float:
@@ -306,6 +340,9 @@ class DepthController:
     model: PositionAcceptance = field(init=False)
     cost: CostModel = field(default_factory=CostModel)
     _idle: int = 0
+    _probed: int = 0  # the depth of this pass's probe (0: it is not one)
+    _probed_over: int = 0  # the depth the plan had chosen instead of this pass's probe
+    _probed_settled: bool = False  # whether the probe's width had a settled cost before it
     history: list[int] = field(default_factory=list)
     _shadows: list[_Shadow] = field(default_factory=list)
     block_drafter: bool = False  # the trained drafter drafts a whole block in one step (DFlash, DSpark)
@@ -368,9 +405,10 @@ class DepthController:
         Every split is weighed with each source's measured acceptance per position and the measured costs
         (a pass of that width, each trained step, a rollback), so a short, uncertain suffix match does not
         pre-empt a better trained draft (0 suffix tokens), a long certain one replaces it (0 trained steps),
-        and one that runs out is extended by the trained drafter. ``probe`` allows an occasional shallow draft
-        at k = 0, within PROBE_BUDGET of the time: it notices when drafts start to hit again, and keeps the
-        cost of a wide pass measured.
+        and one that runs out is extended by the trained drafter. ``probe`` allows an occasional deeper draft
+        where the plan drafts shallower than the measured acceptance suggests (``probe_depth``), within
+        PROBE_BUDGET of the time: it notices when drafts start to hit again, and keeps the cost of the widths
+        a copy would use measured.
         """
         self.ngram = self.ngram_buckets[self.bucket(match_len)]
         if self.fixed is not None:
@@ -382,27 +420,38 @@ class DepthController:
         model_limit = min(self.k_max, self.model.measured_depth() + EXPLORE_DEPTH) if has_model else 0
         limit = min(self.k_max, ngram_limit + model_limit)
         best = self._best_split(0, limit, ngram_available, has_model, probs, ngram_limit, model_limit)
-        if best.k == 0:
+        self._probed = interval = 0
+        predicted = _padded(conditional(probs), ngram_limit)
+        ngram_rates = [self.ngram.rate(i, predicted[i]) for i in range(ngram_limit)]
+        model_rates = [self.model.rate(i) for i in range(model_limit)]
+        # A model drafter that could not pay even if it were always right is not probed: its probe also
+        # catches its cache up on every token since the last one, at prefill cost per token.
+        free = ngram_limit if has_model and not self.model_probe_pays() else limit
+        depth = probe_depth((ngram_rates + model_rates)[: min(limit, free)]) if probe else 0
+        if depth > best.k:  # the plan drafts shallower than the acceptance suggests
             self._idle += 1
-            if probe and limit and self._idle >= self._probe_interval(ngram_available):
+            candidate = DraftPlan(depth, min(depth, ngram_limit))
+            interval = self._probe_interval(candidate, best, ngram_rates, model_rates)
+            if self._idle >= interval:
                 self._idle = 0
-                # A model drafter that could not pay even if it were always right is not probed: its probe
-                # also catches its cache up on every token since the last one, at prefill cost per token.
-                free = ngram_limit if has_model and not self.model_probe_pays() else limit
-                k = min(PROBE_K, limit, free)
-                best = DraftPlan(k, min(k, ngram_limit))
+                self._probed, self._probed_over = depth, best.k
+                self._probed_settled = self.cost.samples(depth + 1) >= CostModel.SETTLED
+                best = candidate
+        elif best.k == 0:
+            self._idle += 1  # a pass with nothing to probe still counts towards the next probe
         else:
             self._idle = 0
         self.history.append(best.k)
         if log.isEnabledFor(logging.DEBUG):  # why this depth: the next report can say what the policy saw
-            predicted = _padded(conditional(probs), ngram_limit)
-            log.debug("plan k=%d (suffix %d): offered %d, match %d, limits suffix %d model %d, suffix rates %s, "
-                      "model rates %s, verify ms %s, draft step %.2f ms, rollback %.2f ms, idle %d",
-                      best.k, best.ngram, ngram_available, match_len, ngram_limit, model_limit,
-                      [round(self.ngram.rate(i, predicted[i]), 2) for i in range(ngram_limit)],
-                      [round(self.model.rate(i), 2) for i in range(model_limit)],
+            log.debug("plan k=%d (suffix %d)%s: offered %d, match %d (bucket %d), limits suffix %d model %d, "
+                      "suffix rates %s, model rates %s, verify ms %s (one-token %.1f ms; ratios %s; %d dropped), "
+                      "draft step %.2f ms, rollback %.2f ms, idle %d of %d",
+                      best.k, best.ngram, " probe" if self._probed else "", ngram_available, match_len,
+                      self.bucket(match_len), ngram_limit, model_limit,
+                      [round(r, 2) for r in ngram_rates], [round(r, 2) for r in model_rates],
                       [round(self.cost.verify(w) * 1e3, 1) for w in range(1, limit + 2)],
-                      self.cost.draft_step * 1e3, self.cost.rollback * 1e3, self._idle)
+                      (self.cost.one or 0.0) * 1e3, self.cost.describe(), self.cost.dropped,
+                      self.cost.draft_step * 1e3, self.cost.rollback * 1e3, self._idle, interval)
         return best
 
     def _best_split(self, k_low: int, k_high: int, ngram_available: int, has_model: bool,
@@ -450,11 +499,27 @@ class DepthController:
             return 0.0
         return self.cost.draft_step * (1 if self.block_drafter else tokens)
 
-    def _probe_interval(self, ngram_available: int) -> int:
-        """Passes between probes, so that probing costs at most PROBE_BUDGET of the time."""
-        extra = self.cost.verify(PROBE_K + 1) - self.cost.verify(1) + self.cost.rollback
-        extra += self.trained_seconds(PROBE_K - ngram_available)
-        return min(PROBE_MAX_INTERVAL, max(PROBE_EVERY, int(extra / (PROBE_BUDGET * self.cost.verify(1))) + 1))
+    def _probe_interval(self, probe: DraftPlan, plan: DraftPlan, ngram_rates: Sequence[float],
+                        model_rates: Sequence[float]) -> int:
+        """Passes between probes, so that probing loses at most PROBE_BUDGET of the time: what the probe
+        costs beyond the time ``plan`` would take to emit the probe's expected tokens (a probe into a copy
+        loses nothing; one into prose, at k = 0, about a pass of its width less one). A width whose cost rests
+        on fewer than SETTLED passes is probed at the shortest interval: on a busy CPU one timing can read
+        several times the width's cost, and nothing else would measure it again."""
+        if self.cost.samples(probe.k + 1) < CostModel.SETTLED:
+            return PROBE_EVERY
+        tokens, seconds = self._expected(probe, ngram_rates, model_rates)
+        plan_tokens, plan_seconds = self._expected(plan, ngram_rates, model_rates)
+        extra = seconds - tokens * plan_seconds / plan_tokens
+        return min(PROBE_MAX_INTERVAL, max(PROBE_EVERY, int(extra / (PROBE_BUDGET * plan_seconds)) + 1))
+
+    def _expected(self, plan: DraftPlan, ngram_rates: Sequence[float],
+                  model_rates: Sequence[float]) -> tuple[float, float]:
+        """(expected tokens, seconds) of a pass drafting ``plan``: its suffix tokens first, then trained ones."""
+        rates = [*ngram_rates[: plan.ngram], *model_rates[: plan.trained]]
+        seconds = pass_seconds(plan.k, self.cost.verify, draft_seconds=self.trained_seconds(plan.trained),
+                               rollback=self.cost.rollback)
+        return expected_tokens(rates, plan.k), seconds
 
     def observe(self, sources: Sequence[str], accepted: Sequence[bool], match_len: int = 0,
                 *, ngram_scored_elsewhere: bool = False, probs: Sequence[float] = ()) -> None:
@@ -467,6 +532,24 @@ class DepthController:
             self.ngram.update(ng, conditional(probs))
         if md and (not ng or all(ng)):
             self.model.update(md)
+        if self._probed and (not self._probed_over or not self._probed_settled) and accepted and all(accepted):
+            # Every probed draft was right, where the plan said not to draft or at a width whose cost rests on
+            # too few passes: probe again next pass rather than wait out the interval, so a copy drafts while
+            # the costs learned so far still say it would not pay. Such a pass emits as many tokens as it is
+            # wide, and no batched pass costs more than that many one-token passes.
+            self._idle = PROBE_MAX_INTERVAL
+
+
+def probe_depth(rates: Sequence[float]) -> int:
+    """How deep to probe: as deep as the drafts are at least PROBE_WHOLE likely to be accepted whole, and at
+    least PROBE_K (both within ``rates``, one per position that may be drafted)."""
+    k, whole = 0, 1.0
+    for rate in rates:
+        whole *= rate
+        if whole < PROBE_WHOLE:
+            break
+        k += 1
+    return min(max(k, PROBE_K), len(rates))
 
 
 def _padded(values: list[float], n: int) -> list[float]:

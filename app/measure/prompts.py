@@ -13,12 +13,13 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from app.engine.chat_template import ROLES
 from app.errors import SettingsError
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 SHAPE = '{"messages": [{"role": "user", "content": "..."}]}'
 Prompt = list[dict[str, str]]  # one conversation: its messages up to the answer to time
+# Plain text turns only: a tool result needs the call it answers, which a prompts file cannot carry.
+ROLES = ("system", "user", "assistant")
 
 
 def _read_regular(path: Path) -> bytes:
