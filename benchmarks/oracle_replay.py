@@ -3,7 +3,7 @@
 
 Records the target's greedy answer to each prompt once (plain decoding through the engine; cached under the
 cache folder, keyed by model, prompts and max tokens), then replays every answer offline
-(``app.engine.replay``) and reports, per prompt, tau (tokens per target pass) and the predicted speedup for:
+(``app.measure.replay``) and reports, per prompt, tau (tokens per target pass) and the predicted speedup for:
 SpecDeck's suffix drafter and depth policy; llama.cpp's ngram-simple and ngram-mod, reimplemented from its
 source; and a longest-match oracle that drafts, with hindsight, the longest continuation of the true answer
 found in the prompt, the answer so far or earlier answers, at the best width on the curve.
@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.replay import (  # noqa: E402
+from app.measure.replay import (  # noqa: E402
     CostCurve,
     Replayed,
     Trace,
@@ -47,7 +47,7 @@ from app.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
 
 def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int) -> dict[str, Any]:
     """{"traces": [{prompt, answer}], "curve_ms": {width: ms}}: plain greedy answers (cached)."""
-    from app.engine.bench import read_prompts
+    from app.measure.bench import read_prompts
     from app.paths import cache_dir
 
     texts = "".join(p.read_text() for p in prompt_files)

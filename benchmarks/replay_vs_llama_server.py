@@ -3,7 +3,7 @@
 
 For each mode, one llama-server (built by `packaging/build_llama_server`) answers every prompt in order,
 greedy, from the prompt tokens SpecDeck renders, and reports its drafted and accepted tokens per answer
-(`timings.draft_n`, `draft_n_accepted`) and the answer's tokens. The replay (`app/engine/replay.py`) then runs
+(`timings.draft_n`, `draft_n_accepted`) and the answer's tokens. The replay (`app/measure/replay.py`) then runs
 its reimplementation of that mode over those very prompt and answer tokens, in the same order (ngram-mod's
 table outlives a request in both), and the two counts are printed side by side, per prompt and in total.
 Counts only: no timing is involved, so the machine's load does not matter.
@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from vs_llama_server import PROMPTS_DIR, WORKLOADS, Server, find_server, prompt_tokens  # noqa: E402
 
-from app.engine.bench import read_prompts  # noqa: E402
-from app.engine.replay import CostCurve, Trace, replay_ngram_mod, replay_ngram_simple  # noqa: E402
+from app.measure.bench import read_prompts  # noqa: E402
+from app.measure.replay import CostCurve, Trace, replay_ngram_mod, replay_ngram_simple  # noqa: E402
 
 MODES = {"ngram-simple": replay_ngram_simple, "ngram-mod": replay_ngram_mod}
 UNIT = CostCurve({1: 1.0})  # counts only: the cost of a pass plays no part

@@ -32,10 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.bench import WATCHDOG_SECONDS, read_prompts  # noqa: E402
-from app.engine.bench_report import RunResult  # noqa: E402
 from app.engine.client import EngineClient  # noqa: E402
 from app.events import BenchResult, EngineCrashed, EngineError, Event, Loaded  # noqa: E402
+from app.measure.bench import WATCHDOG_SECONDS, read_prompts  # noqa: E402
+from app.measure.bench_report import RunResult  # noqa: E402
 from app.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 from tests.rpc.conftest import RpcServer, start_server  # noqa: E402
 

@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench, read_prompts  # noqa: E402
+from app.measure.bench import BENCH_SAMPLING, BenchConfig, bench, read_prompts  # noqa: E402
 from app.params import DraftSettings, LoadSettings  # noqa: E402
 from app.serve.metrics import ServeMetrics  # noqa: E402
 from app.serve.protocol import Limits  # noqa: E402

@@ -38,9 +38,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.bench import read_prompts  # noqa: E402
 from app.engine.llama import Model, init_backend  # noqa: E402
 from app.engine.session import chat_prompt_tokens  # noqa: E402
+from app.measure.bench import read_prompts  # noqa: E402
 from app.params import NGRAM_KEY_LENGTH  # noqa: E402
 
 NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")

@@ -21,11 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.engine.bench import WATCHDOG_SECONDS, bench_run, read_prompts  # noqa: E402
-from app.engine.bench_report import RunResult  # noqa: E402
+from app.engine.bench_run import bench_run  # noqa: E402
 from app.engine.client import EngineClient  # noqa: E402
 from app.engine.session import EngineSession  # noqa: E402
 from app.events import BenchResult, BenchRun, Loaded  # noqa: E402
+from app.measure.bench import WATCHDOG_SECONDS, read_prompts  # noqa: E402
+from app.measure.bench_report import RunResult  # noqa: E402
 from app.params import DraftSettings, LoadSettings, SamplingSettings  # noqa: E402
 
 

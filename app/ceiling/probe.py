@@ -5,7 +5,7 @@
 
 Inside the frozen app the executable takes ``--ceiling-probe`` instead of ``-m app.ceiling.probe``
 (packaging/entry.py). Each prints one JSON object on stdout and exits 0. (The decode check runs in the
-engine worker, like every other decode: ``app.engine.decode_check``.)
+engine worker, like every other decode: ``app.measure.decode_check``.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The arithmetic of speculative decoding (Leviathan et al. 2023): tokens a pass emits from the acceptance per
 draft position, and the speedup over plain decoding. Shared by the depth policy (``app.engine.adaptive``), the
-drafter ranking (``app.engine.recommend``) and the dashboard's speculative ceiling (``app.ceiling.metrics``)."""
+drafter ranking (``app.measure.recommend``) and the dashboard's speculative ceiling (``app.ceiling.metrics``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`specdeck bench`: its options parsed into a ``BenchConfig``, and the report written; the measuring lives in
-app.engine.bench."""
+app.measure.bench."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.cli.load_options import add_load_arguments, load_settings
-from app.engine.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
 from app.errors import AppError
+from app.measure.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, bench, read_prompts
 from app.params import DraftSettings
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination

@@ -1,6 +1,6 @@
 """`specdeck doctor`: the backend, the devices and their bandwidth, and the ceiling for a model.
 
-Argument parsing and printing only: the report is built by ``app.engine.doctor_report`` (llama.cpp runs in child
+Argument parsing and printing only: the report is built by ``app.measure.doctor_report`` (llama.cpp runs in child
 processes there, so a build that traps or aborts gives a sentence instead of killing doctor).
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 from app.ceiling.backend_modules import describe_modules
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_ERROR
 from app.cli.load_options import add_load_arguments, load_settings
-from app.engine.decode_check import one_line
-from app.engine.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.errors import AppError
 from app.hub.efficiency import record_doctor_report
+from app.measure.decode_check import one_line
+from app.measure.doctor_report import DEFAULT_CTX, DEFAULT_DRAFT_K, DoctorOptions, build_report
 from app.params import K_MAX
 from app.safe_text import terminal_safe, terminal_safe_values
 from app.units import format_bytes, format_count, format_si

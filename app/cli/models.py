@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.exit_codes import EXIT_ERROR
-from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.errors import ModelFileError
 from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
-from app.library.model_file import DRAFTER_HEADS, check_model_file
+from app.library.heads import DRAFTER_HEADS
+from app.library.model_file import check_model_file
+from app.measure.recommend import DrafterReport, Recommendation, drafters_for
 from app.safe_text import terminal_safe
 from app.storage.pair_stats import load_measured
 from app.units import format_bytes, format_count

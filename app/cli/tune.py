@@ -10,9 +10,9 @@ from pathlib import Path
 
 from app.cli.exit_codes import EXIT_CANCELLED, EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.cli.load_options import add_load_arguments, load_settings
-from app.engine.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
-from app.engine.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.errors import AppError
+from app.measure.bench import BENCH_SAMPLING, EngineCrashedError, read_prompts
+from app.measure.tune import Progress, TuneConfig, TuneReport, history_prompts, save_winner, table, tune
 from app.params import DraftSettings
 from app.safe_text import terminal_safe
 

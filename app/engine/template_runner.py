@@ -1,6 +1,6 @@
 """Runs untrusted chat templates in a child process with hard limits on time and memory.
 
-The sandbox in ``chat_template`` stops Python-level loops, but one C-level operation (``c in b`` over
+The sandbox in ``template_sandbox`` stops Python-level loops, but one C-level operation (``c in b`` over
 two huge lists, printing a list of millions of lists) runs to its end and can take hours or gigabytes.
 Only a process can be stopped mid-operation, so templates render in one warm child that:
 
@@ -27,6 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from app.engine.template_sandbox import TemplateLimitError, TemplateMemoryError, time_message
 from app.errors import TemplateError
 
 MEMORY_HEADROOM_BYTES = 512 * 1024 * 1024  # above the child's size at rest; real templates need a few MB
@@ -38,22 +39,9 @@ STALL_S = 30.0
 POLL_S = 0.05
 
 
-class TemplateLimitError(TemplateError):
-    """The template was stopped for time or memory; it is refused at once for chats at least that large."""
-
-
-class TemplateMemoryError(TemplateLimitError):
-    """The template ran out of the memory it may use."""
-
-
 def _memory_message(limit: int) -> str:
     return (f"The model's chat template used more than {limit // (1024 * 1024)} MB of memory while rendering "
             "and was stopped.")
-
-
-def time_message(seconds: float) -> str:
-    return (f"The model's chat template spent more than {seconds:g} s of CPU time rendering and was stopped "
-            "(it may loop forever).")
 
 
 # --- the child ----------------------------------------------------------------------------------
@@ -102,7 +90,7 @@ def _limit_cpu(seconds: float) -> None:
 def serve(conn: Connection, headroom: int) -> None:
     """The child's loop: render each request in-process under the limits, answer, repeat until EOF."""
     _limit_address_space(headroom)
-    from app.engine.chat_template import render_in_process
+    from app.engine.template_sandbox import render_in_process
 
     with contextlib.suppress(TemplateError):
         render_in_process("{% for m in messages %}{{ m['content'] }}{% endfor %}", [])  # Jinja's compiler, warmed

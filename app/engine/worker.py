@@ -137,7 +137,7 @@ class Worker:
 
     def measure(self, request: BenchRun | RawDecode) -> None:
         """A timed run for `specdeck bench` or a decode check: one request, one reply, no chatter."""
-        from app.engine.bench import bench_run, raw_decode
+        from app.engine.bench_run import bench_run, raw_decode
 
         if self.session is None:
             self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",

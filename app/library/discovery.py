@@ -24,8 +24,8 @@ from app.library.compat import CHECK_TOKEN_TEXT, CompatResult, VocabInfo, check_
 from app.library.gguf_format import GGUFError, MissingShardError
 from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 from app.library.header_cache import HeaderCache, stat_sig
-from app.library.heads import HeadOffer, heads_for
-from app.library.model_file import DRAFTER_HEADS, ensure_complete
+from app.library.heads import DRAFTER_HEADS, HeadOffer, heads_for
+from app.library.model_file import ensure_complete
 from app.paths import models_dir
 from app.storage.atomic import read_regular_bytes
 

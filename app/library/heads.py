@@ -17,7 +17,9 @@ from pathlib import Path
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_format import GGUFError, Header, read_header, type_name
 from app.library.gguf_reader import MAX_LAYERS, GGUFInfo
-from app.library.model_file import DRAFTER_HEADS
+
+# Architectures that only draft for another model (they read its hidden states and borrow its embeddings).
+DRAFTER_HEADS = {"eagle3": "EAGLE-3 drafter", "dflash": "DFlash drafter"}
 
 OWN_MTP_HEADS = "the model's own MTP heads"
 # Target architectures whose graph records every layer's input (t_layer_inp, src/models/*.cpp): elsewhere

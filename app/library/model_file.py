@@ -13,6 +13,7 @@ from pathlib import Path
 from app.errors import ModelFileError
 from app.library.gguf_format import GGUFError, MissingShardError
 from app.library.gguf_reader import GGUFInfo, read_gguf_info
+from app.library.heads import DRAFTER_HEADS, head_file_refusal
 
 MISSING_SHOWN = 3  # missing parts named in the message; the rest are counted
 
@@ -40,10 +41,6 @@ def ensure_complete(info: GGUFInfo) -> None:
             f"{info.split_index + 1} of {info.split_count}.",
             info.path,
         )
-
-
-# Architectures that only draft for another model (they read its hidden states and borrow its embeddings).
-DRAFTER_HEADS = {"eagle3": "EAGLE-3 drafter", "dflash": "DFlash drafter"}
 
 
 def ensure_model(info: GGUFInfo) -> None:
@@ -82,8 +79,6 @@ def check_model_file(path: str | Path, role: str = "target") -> GGUFInfo:
     if head and role == "target":
         raise ModelFileError(f"{p.name} is an {head}, not a chat model; choose it as the drafter of its target.")
     if head:
-        from app.library.heads import head_file_refusal  # heads builds on this module
-
         refusal = head_file_refusal(info)  # what llama.cpp's loader would refuse without saying why
         if refusal:
             raise ModelFileError(refusal)

@@ -15,9 +15,9 @@ import pytest
 
 from app.cli import bench as bench_cli
 from app.cli import tune as tune_cli
-from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench
-from app.engine.tune import PLAIN, Candidate, TuneConfig
 from app.errors import SettingsError
+from app.measure.bench import BENCH_SAMPLING, BenchConfig, bench
+from app.measure.tune import PLAIN, Candidate, TuneConfig
 from app.params import DraftSettings, LoadSettings, SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from app.ceiling.speculation import expected_speedup
-from app.engine.recommend import (
+from app.library.compat import VocabInfo, check_compatible, vocab_type_name
+from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
+from app.measure.recommend import (
     DEFAULT_ACCEPTANCE,
     NGRAM_KEY,
     best_k,
     expected_tokens_per_pass,
     recommend_drafters,
 )
-from app.library.compat import VocabInfo, check_compatible, vocab_type_name
-from app.library.gguf_reader import GGUFInfo, read_gguf_info, read_token_texts
 
 
 def vocab(n: int = 1000, **kw: object) -> VocabInfo:

@@ -11,8 +11,8 @@ from app.ceiling.backend import BackendDevice, probe_backend
 from app.ceiling.gpus import GPUInfo
 from app.ceiling.hardware import probe_hardware
 from app.ceiling.memory import LoadedModels, MemoryProbe, device_memory, placed_bytes
-from app.engine.doctor_report import hardware_block
 from app.library.gguf_reader import read_gguf_info
+from app.measure.doctor_report import hardware_block
 
 GIB = 1 << 30
 PHYSICAL = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

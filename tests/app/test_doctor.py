@@ -20,7 +20,7 @@ import pytest
 
 from app.ceiling.child import SIGILL_MESSAGE
 from app.cli import doctor
-from app.engine import decode_check, doctor_report
+from app.measure import decode_check, doctor_report
 from app.params import LoadSettings
 
 ROOT = Path(__file__).resolve().parents[2]

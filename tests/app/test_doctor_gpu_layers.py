@@ -20,9 +20,9 @@ from app.ceiling.device_fit import load_gpu_layers
 from app.ceiling.rpc import RPC_PROTO_MAJOR, rpc_available
 from app.cli import doctor
 from app.cli.load_options import OPTIONS
-from app.engine.doctor_report import DoctorOptions, build_report
 from app.errors import AppError
 from app.library.gguf_reader import read_gguf_info
+from app.measure.doctor_report import DoctorOptions, build_report
 from app.params import ALL_GPU_LAYERS, AUTO_GPU_LAYERS, LoadSettings
 from tests.setup.test_device_fit import gpu_check_module
 

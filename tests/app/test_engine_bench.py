@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.bench_report import SECONDS_DIGITS
-from app.engine.recommend import NGRAM_KEY
 from app.events import FROM_MODEL, FROM_NGRAM, PassStats, source_counts
+from app.measure.bench_report import SECONDS_DIGITS
+from app.measure.recommend import NGRAM_KEY
 from app.storage.pair_stats import MIN_DRAFTED, load_measured
 from tests.gguf_fixtures import write_tiny_model
 
@@ -204,10 +204,10 @@ def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: P
     """bench --raw compares the bare llama_decode loop with plain decoding through the engine; a pass is
     cheaper at a shorter context, so the loop is prefilled with the bench's first prompt, rendered as a chat
     answer would be, not with the BOS token alone (which made the engine look 21 % slower on SmolLM2)."""
-    from app.engine.bench import _await
     from app.engine.client import EngineClient
     from app.engine.session import EngineSession
     from app.events import Loaded, RawDecoded
+    from app.measure.bench import _await
     from app.params import LoadSettings
 
     messages = [{"role": "user", "content": "Rename x to count in: for x in range(3): print(x)"}]

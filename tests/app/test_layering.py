@@ -111,7 +111,7 @@ def test_the_engine_and_the_ceiling_never_load_llama_cpp_at_import() -> None:
     """Importing any app module leaves llama_cpp unloaded; only the worker's session, the backend probe
     and the llama wrapper load it, when they run."""
     loaders = {"app.engine.llama", "app.engine.session", "app.engine.speculative", "app.engine.drafters",
-               "app.engine.bench", "app.engine.mtp", "app.engine.eagle3",
+               "app.measure.bench", "app.engine.mtp", "app.engine.eagle3",
                "app.engine.dflash"}
     modules = sorted(m for m, p in _app_modules().items() if p.name != "__main__.py" and m not in loaders)
     assert _import_in_fresh_python(modules).endswith("False")
@@ -159,3 +159,59 @@ def test_a_plain_start_never_loads_the_soak_harness(tmp_path: Path) -> None:
                           timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "soak modules: []" in done.stdout, done.stdout[-3000:]
+
+
+CYCLE_FINDER = """
+import json, sys
+import grimp
+package = sys.argv[1]
+graph = grimp.build_graph("app", cache_dir=None)
+inside = {m for m in graph.modules if m.startswith(package + ".")}
+edges = {m: sorted(n for n in graph.find_modules_directly_imported_by(m) if n in inside) for m in inside}
+state, path = {}, []
+def visit(m):
+    state[m] = "open"
+    path.append(m)
+    for n in edges[m]:
+        if state.get(n) == "open":
+            return path[path.index(n):] + [n]
+        if n not in state and (found := visit(n)):
+            return found
+    path.pop()
+    state[m] = "done"
+    return None
+cycle = next((c for m in sorted(inside) if m not in state and (c := visit(m))), None)
+print(json.dumps({"modules": len(inside), "cycle": cycle}))
+"""
+
+
+def _first_cycle(root: Path, package: str) -> tuple[int, list[str] | None]:
+    """The modules of ``package`` under ``root`` and the first import cycle among them (imports inside functions
+    count, as grimp reads them), or None."""
+    done = subprocess.run([sys.executable, "-c", CYCLE_FINDER, package], cwd=root, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    return report["modules"], report["cycle"]
+
+
+@pytest.mark.parametrize("package", sorted(
+    f"app.{p.name}" for p in (ROOT / "app").iterdir() if (p / "__init__.py").is_file()))
+def test_no_import_cycle_between_the_modules_of_a_package(package: str) -> None:
+    """Inside each package of app/ too, no module reaches itself through imports, even lazy ones: the engine
+    once went client → worker → bench → doctor_report → decode_check → client (bench's parent side now lives in
+    app/measure, its worker side in app/engine/bench_run.py)."""
+    modules, cycle = _first_cycle(ROOT, package)
+    assert modules > 0
+    assert cycle is None, " → ".join(cycle or [])
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path: Path) -> None:
+    """The same check on a copy of app/ where the decoder imports the session inside a function."""
+    shutil.copytree(ROOT / "app", tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "app" / "engine" / "speculative.py").open("a", encoding="utf-8") as module:
+        module.write("\n\ndef _later() -> None:\n    from app.engine.session import EngineSession  # noqa: F401\n")
+    _modules, cycle = _first_cycle(tmp_path, "app.engine")
+    assert cycle is not None
+    assert "app.engine.session" in cycle, cycle
+    assert "app.engine.speculative" in cycle, cycle

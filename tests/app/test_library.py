@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from app.cli import models as models_cmd
-from app.engine.recommend import drafters_for
 from app.errors import ModelFileError
 from app.library.discovery import (
     FOLDER,
@@ -28,6 +27,7 @@ from app.library.discovery import (
     discover,
 )
 from app.library.header_cache import CACHE_FILE, CACHE_VERSION
+from app.measure.recommend import drafters_for
 from tests.gguf_fixtures import write_tiny_model
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64

@@ -10,10 +10,11 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from app.ceiling import metrics, roofline, speculation
-from app.engine import adaptive, recommend
+from app.engine import adaptive
 from app.engine.chat_template import completion_text
 from app.engine_limits import DEPTH_CAP, KV_CACHE_TYPES, KV_TYPES, kv_quantized
 from app.errors import SettingsError
+from app.measure import recommend
 from app.params import DraftSettings, LoadSettings
 
 ROOT = Path(__file__).resolve().parents[2]

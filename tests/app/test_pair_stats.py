@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.recommend import NGRAM_KEY, recommend_drafters
 from app.events import MessageStats
 from app.library.gguf_reader import read_gguf_info
+from app.measure.recommend import NGRAM_KEY, recommend_drafters
 from app.storage.pair_stats import drafter_key, load_measured, record
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from app.ceiling.speculation import expected_speedup, expected_tokens, expected_tokens_per_pass
 from app.engine.adaptive import CostModel, DepthController, best_depth, conditional
-from app.engine.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
 from app.events import MessageStats
+from app.measure.recommend import NGRAM_KEY, acceptance_rates, predict, recommend_drafters
 from app.storage.pair_stats import load_measured, load_profiles, record
 from app.storage.verify_cost import VerifyCurve
 from tests.app.test_compat import _info

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.prompts import read_prompts
 from app.errors import SettingsError
+from app.measure.prompts import read_prompts
 
 GOOD = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
 
@@ -81,6 +81,6 @@ def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
 
 
 def test_bench_and_tune_read_the_same_way() -> None:
-    from app.engine import bench
+    from app.measure import bench
 
     assert bench.read_prompts is read_prompts

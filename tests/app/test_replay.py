@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from app.engine.replay import (
+from app.measure.replay import (
     MOD_MIN,
     CostCurve,
     NgramMod,

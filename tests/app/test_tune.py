@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from app.engine.bench import BENCH_SAMPLING
-from app.engine.tune import (
+from app.measure.bench import BENCH_SAMPLING
+from app.measure.tune import (
     DEFAULT_K_MAX,
     DEFAULT_NGRAM,
     PLAIN,
@@ -112,7 +112,7 @@ def test_the_sweep_replays_every_setting_and_confirms_the_winner_for_real(
 
 
 def test_the_replay_ranks_a_copy_above_plain_and_keeps_the_default_first_among_equals() -> None:
-    from app.engine.tune import replay_candidates, replay_grid
+    from app.measure.tune import replay_candidates, replay_grid
 
     phrase = list(range(100, 140))
     traces = [{"prompt": [1, *phrase, 2], "answer": [*phrase, 3]}]  # the answer copies the prompt
@@ -220,7 +220,7 @@ def test_ctrl_c_saves_and_writes_what_was_measured(tiny_target: Path, tmp_path: 
 
 
 def test_the_default_stays_the_winner_unless_beaten_beyond_the_spread() -> None:
-    from app.engine.tune import Measured, TuneReport
+    from app.measure.tune import Measured, TuneReport
 
     default = Measured(Candidate(use_model=False, ngram=3), 1.40, 1.30, 1.50, [1.30, 1.50], 9.0, 6.4, 0.9, True, 1.0)
     noisy = Measured(Candidate(use_model=False, ngram=2), 1.50, 1.20, 1.80, [1.20, 1.80], 9.6, 6.4, 0.9, True, 1.0)
@@ -230,7 +230,7 @@ def test_the_default_stays_the_winner_unless_beaten_beyond_the_spread() -> None:
 
 
 def test_plain_reference_is_ranked_but_never_measured() -> None:
-    from app.engine.tune import Measured, TuneReport
+    from app.measure.tune import Measured, TuneReport
 
     slow = Measured(Candidate(use_model=False, ngram=3), 0.8, 0.7, 0.9, [0.7, 0.9], 8.0, 10.0, 0.2, True, 1.0)
     report = TuneReport("/m/t.gguf", None, "test", 1, [slow])
@@ -262,8 +262,8 @@ def test_tuned_file_keeps_other_pairs_and_ignores_damage(tmp_path: Path) -> None
 
 
 def test_history_prompts_end_at_the_last_user_message(specdeck_home: Path) -> None:
-    from app.engine.tune import history_prompts
     from app.errors import SettingsError
+    from app.measure.tune import history_prompts
     from app.storage.history import HistoryStore
 
     with pytest.raises(SettingsError, match="no chat"):
@@ -283,7 +283,7 @@ def test_history_prompts_end_at_the_last_user_message(specdeck_home: Path) -> No
 
 
 def test_with_a_drafter_the_sweep_tries_each_drafter_choice() -> None:
-    from app.engine.tune import planned_count, stages
+    from app.measure.tune import planned_count, stages
 
     default = Candidate(use_model=True, ngram=DEFAULT_NGRAM)
     tried = {c for stage in stages(has_model=True) for c in stage(default)}
@@ -298,7 +298,7 @@ def test_a_missing_chat_template_is_told_once_for_the_whole_sweep(
         tiny_model_factory: Any, specdeck_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from app.engine.bench import bench
+    from app.measure.bench import bench
 
     base_model = tiny_model_factory("no-template.gguf", chat_template=None)
     config = base_config(base_model, repeat=1, replay=False)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.recommend import BANDWIDTH_BOUND, recommend_drafters
 from app.library.gguf_reader import GGUFInfo, read_gguf_info
+from app.measure.recommend import BANDWIDTH_BOUND, recommend_drafters
 from app.storage.verify_cost import VerifyCurve, load_curve, load_curves, record, record_report
 
 # A CPU where a pass costs about 0.9 of a one-token pass per extra token (the AVX2 EPYC's Gemma curve).

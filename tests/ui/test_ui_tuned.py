@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from pytestqt.qtbot import QtBot
 
-from app.engine.bench import BENCH_SAMPLING
-from app.engine.tune import Candidate, TuneConfig, TuneReport
 from app.events import Loaded, ModelSummary
+from app.measure.bench import BENCH_SAMPLING
+from app.measure.tune import Candidate, TuneConfig, TuneReport
 from app.params import DraftSettings, LoadSettings
 from app.storage.settings import AppSettings, save_settings, with_settings
 from app.storage.tuned import TunedSettings, load_tuned, save_tuned

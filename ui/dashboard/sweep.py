@@ -1,7 +1,7 @@
 """Tune in the window: `specdeck tune`'s sweep on the loaded pair, run off the GUI thread in its own engine
 worker, cancellable, and plotted as each setting's median speedup with its min–max spread.
 
-The sweep itself is ``app.engine.tune.tune`` (the same code as the command); this module only chooses the
+The sweep itself is ``app.measure.tune.tune`` (the same code as the command); this module only chooses the
 prompts, reports progress and paints. The winner is saved for the pair as the command saves it, and
 "Use these settings" hands its drafting settings to the picker.
 """
@@ -37,8 +37,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.bench import BENCH_SAMPLING
-from app.engine.tune import PLAIN, Candidate, Measured, Progress, TuneConfig, TuneReport
+from app.measure.bench import BENCH_SAMPLING
+from app.measure.tune import PLAIN, Candidate, Measured, Progress, TuneConfig, TuneReport
 from app.params import DraftSettings, LoadSettings
 from ui.tasks import TaskRunner
 from ui.wheel_guard import guard_wheel
@@ -245,8 +245,8 @@ class TuneDialog(QDialog):
         """The sweep to run: the pair's load settings, the prompts read from ``source`` (a file, or "history":
         the last ``chats`` chats) and the chat's sampling defaults at ``max_tokens``. Reads files: call it off
         the GUI thread."""
-        from app.engine.bench import read_prompts
-        from app.engine.tune import history_prompts
+        from app.measure.bench import read_prompts
+        from app.measure.tune import history_prompts
 
         prompts = history_prompts(chats) if source == "history" else read_prompts(Path(source))
         settings = LoadSettings(self.pair.target, draft=DraftSettings(drafter_path=self.pair.drafter),
@@ -256,9 +256,9 @@ class TuneDialog(QDialog):
 
     def _sweep(self, source: str, chats: int, max_tokens: int, repeat: int) -> TuneReport:
         """On the task thread: the prompts, then the sweep in an engine worker of its own."""
-        from app.engine.bench import WATCHDOG_SECONDS
         from app.engine.client import EngineClient
-        from app.engine.tune import save_winner, tune
+        from app.measure.bench import WATCHDOG_SECONDS
+        from app.measure.tune import save_winner, tune
 
         config = self.tune_config(source, chats, max_tokens, repeat)
         client = EngineClient(watchdog_seconds=WATCHDOG_SECONDS)

@@ -33,13 +33,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.ceiling.roofline import Device
-from app.engine.recommend import drafters_for
 from app.errors import AppError
 from app.hub.client import RepoHit, search
 from app.hub.files import MODEL, ModelFiles
 from app.hub.transfer import Pulled, target_folder
 from app.hub.verdict import QuantVerdict, judge
 from app.library.discovery import LibraryEntry
+from app.measure.recommend import drafters_for
 from app.params import MAX_CTX
 from app.storage.pair_stats import load_measured
 from app.units import format_bytes, format_count

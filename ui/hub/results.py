@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from app.engine.recommend import DrafterReport
 from app.errors import AppError
 from app.hub.client import list_files
 from app.hub.files import DRAFT_HEAD, MODEL, MTP_HEAD, ModelFiles, group_files
 from app.hub.transfer import part_path, target_folder
 from app.hub.verdict import QuantVerdict
+from app.measure.recommend import DrafterReport
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
 
 from app.ceiling.backend import BackendDevice
 from app.engine.chat_template import fallback_name
-from app.engine.recommend import DrafterReport, Recommendation, drafters_for
 from app.engine_limits import DEPTH_CAP, KV_TYPES
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
 from app.events import Devices, Loaded, LoadProgress, drafted_by
@@ -38,6 +37,7 @@ from app.library.compat import CompatResult
 from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
+from app.measure.recommend import DrafterReport, Recommendation, drafters_for
 from app.params import (
     ALL_GPU_LAYERS,
     AUTO_GPU_LAYERS,

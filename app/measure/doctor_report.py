@@ -29,13 +29,13 @@ from app.ceiling.roofline import (
 )
 from app.ceiling.rpc import network_seconds_per_pass, probe_server
 from app.ceiling.speculation import expected_tokens_per_pass
-from app.engine.decode_check import CHECK_CTX, calibrate, decode_check, one_line
 from app.engine_limits import DEPTH_CAP
 from app.errors import AppError
 from app.library.compat import VocabInfo, check_compatible
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
+from app.measure.decode_check import CHECK_CTX, calibrate, decode_check, one_line
 from app.params import ALL_GPU_LAYERS, GPU_LAYER_WORDS, LoadSettings, fit_flash_attention
 
 SCHEMA = 2  # 2: settings holds every load option; gpu_layers says what the fit chose

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
-import numpy as np
-
 from app.ceiling.memory import is_rpc
-from app.engine.bench_report import (
+from app.errors import AppError, SettingsError
+from app.events import (
+    BenchResult,
+    EngineCrashed,
+    EngineError,
+    Loaded,
+    RawDecoded,
+)
+from app.measure.bench_report import (
     JSON_VERSION,
     BenchReport,
     JSONObject,
@@ -36,29 +41,13 @@ from app.engine.bench_report import (
     rate_ratio,
     speedup_spread,
 )
-from app.engine.prompts import Prompt
-from app.engine.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
-from app.errors import AppError, SettingsError
-from app.events import (
-    BenchResult,
-    BenchRun,
-    EngineCrashed,
-    EngineError,
-    Finished,
-    Loaded,
-    MessageStats,
-    PassStats,
-    RawDecode,
-    RawDecoded,
-    Token,
-    source_counts,
-)
+from app.measure.prompts import Prompt
+from app.measure.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
 from app.params import LoadSettings, SamplingSettings
 from app.safe_text import terminal_safe
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
-    from app.engine.session import EngineSession
 
 WATCHDOG_SECONDS = 1800.0  # a BenchRun answers once, at its end: a slow model may be silent for minutes
 
@@ -98,64 +87,6 @@ class EngineCrashedError(AppError):
     """The worker died while the bench drove it; the message is the one sentence to show."""
 
 
-# --- in the worker ---------------------------------------------------------------------------------
-
-
-def bench_run(session: EngineSession, request: BenchRun) -> BenchResult:
-    """One answer from an empty cache (so runs are comparable), with or without speculation."""
-    decoder = session.plain_decoder if request.plain else session.decoder
-    decoder.reset_cache()
-    prompt, warning = session.prompt_tokens(request.messages)
-    token_ids: list[int] = []
-    text: list[str] = []
-    overheads: list[float] = []
-    passes: list[PassStats] = []
-    stats: MessageStats | None = None
-    reason = ""
-    t0 = time.perf_counter()
-    t_first = 0.0
-    for event in session.generate(request.request_id, (), request.sampling, prompt=prompt, decoder=decoder):
-        if isinstance(event, Token):
-            if event.token_ids and not token_ids:
-                t_first = time.perf_counter()
-            token_ids += event.token_ids
-            text.append(event.text)
-        elif isinstance(event, PassStats):
-            overheads.append(event.overhead_seconds)
-            passes.append(event)
-        elif isinstance(event, Finished):
-            stats, reason = event.stats, event.reason
-    seconds = time.perf_counter() - t0
-    assert stats is not None  # session.generate always ends with Finished
-    cost = session.decoder.controller.cost.widths
-    return BenchResult(
-        request_id=request.request_id, prompt_tokens=len(prompt), token_ids=tuple(token_ids), text="".join(text),
-        reason=reason, stats=stats, seconds=seconds, ttft_seconds=t_first - t0 if t_first else 0.0,
-        overhead_seconds=tuple(overheads), verify_cost=tuple(sorted(cost.items())), warning=warning,
-        draft_step_seconds=session.decoder.controller.cost.draft_step, sources=source_counts(passes),
-        prompt_ids=tuple(prompt),
-    )
-
-
-def raw_decode(session: EngineSession, request: RawDecode) -> RawDecoded:
-    """Prefill ``request.messages`` as a chat prompt, or ``request.text`` (or the BOS token), then ``n_tokens``
-    bare greedy one-token decodes."""
-    model, ctx = session.target, session.ctx
-    session.decoder.reset_cache()
-    if request.messages:
-        prompt, _warning = session.prompt_tokens(list(request.messages))
-    elif request.text:
-        prompt = model.tokenize(request.text, add_special=True, parse_special=True)
-    else:
-        prompt = [model.bos if model.bos >= 0 else 0]
-    try:
-        first = int(np.argmax(ctx.prefill(prompt)[-1]))
-        done, seconds = ctx.greedy_loop(first, request.n_tokens)
-    finally:
-        session.decoder.reset_cache()
-    return RawDecoded(request.request_id, len(prompt), done, seconds)
-
-
 # --- in the bench process --------------------------------------------------------------------------
 
 
@@ -193,7 +124,7 @@ def alternating_order(prompt_index: int, repeat: int) -> tuple[bool, bool]:
 def ceiling(target: str, n_ctx: int, network_seconds: float = 0.0) -> JSONObject | None:
     """The roofline ceiling for this target on this machine (None when it cannot be computed), with the RPC
     servers' round trips per pass when the layers are on them."""
-    from app.engine.doctor_report import ceiling_summary
+    from app.measure.doctor_report import ceiling_summary
 
     try:
         return ceiling_summary(target, n_ctx, network_seconds=network_seconds)

@@ -1,9 +1,9 @@
 """`specdeck tune`: find the fastest drafting settings for a pair on the user's own prompts.
 
-Each candidate setting is measured by the bench itself (``app.engine.bench.bench``): speculative and plain
+Each candidate setting is measured by the bench itself (``app.measure.bench.bench``): speculative and plain
 runs side by side, alternating, in one engine worker, so each speedup is a ratio of neighbouring runs on
 this machine, with its spread over the repeats. The sweep starts from the window's defaults. At greedy
-decoding, the plain answers of that first run are then replayed offline (``app.engine.replay``) under every
+decoding, the plain answers of that first run are then replayed offline (``app.measure.replay``) under every
 suffix-drafter setting (shortest match × adaptive k_max or fixed depth) on the verify cost that run measured,
 in seconds, and the replay's winner is confirmed with one real bench run. Where a replay cannot stand in
 (sampling, or no answer recorded) the sweep moves one dimension at a time from the best setting so far: the
@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TextIO
 
-from app.engine.bench import BENCH_SAMPLING, BenchConfig, bench
-from app.engine.bench_report import BenchReport, JSONObject, Trace
-from app.engine.prompts import Prompt
 from app.errors import AppError, SettingsError
+from app.measure.bench import BENCH_SAMPLING, BenchConfig, bench
+from app.measure.bench_report import BenchReport, JSONObject, Trace
+from app.measure.prompts import Prompt
 from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.storage.tuned import TunedSettings, save_tuned
 from app.storage.verify_cost import record_report as record_verify_cost
@@ -262,7 +262,7 @@ def replay_candidates(traces: Sequence[Trace], curve_ms: dict[str, float],
     """Each candidate's predicted speedup, replaying the recorded greedy answers under the suffix drafter and
     the depth policy on the measured verify cost (exact: the drafter's own time left out); best first, the
     earlier candidate first among equals. Empty when there is nothing to replay."""
-    from app.engine.replay import CostCurve, Trace, replay_specdeck, total
+    from app.measure.replay import CostCurve, Trace, replay_specdeck, total
 
     widths = {int(w): float(ms) / 1000 for w, ms in curve_ms.items()}
     runs = [Trace(list(t["prompt"]), list(t["answer"])) for t in traces if t.get("prompt") and t.get("answer")]
@@ -323,8 +323,8 @@ def tune(config: TuneConfig, *, on_progress: Callable[[Progress], None] | None =
     ``config.plan`` measures exactly those candidates instead of the staged sweep. ``config.replay`` (greedy
     only) picks the suffix-drafter setting by replaying the first run's answers and measures only its winner.
     A cancel that ends the engine worker mid-setting (the window's Cancel) keeps what was measured before it."""
-    from app.engine.bench import WATCHDOG_SECONDS
     from app.engine.client import EngineClient
+    from app.measure.bench import WATCHDOG_SECONDS
 
     drafter, plan = config.drafter, config.plan
     report = TuneReport(config.target, drafter, config.source, len(config.prompts))
