@@ -100,6 +100,16 @@ class ListDevices:
 
 
 @dataclass(frozen=True)
+class CountTokens:
+    """How many tokens ``messages`` (and ``tools``) take as a chat prompt, rendered and tokenized as ``Generate``
+    would, without decoding. The reply is one ``TokensCounted``."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: int
 
@@ -551,6 +561,15 @@ class RawDecoded:
 
 
 @dataclass(frozen=True)
+class TokensCounted:
+    """The reply to ``CountTokens``."""
+
+    request_id: int
+    prompt_tokens: int
+    warning: str | None = None  # the chat template was refused or the messages repaired
+
+
+@dataclass(frozen=True)
 class EngineError:
     """A recoverable failure: the worker is still alive and can take the next request."""
 
@@ -577,6 +596,6 @@ class Unloaded:
 
 Event = (
     Log | WorkerReady | LoadProgress | Loaded | PromptProgress | PromptProcessed | Token | PassStats | Finished
-    | BenchResult | RawDecoded | EngineError | EngineCrashed | Unloaded | Devices
+    | BenchResult | RawDecoded | TokensCounted | EngineError | EngineCrashed | Unloaded | Devices
 )
-Request = Load | Generate | BenchRun | RawDecode | ListDevices | Cancel | Unload | Shutdown
+Request = Load | Generate | BenchRun | RawDecode | CountTokens | ListDevices | Cancel | Unload | Shutdown

@@ -23,6 +23,7 @@ from app.events import (
     BenchRun,
     Cancel,
     ChatMessage,
+    CountTokens,
     Devices,
     EngineCrashed,
     EngineError,
@@ -37,6 +38,7 @@ from app.events import (
     RawDecoded,
     Request,
     Shutdown,
+    TokensCounted,
     ToolSpec,
     Unload,
     Unloaded,
@@ -177,6 +179,14 @@ class EngineClient:
         self._send(RawDecode(request_id, n_tokens, text, tuple(messages)))
         return request_id
 
+    def count_tokens(self, messages: list[ChatMessage], tools: Sequence[ToolSpec] = ()) -> int:
+        """Ask how many tokens the chat prompt takes (rendered and tokenized, not decoded); the reply is one
+        ``TokensCounted``. Answered between answers, like ``list_devices``."""
+        request_id = next(self._ids)
+        self.start()
+        self._send(CountTokens(request_id, tuple(messages), tuple(tools)))
+        return request_id
+
     def list_devices(self, rpc_servers: Sequence[str] = ()) -> int:
         """Ask the worker for llama.cpp's devices (RPC servers probed and added first); the reply is one
         ``Devices``. Answered between requests, so the window may ask while a model is loaded."""
@@ -292,16 +302,16 @@ class EngineClient:
         return event
 
     def events(self, timeout: float = 600.0) -> Iterator[Event]:
-        """Events until the current request ends (Loaded, Finished, BenchResult, RawDecoded, EngineError,
-        EngineCrashed, Unloaded, Devices)."""
+        """Events until the current request ends (Loaded, Finished, BenchResult, RawDecoded, TokensCounted,
+        EngineError, EngineCrashed, Unloaded, Devices)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             event = self.poll(0.1)
             if event is None:
                 continue
             yield event
-            if isinstance(event, Loaded | Finished | BenchResult | RawDecoded | EngineError | EngineCrashed
-                          | Unloaded | Devices):
+            if isinstance(event, Loaded | Finished | BenchResult | RawDecoded | TokensCounted | EngineError
+                          | EngineCrashed | Unloaded | Devices):
                 return
         raise TimeoutError(f"no answer from the engine within {timeout:.0f} s")
 

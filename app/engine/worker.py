@@ -17,6 +17,7 @@ from app.errors import AppError
 from app.events import (
     BenchRun,
     Cancel,
+    CountTokens,
     Devices,
     EngineError,
     Event,
@@ -28,6 +29,7 @@ from app.events import (
     RawDecode,
     Request,
     Shutdown,
+    TokensCounted,
     Unload,
     Unloaded,
     WorkerReady,
@@ -81,6 +83,8 @@ class Worker:
                     self.generate(request)
                 elif isinstance(request, BenchRun | RawDecode):
                     self.measure(request)
+                elif isinstance(request, CountTokens):
+                    self.count_tokens(request)
                 elif isinstance(request, ListDevices):
                     self.list_devices(request)
                 elif isinstance(request, Unload):
@@ -146,6 +150,16 @@ class Worker:
             self.send(bench_run(self.session, request))
         else:
             self.send(raw_decode(self.session, request))
+
+    def count_tokens(self, request: CountTokens) -> None:
+        if self.session is None:
+            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
+                                  request_id=request.request_id))
+            return
+        from app.engine.session import chat_prompt
+
+        prompt = chat_prompt(self.session.target, list(request.messages), request.tools)
+        self.send(TokensCounted(request.request_id, len(prompt.tokens), prompt.warning))
 
     def generate(self, request: Generate) -> None:
         if self.session is None:

@@ -35,6 +35,7 @@ from app.events import (
     PassStats,
     PromptProcessed,
     Token,
+    TokensCounted,
 )
 from app.params import LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
@@ -72,6 +73,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     stops: tuple[str, ...] = ()  # the answer ends before the first of these; cut on the engine thread
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools for the chat template
+    count_only: bool = False  # count the prompt's tokens (Anthropic's count_tokens); nothing is generated
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -222,7 +224,7 @@ class EngineRunner:
                     job.put(JobEnded())
                     continue
                 try:
-                    self._answer(client, job)
+                    (self._count_tokens if job.count_only else self._answer)(client, job)
                 finally:
                     job.put(JobEnded())
         finally:
@@ -349,6 +351,19 @@ class EngineRunner:
                         last_flush = time.monotonic()
         finally:
             self.metrics.requests_processing.set(0)
+
+    def _count_tokens(self, client: EngineClient, job: Job) -> None:
+        """The prompt's size alone: rendered and tokenized in the worker, as an answer's would be."""
+        request_id = client.count_tokens(list(job.messages), job.tools)
+        while True:
+            event = client.poll(0.05)
+            if event is None or getattr(event, "request_id", request_id) not in (request_id, None):
+                continue  # nothing yet, or a late event of an earlier request
+            if isinstance(event, TokensCounted | EngineError | EngineCrashed):
+                job.put(event)
+                if isinstance(event, EngineCrashed):
+                    self._restart(client, f"the engine died: {event.message}; restarting it")
+                return
 
     def _observe(self, event: Event) -> None:
         if isinstance(event, PassStats):

@@ -29,7 +29,16 @@ from starlette.types import Receive, Scope, Send
 
 from app.engine.tool_calls import ToolCall
 from app.errors import SettingsError
-from app.events import EngineCrashed, EngineError, Finished, MessageStats, PassStats, PromptProcessed, Token
+from app.events import (
+    EngineCrashed,
+    EngineError,
+    Finished,
+    MessageStats,
+    PassStats,
+    PromptProcessed,
+    Token,
+    TokensCounted,
+)
 from app.serve import anthropic, protocol
 from app.serve.api_error import ApiError
 from app.serve.guard import (
@@ -232,6 +241,7 @@ class ServeApp:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
         ]
         # Web pages the user visits must not reach the model (see app.serve.guard).
         middleware = [Middleware(RequestGuard, loopback_only=is_loopback(options.host))]
@@ -365,7 +375,7 @@ class ServeApp:
                                     self._openai_reply, error_response)
 
     async def _complete(self, request: Request, parse: Callable[[dict[str, Any]], CompletionRequest],
-                        reply: Reply, refuse: Callable[[ApiError], Response]) -> Response:
+                        reply: Reply, refuse: Callable[[ApiError], Response], *, count_only: bool = False) -> Response:
         """One request's life: parse, wait for its turn, run the job, ``reply`` in the route's own shape."""
         if not self._authorized(request):
             return refuse(UNAUTHORIZED)
@@ -387,7 +397,7 @@ class ServeApp:
             self.admission.release()
             return Response(status_code=499)
         job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat,
-                  stops=parsed.stop, tools=parsed.tools.tools if parsed.tools else ())
+                  stops=parsed.stop, tools=parsed.tools.tools if parsed.tools else (), count_only=count_only)
         closed = False
 
         def close() -> None:
@@ -417,6 +427,25 @@ class ServeApp:
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: the request becomes the OpenAI one it means, checked by the same rules."""
         return await self._complete(request, self._parse_messages, self._messages_reply, anthropic_error_response)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's ``/v1/messages/count_tokens``: the prompt a Messages request would send, counted by the
+        model's own template and tokenizer in the worker, without decoding."""
+        return await self._complete(request, self._parse_count, self._count_reply, anthropic_error_response,
+                                    count_only=True)
+
+    def _parse_count(self, body: dict[str, Any]) -> CompletionRequest:
+        wanted = anthropic.parse_count_tokens_request(body, self.options.limits)
+        return protocol.parse_request(anthropic.openai_body(wanted), self.options.limits, chat=True)
+
+    async def _count_reply(self, parsed: CompletionRequest, job: Job, first: Any, request: Request,
+                           close: Callable[[], None]) -> Response:
+        del parsed, job, request
+        close()
+        if isinstance(first, TokensCounted):
+            return JSONResponse(anthropic.count_tokens_body(first.prompt_tokens))
+        return anthropic_error_response(ApiError(500, "The engine ended the request without a count.",
+                                                 kind="server_error"))
 
     def _parse_messages(self, body: dict[str, Any]) -> CompletionRequest:
         wanted = anthropic.parse_messages_request(body, self.options.limits)

@@ -112,6 +112,29 @@ def test_bad_requests_get_anthropic_errors(claude: Any, served: Server) -> None:
     assert claude.messages.create(model="tiny", max_tokens=4, messages=ASK).type == "message"
 
 
+def test_count_tokens_is_the_prompt_a_message_sends(claude: Any) -> None:
+    """``messages.count_tokens`` counts with the model's own template and tokenizer in the worker: the same
+    number a message reports as its input, with the tools' text counted when there are tools; a request the
+    Messages API refuses is refused here too, and nothing is generated (no output usage to report)."""
+    for tools in ([], TOOLS_ANTHROPIC):
+        extra = {"tools": tools} if tools else {}
+        counted = claude.messages.count_tokens(model="tiny", messages=ASK, **extra)
+        sent = claude.messages.create(model="tiny", max_tokens=1, messages=ASK, extra_body={"temperature": 0.0},
+                                      **extra)
+        assert counted.input_tokens == sent.usage.input_tokens
+    plain = claude.messages.count_tokens(model="tiny", messages=ASK).input_tokens
+    with_tools = claude.messages.count_tokens(model="tiny", messages=ASK, tools=TOOLS_ANTHROPIC).input_tokens
+    assert with_tools > plain
+    short = claude.messages.count_tokens(model="tiny", system="Be brief.", messages=ASK).input_tokens
+    longer = claude.messages.count_tokens(model="tiny", system="Be brief. " * 20, messages=ASK).input_tokens
+    assert longer > short
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.count_tokens(model="tiny", messages=[])
+
+
 def test_the_plain_template_model_also_serves_messages(tiny_target: Path,
                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
     server = start(tiny_target, tmp_path_factory.mktemp("anthropic-plain"))
