@@ -2,7 +2,9 @@
 """Set SpecDeck up on this machine, or run its checks.
 
     python3 bootstrap.py          # .venv, llama.cpp built for this machine, demo models, then the app
-    python3 bootstrap.py test     # ruff, mypy and the whole test suite
+    python3 bootstrap.py test     # ruff, mypy, vulture and the whole test suite
+    python3 bootstrap.py test --fast   # the same checks and the tests without a window, process, server, demo
+                                       # models or a slow mark (FAST_MARKERS)
 
     # The suite against another build of llama.cpp, in its own venv (.venv-avx2 here), built once and cached:
     python3 bootstrap.py test --build avx2 [--cached-only] [pytest args]
@@ -22,6 +24,7 @@ Options:
     --build FLAGS|PRESET  llama.cpp built with these CMake flags (presets: BUILD_PRESETS, MACHINE_PRESETS) in
                           its own venv
     --cached-only         test --build: skip (exit 0) when that build is not cached yet, never compile (CI)
+    --fast                test: leave out the tests marked window, process, server, demo or slow
 Environment:
     SPECDECK_CMAKE_ARGS   replaces the CMake flags chosen for llama.cpp (backend and CPU features)
 """
@@ -620,6 +623,7 @@ class Options:
     venv: Path | None = None
     build: str | None = None
     cached_only: bool = False
+    fast: bool = False
     rest: list[str] = field(default_factory=list)  # passed on to pytest
 
 
@@ -638,6 +642,8 @@ def parse_args(argv: list[str]) -> Options:
             opts.build = args.pop(0)
         elif arg == "--cached-only" and opts.command == "test":
             opts.cached_only = True
+        elif arg == "--fast" and opts.command == "test":
+            opts.fast = True
         elif opts.command == "test":
             opts.rest.append(arg)
         else:
@@ -661,6 +667,8 @@ def build_flags(build: str) -> tuple[str, list[str]]:
 # The suite runs in one pytest-xdist worker: a test that crashes it (a segfault in llama.cpp) is reported
 # as failed by name, a new worker takes the rest, and the run reaches its summary.
 PYTEST_ISOLATION = ["-n", "1"]
+# `test --fast`: what needs no window, process, server or demo model (markers set in tests/conftest.py).
+FAST_MARKERS = "not window and not process and not server and not demo and not slow"
 
 
 def test(opts: Options) -> int:
@@ -682,8 +690,10 @@ def test(opts: Options) -> int:
     steps = [
         [str(venv_python()), "-m", "ruff", "check", "app", "ui", "tests", "packaging", "benchmarks", "bootstrap.py"],
         [str(venv_python()), "-m", "mypy", "app", "ui"],
+        [str(venv_python()), "-m", "vulture"],  # paths and confidence in [tool.vulture]
     ] if lint else []
-    steps.append([str(venv_python()), "-m", "pytest", *PYTEST_ISOLATION, *opts.rest])
+    fast = ["-m", FAST_MARKERS] if opts.fast else []
+    steps.append([str(venv_python()), "-m", "pytest", *PYTEST_ISOLATION, *fast, *opts.rest])
     for step in steps:
         say("$ " + " ".join(step[2:]))
         code = subprocess.run(step, cwd=ROOT, env=env).returncode

@@ -91,3 +91,34 @@ def specdeck_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECDECK_HOME", str(home))
     return home
 
+
+
+# Markers from the fixtures a test uses (directly or through other fixtures), so that `-m "not window and ..."`
+# (`bootstrap.py test --fast`) leaves out what starts a window, a process or a server. A test that starts one
+# by itself carries the marker explicitly.
+WINDOW_FIXTURES = {"qtbot", "qapp", "make_window"}
+PROCESS_FIXTURES = {
+    "client",  # an EngineClient: the engine worker process (test_bad_input, test_engine_worker, rpc)
+    "cli_run", "report",  # `specdeck tune` and `specdeck bench` as subprocesses (test_tune, test_engine_bench)
+    "chat_factory",  # `specdeck chat` as a subprocess (test_terminal_chat)
+    "probe_cache",  # the CPU probe, measured in a child process
+    "rpc_servers",
+}
+SERVER_FIXTURES = {
+    "served", "oai", "claude", "family_server", "plain_server",  # `specdeck serve`: HTTP and its engine worker
+    "http_server", "vllm_like", "dying_server", "hub",  # HTTP servers in threads (hub: tests.hub_lookalike)
+    "llama_server", "llama_server_plain",  # llama.cpp's llama-server process
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & WINDOW_FIXTURES:
+            item.add_marker(pytest.mark.window)
+        if used & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.process)
+        if used & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        if "demo_models" in used:
+            item.add_marker(pytest.mark.demo)

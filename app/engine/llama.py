@@ -49,7 +49,7 @@ _last_level = [0]
 
 
 @lc.llama_log_callback  # type: ignore[untyped-decorator]
-def _on_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _on_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # Debug output (per-tensor graph details) drowns the lines that explain a failure.
     if level != _LOG_CONT:
         _last_level[0] = level

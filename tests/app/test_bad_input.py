@@ -344,6 +344,7 @@ def bad_load(tiny_target: Path, case: str) -> LoadSettings:
 
 
 @pytest.mark.parametrize("case", list(BAD_LOAD))
+@pytest.mark.process
 def test_bad_load_setting_refused(tiny_target: Path, case: str) -> None:
     settings = bad_load(tiny_target, case)
     names = BAD_LOAD[case][1]
@@ -368,6 +369,7 @@ def test_context_far_beyond_training_refused_by_the_session(tiny_target: Path) -
 
 
 @pytest.mark.parametrize("case", list(BAD_SAMPLING))
+@pytest.mark.process
 def test_bad_sampling_setting_refused(small_session: EngineSession, case: str) -> None:
     changes, names = BAD_SAMPLING[case]
     sampling = SamplingSettings(**changes)  # type: ignore[arg-type]

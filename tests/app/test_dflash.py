@@ -251,6 +251,7 @@ def test_it_is_not_a_chat_model(dflash_models: dict[str, Path]) -> None:
         EngineSession(settings.validate()).close()
 
 
+@pytest.mark.process
 def test_bench_json_reports_the_block_cost_and_each_source(dflash_models: dict[str, Path], tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "one two three, one two"}]}) + "\n")

@@ -78,6 +78,7 @@ def assert_one_line_failure(done: subprocess.CompletedProcess[str], *needles: st
 
 
 @pytest.mark.parametrize("module", ["app", "app.cli.doctor"])
+@pytest.mark.process
 def test_a_text_file_named_gguf_is_refused_in_one_line(
     env: dict[str, str], tmp_path: Path, module: str
 ) -> None:
@@ -89,6 +90,7 @@ def test_a_text_file_named_gguf_is_refused_in_one_line(
     assert done.stdout == ""
 
 
+@pytest.mark.process
 def test_a_missing_file_is_refused_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
     assert_one_line_failure(specdeck(env, "doctor", "--model", str(tmp_path / "nope.gguf")), "does not exist")
 
@@ -108,6 +110,7 @@ def test_a_bad_drafter_is_refused_too(
     assert_one_line_failure(specdeck(env, "doctor", "--model", str(demo_models[0]), "--drafter", str(bad)))
 
 
+@pytest.mark.process
 def test_decode_check_with_no_model_to_check(env: dict[str, str], tmp_path: Path) -> None:
     empty = {**env, "SPECDECK_MODELS_DIR": str(tmp_path)}
     assert_one_line_failure(specdeck(empty, "doctor", "--decode-check"), "specdeck demo-models")
@@ -352,6 +355,7 @@ def test_a_refused_chat_template_is_reported_with_its_fallback(tmp_path: Path, s
     assert f"chat template {template['message']}" in doctor.render_text(r)
 
 
+@pytest.mark.process
 def test_a_model_that_aborts_at_its_first_decode_is_one_sentence(env: dict[str, str], tmp_path: Path) -> None:
     from tests.gguf_fixtures import write_tiny_model
 

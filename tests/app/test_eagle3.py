@@ -216,6 +216,7 @@ def test_wrong_pairings_are_refused_in_one_sentence(eagle_models: dict[str, Path
     assert message.endswith(".")
 
 
+@pytest.mark.process
 def test_it_is_not_a_chat_model(eagle_models: dict[str, Path], tmp_path: Path) -> None:
     settings = LoadSettings(target_path=str(eagle_models["eagle3"]), n_ctx=256, n_batch=64, n_threads=1)
     with pytest.raises(AppError, match="EAGLE-3 drafter, not a chat model"):
@@ -228,6 +229,7 @@ def test_it_is_not_a_chat_model(eagle_models: dict[str, Path], tmp_path: Path) -
     assert "EAGLE-3 drafter (not a chat model" in line
 
 
+@pytest.mark.process
 def test_bench_json_reports_the_eagle3_step_cost(eagle_models: dict[str, Path], tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "one two three, one two"}]}) + "\n")
@@ -244,6 +246,7 @@ def test_bench_json_reports_the_eagle3_step_cost(eagle_models: dict[str, Path], 
     assert report["drafter_step_ms"] > 0
 
 
+@pytest.mark.process
 def test_models_lists_the_heads_for_a_target_with_their_reasons(eagle_models: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     """`specdeck models --target` names each head that reads the target's hidden states: fits, or why not."""

@@ -46,6 +46,7 @@ def report(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.process
 def test_bench_keeps_the_measured_acceptance_for_the_ranking(tiny_target: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
@@ -75,6 +76,7 @@ def test_report_header(report: dict, tiny_target: Path) -> None:  # type: ignore
     assert all(number(v) and v > 0 for v in report["verify_cost_ms"].values())
 
 
+@pytest.mark.process
 def test_a_model_drafter_reports_its_step_cost_and_c(tiny_target: Path, tmp_path: Path) -> None:
     """c = a drafter step over a one-token target pass, both from the engine's own cost model; no drafter, no c."""
     prompts = tmp_path / "prompts.jsonl"
@@ -172,6 +174,7 @@ def test_report_totals(report: dict) -> None:  # type: ignore[type-arg]
     assert "ceiling" in report
 
 
+@pytest.mark.process
 def test_a_model_that_aborts_llama_cpp_is_one_sentence(tmp_path: Path) -> None:
     """The decode runs in the worker: llama.cpp's abort ends the bench with one line and a small exit code."""
     bad = write_tiny_model(tmp_path / "tiny-aborts.gguf", name="tiny-aborts", aborting=True)
@@ -190,6 +193,7 @@ def test_a_model_that_aborts_llama_cpp_is_one_sentence(tmp_path: Path) -> None:
         assert noise not in proc.stderr + proc.stdout
 
 
+@pytest.mark.process
 def test_bad_prompts_file_is_a_clear_error(tiny_target: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user"}]}\n')
@@ -200,6 +204,7 @@ def test_bad_prompts_file_is_a_clear_error(tiny_target: Path, tmp_path: Path) ->
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_the_bare_loop_starts_after_the_same_prompt_as_the_engine(tiny_target: Path) -> None:
     """bench --raw compares the bare llama_decode loop with plain decoding through the engine; a pass is
     cheaper at a shorter context, so the loop is prefilled with the bench's first prompt, rendered as a chat
@@ -255,6 +260,7 @@ def test_each_source_is_counted_by_position_within_its_part_of_the_draft() -> No
     assert (both.drafted, both.accepted, both.position_drafted, both.position_accepted) == (10, 4, (4, 2), (2, 2))
 
 
+@pytest.mark.process
 def test_bench_json_reports_each_source(tiny_target: Path, tmp_path: Path) -> None:
     """A drafter model (the target's own weights, so every trained token it drafts is right) stacked with the
     n-gram drafter: the report splits drafted, accepted and per-position acceptance by source."""

@@ -269,6 +269,7 @@ except EngineLoadError as exc:
 """
 
 
+@pytest.mark.process
 def test_context_failure_advice_fits_a_cpu_only_build(tiny_target: Path) -> None:
     """A KV cache of about a terabyte under an 8 GiB address-space limit cannot be allocated anywhere; on a
     CPU-only build the advice must not send the user to GPU layers."""

@@ -175,6 +175,7 @@ def test_crash_advice_during_the_first_load_fits_the_build(client: EngineClient,
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")
+@pytest.mark.process
 def test_a_lower_priority_worker_has_it_from_its_start_and_in_every_thread(tmp_path: Path,
                                                                            tiny_target: Path) -> None:
     """The worker's interpreter start and imports must not compete with the window at full priority (the soak

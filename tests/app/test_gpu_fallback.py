@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.ceiling.backend import BackendDevice, _backend_name, probe_backend
 from app.ceiling.gpu_fallback import (
     CudaDriver,
@@ -89,6 +91,7 @@ def test_a_gpu_backend_without_a_device_is_the_cpu_backend() -> None:
     assert _backend_name([], ["CPU", "CUDA"], True) == "cuda"  # no device list at all: the build's sections
 
 
+@pytest.mark.process
 def test_the_vulkan_loader_without_a_driver_says_so() -> None:
     """On this machine, with the loader pointed at no driver file: no device, and a reason, never a crash."""
     code = ("import json; from app.ceiling.gpu_fallback import vulkan_devices as v; d, e = v(); "

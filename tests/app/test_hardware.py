@@ -281,6 +281,7 @@ def test_unknown_gpu_asks_for_an_override(probe_cache: Path) -> None:
 # --- the CPU ------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_cpu_probe_measures_and_caches(tmp_path: Path) -> None:
     path = tmp_path / "cache" / "probe.json"
     first = probe_cpu(cache_path=path)
@@ -296,6 +297,7 @@ def test_cpu_probe_measures_and_caches(tmp_path: Path) -> None:
     assert not list(path.parent.glob("*.tmp"))  # written atomically
 
 
+@pytest.mark.process
 def test_a_quiet_probe_is_reused(tmp_path: Path) -> None:
     path = tmp_path / "probe.json"
     probe_cpu(cache_path=path)
@@ -307,6 +309,7 @@ def test_a_quiet_probe_is_reused(tmp_path: Path) -> None:
     assert (again.bandwidth, again.peak_flops) == (123e9, 456e9)
 
 
+@pytest.mark.process
 def test_a_busy_probe_is_taken_again_and_the_best_kept(tmp_path: Path) -> None:
     path = tmp_path / "probe.json"
     probe_cpu(cache_path=path)
@@ -319,6 +322,7 @@ def test_a_busy_probe_is_taken_again_and_the_best_kept(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["runs"] == saved["runs"] + 1
 
 
+@pytest.mark.process
 def test_refresh_starts_over(tmp_path: Path) -> None:
     path = tmp_path / "probe.json"
     probe_cpu(cache_path=path)
@@ -327,6 +331,7 @@ def test_refresh_starts_over(tmp_path: Path) -> None:
     assert probe_cpu(cache_path=path, refresh=True).bandwidth < 1e15
 
 
+@pytest.mark.process
 def test_cpu_probe_survives_a_damaged_cache(tmp_path: Path) -> None:
     path = tmp_path / "probe.json"
     path.write_text("{not json")
@@ -392,6 +397,7 @@ def test_this_build_describes_itself() -> None:
 # --- the saved bandwidth override is applied ------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_the_saved_bandwidth_override_sets_the_gpu_ceiling(specdeck_home: Path) -> None:
     from app.ceiling.builder import probe_machine, saved_gpu_bandwidth
     from app.storage.settings import AppSettings, save_settings
@@ -421,6 +427,7 @@ def test_an_unknown_card_names_the_setting_to_set() -> None:
 # --- the probes' own entry point --------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_the_frozen_app_runs_the_probe_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.ceiling import child
 
@@ -459,6 +466,7 @@ def test_a_probe_child_that_fails_is_one_sentence(monkeypatch: pytest.MonkeyPatc
         child.run_probe("cpu", timeout_s=60, what="the CPU probe")
 
 
+@pytest.mark.process
 def test_the_first_probe_is_the_best_of_several(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.ceiling import cpu
 
@@ -477,6 +485,7 @@ def test_the_first_probe_is_the_best_of_several(tmp_path: Path, monkeypatch: pyt
     assert info.peak_flops == max(p for _, p in taken)
 
 
+@pytest.mark.process
 def test_a_busy_probe_is_kept_where_it_must_not_move(tmp_path: Path) -> None:
     path = tmp_path / "probe.json"
     probe_cpu(cache_path=path)

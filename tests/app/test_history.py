@@ -249,6 +249,7 @@ _WRITER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.process
 def test_sigkill_mid_stream_keeps_all_but_the_last_second(tmp_path: Path) -> None:
     path = tmp_path / "history.sqlite3"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -438,6 +439,7 @@ _READONLY_SHM = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+@pytest.mark.process
 def test_a_leftover_read_only_shm_does_not_break_the_history() -> None:
     import pwd
     import tempfile
@@ -482,6 +484,7 @@ _BUSY_WRITER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.process
 def test_three_instances_writing_at_once_all_succeed(tmp_path: Path) -> None:
     path = tmp_path / "history.sqlite3"
     rounds = 40

@@ -15,6 +15,7 @@ from app import logs
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.process
 def test_setup_logging_writes_to_the_log_folder_once(tmp_path: Path) -> None:
     script = (
         "import logging\n"
@@ -38,6 +39,7 @@ def test_setup_logging_writes_to_the_log_folder_once(tmp_path: Path) -> None:
     assert text.count("\n") == 2  # one handler, so each record once
 
 
+@pytest.mark.process
 def test_an_unwritable_log_folder_gives_no_log_and_no_error(tmp_path: Path) -> None:
     blocker = tmp_path / "home"
     blocker.write_text("a file where the folder would be")
@@ -83,6 +85,7 @@ def test_engine_logs_in_a_folder_of_their_own(tmp_path: Path) -> None:
     assert made[-1] in logs.engine_logs(tmp_path)
 
 
+@pytest.mark.process
 def test_the_root_logger_is_not_touched_by_import() -> None:
     # Importing app.logs must not configure logging: only an entry point does.
     done = subprocess.run([sys.executable, "-c", "import logging, app.logs; print(len(logging.getLogger().handlers))"],
@@ -91,6 +94,7 @@ def test_the_root_logger_is_not_touched_by_import() -> None:
     assert done.stdout.strip() == "0"
 
 
+@pytest.mark.process
 def test_httpx_requests_stay_out_of_the_log(tmp_path: Path) -> None:
     """The Remote engine dock reads a server once a second: httpx's INFO line per request filled the log."""
     script = (

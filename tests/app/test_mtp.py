@@ -291,6 +291,7 @@ def test_wrong_pairings_are_refused_in_one_sentence(mtp_models: dict[str, Path],
         assert "\n" not in message
 
 
+@pytest.mark.process
 def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "one two three, one two"}]}) + "\n")
@@ -309,6 +310,7 @@ def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_p
     assert report["total"]["acceptance"] == 1.0  # the bigram fixture's head agrees by construction
 
 
+@pytest.mark.process
 def test_doctor_and_models_name_the_mtp_heads(mtp_models: dict[str, Path], tmp_path: Path) -> None:
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
     doctor = subprocess.run([sys.executable, "-m", "app", "doctor", "--model", str(mtp_models["random"])],

@@ -35,6 +35,7 @@ def env_for(home: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("rollback", ["auto", "checkpoints"])
+@pytest.mark.process
 def test_bench_speculates_and_matches_plain_decoding(model: Path, tmp_path: Path, rollback: str) -> None:
     """A drafter of the same architecture (about half its drafts accepted) stacked with the n-gram drafter."""
     arch = model.stem.removeprefix("tiny-")
@@ -55,6 +56,7 @@ def test_bench_speculates_and_matches_plain_decoding(model: Path, tmp_path: Path
     assert prompt["accepted"] > 0
 
 
+@pytest.mark.process
 def test_doctor_counts_the_state_and_the_decode_check_passes(model: Path, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "app", "doctor", "--model", str(model), "--decode-check"],
                           capture_output=True, text=True, env=env_for(tmp_path), cwd=ROOT, timeout=600)
@@ -72,6 +74,7 @@ def test_doctor_counts_the_state_and_the_decode_check_passes(model: Path, tmp_pa
         assert "KV cache     none" in done.stdout
 
 
+@pytest.mark.process
 def test_chat_answers_two_turns_with_the_ngram_drafter_on(model: Path, tmp_path: Path) -> None:
     chat = Chat(model, "--ngram", "3", env={"SPECDECK_HOME": str(tmp_path)})
     try:
@@ -86,6 +89,7 @@ def test_chat_answers_two_turns_with_the_ngram_drafter_on(model: Path, tmp_path:
         chat.close()
 
 
+@pytest.mark.server
 def test_serve_answers_over_the_api(model: Path, tmp_path: Path) -> None:
     server = start_server(model, tmp_path / "history.sqlite3")
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
@@ -101,6 +105,7 @@ def test_serve_answers_over_the_api(model: Path, tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.process
 def test_tune_sweeps_a_hybrid(tmp_path: Path) -> None:
     """tune's settings sweep on a hybrid without snapshots (every drafting pass checkpoints)."""
     model = write_tiny_model(tmp_path / "tiny-granitehybrid.gguf", arch="granitehybrid", n_layer=4)

@@ -328,6 +328,7 @@ def test_a_pattern_is_written_as_json_string_text() -> None:
 
 # --- through the server -----------------------------------------------------------------------------------------
 
+@pytest.mark.server
 def test_a_hostile_schema_is_a_400_and_the_server_keeps_answering(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "history.sqlite3")
     try:

@@ -176,6 +176,7 @@ def test_completions_feed_the_prompt_raw(oai: openai.OpenAI, tiny_target: Path) 
     assert chat.usage.prompt_tokens != len(raw)  # the chat template wraps the same text in more tokens
 
 
+@pytest.mark.server
 def test_counts_equal_the_engine_run_in_process(tiny_target: Path, tmp_path: Path) -> None:
     """Fixed depth, greedy, fresh caches on both sides: the API reports the engine's own drafted/accepted."""
     server = start_server(tiny_target, tmp_path / "h.sqlite3", k=3)
@@ -364,6 +365,7 @@ def test_non_loopback_needs_an_api_key() -> None:
     assert ServeOptions(host="::1").check().host == "::1"
 
 
+@pytest.mark.server
 def test_api_key_is_required_when_set(tiny_target: Path, tmp_path: Path) -> None:
     settings = LoadSettings(target_path=str(tiny_target), n_ctx=CTX, draft=DraftSettings(ngram=2))
     metrics = ServeMetrics()
@@ -453,6 +455,7 @@ def test_remote_completion_mode_is_the_raw_prompt(served: tuple[Server, Path], t
     assert finished.text == "".join(e.text for e in events if isinstance(e, Token))
 
 
+@pytest.mark.server
 def test_engine_crash_mid_answer_is_an_error_in_the_stream_and_the_worker_restarts(tiny_target: Path,
                                                                                    tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3", n_ctx=4096, max_tokens=4000)

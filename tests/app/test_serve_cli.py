@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,7 @@ def specdeck(*args: str, home: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.process
 def test_refuses_another_address_without_a_key(tmp_path: Path, tiny_target: Path) -> None:
     proc = specdeck("serve", "--target", str(tiny_target), "--host", "0.0.0.0", home=tmp_path)
     _out, err = proc.communicate(timeout=60)
@@ -36,6 +38,7 @@ def test_refuses_another_address_without_a_key(tmp_path: Path, tiny_target: Path
     assert "Traceback" not in err
 
 
+@pytest.mark.process
 def test_serves_until_interrupted(tmp_path: Path, tiny_target: Path) -> None:
     port = free_port()
     proc = specdeck("serve", "--target", str(tiny_target), "--port", str(port), "--ctx", "512", "--ngram", "2",

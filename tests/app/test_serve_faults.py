@@ -29,6 +29,7 @@ def _wait(predicate, timeout: float = 120.0) -> None:  # type: ignore[no-untyped
         time.sleep(0.1)
 
 
+@pytest.mark.server
 def test_health_says_when_the_idle_worker_died_and_it_is_restarted(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3")
     try:
@@ -47,6 +48,7 @@ def test_health_says_when_the_idle_worker_died_and_it_is_restarted(tiny_target: 
         server.stop()
 
 
+@pytest.mark.server
 def test_a_queued_client_that_leaves_is_not_answered(tiny_target: Path, tmp_path: Path) -> None:
     history = tmp_path / "q.sqlite3"
     server = start_server(tiny_target, history, n_ctx=2048, max_tokens=2000, max_waiting=2)
@@ -74,6 +76,7 @@ def test_a_queued_client_that_leaves_is_not_answered(tiny_target: Path, tmp_path
         server.stop()
 
 
+@pytest.mark.server
 def test_a_history_that_could_not_open_is_opened_later(tiny_target: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner_module, "HISTORY_RETRY_SECONDS", 0.0)
@@ -101,6 +104,7 @@ def test_a_history_that_could_not_open_is_opened_later(tiny_target: Path, tmp_pa
         server.stop()
 
 
+@pytest.mark.process
 def test_the_engine_loads_where_no_log_file_can_be_created(tiny_target: Path, tmp_path: Path) -> None:
     not_a_folder = tmp_path / "logs"
     not_a_folder.write_text("x")
@@ -133,6 +137,7 @@ def test_serve_exits_when_the_model_cannot_be_loaded(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.process
 def test_serve_prints_no_control_characters_from_the_model_and_says_when_its_template_is_refused(
         tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
     name = "evil\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[8mhidden.gguf"
@@ -169,6 +174,7 @@ def _blocked_home(tmp_path: Path) -> Path:
     return home
 
 
+@pytest.mark.process
 def test_chat_and_bench_run_where_nothing_can_be_written(tmp_path: Path, tiny_target: Path) -> None:
     import subprocess
     import sys

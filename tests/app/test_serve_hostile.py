@@ -72,6 +72,7 @@ def test_the_servers_own_origin_and_plain_clients_are_served(served: tuple[Serve
 
 
 @pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
+@pytest.mark.server
 def test_every_loopback_address_checks_the_host_and_answers_its_own(tiny_target: Path, tmp_path: Path,
                                                                     host: str) -> None:
     try:
@@ -94,6 +95,7 @@ def test_every_loopback_address_checks_the_host_and_answers_its_own(tiny_target:
 # --- clients that hold connections ----------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_a_streaming_client_that_stops_reading_frees_the_slot(tiny_target: Path, tmp_path: Path) -> None:
     """It fills the socket buffers; past the send deadline it is dropped and the next client is answered."""
     history = tmp_path / "stall.sqlite3"
@@ -116,6 +118,7 @@ def test_a_streaming_client_that_stops_reading_frees_the_slot(tiny_target: Path,
         server.stop()
 
 
+@pytest.mark.server
 def test_idle_and_slow_connections_are_closed_and_capped(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "idle.sqlite3", head_timeout_seconds=1.0, max_connections=8)
     held = []
@@ -263,6 +266,7 @@ def _spec(server: Server, k: int | None, max_tokens: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("k", [0, 1, 16])
+@pytest.mark.server
 def test_draft_tokens_never_count_against_max_tokens(tiny_target: Path, tmp_path: Path, k: int) -> None:
     """At fixed depth k, with the n-gram drafter on a repetitive prompt, max_tokens counts emitted tokens only;
     the per-response vLLM statistics add up."""
@@ -318,6 +322,7 @@ def test_a_schema_outside_the_subset_is_a_400_naming_it(schema: dict[str, Any], 
     assert named in caught.value.message
 
 
+@pytest.mark.server
 def test_the_openai_client_gets_json_that_fits_the_schema_and_speculation_stays_exact(
         tiny_target: Path, tmp_path: Path) -> None:
     """Greedy answers under the grammar are the same with drafting (n-gram, depth 4) as without (depth 0): the

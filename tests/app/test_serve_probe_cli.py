@@ -25,6 +25,7 @@ def _chat(url: str, headers: dict[str, bytes]) -> int:
                       json={"messages": MESSAGES, "max_tokens": 2, "temperature": 0}).status_code
 
 
+@pytest.mark.server
 def test_a_key_with_any_characters_matches_its_utf8_bytes(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "k.sqlite3", api_key=KEY)
     try:
@@ -76,6 +77,7 @@ def test_the_key_can_come_from_a_file_or_the_environment(tiny_target: Path, tmp_
         proc.communicate(timeout=60)
 
 
+@pytest.mark.process
 def test_help_names_every_way_to_give_the_key(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "app", "serve", "--help"], cwd=ROOT, text=True, capture_output=True,
                          env={**os.environ, "SPECDECK_HOME": str(tmp_path)}, timeout=60)
@@ -104,6 +106,7 @@ def test_a_key_no_header_can_carry_is_refused() -> None:
         ServeOptions(api_key="line one\nline two").check()
 
 
+@pytest.mark.process
 def test_a_port_in_use_is_refused_before_the_model_loads(tiny_target: Path, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

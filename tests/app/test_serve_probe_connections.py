@@ -40,6 +40,7 @@ def _read_to_close(sock: socket.socket, bound: float) -> bytes:
         data += chunk
 
 
+@pytest.mark.server
 def test_a_body_that_never_arrives_is_answered_408_and_frees_its_connection(tiny_target: Path,
                                                                              tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "b.sqlite3", max_connections=8, body_timeout_seconds=1.0)
@@ -60,6 +61,7 @@ def test_a_body_that_never_arrives_is_answered_408_and_frees_its_connection(tiny
         server.stop()
 
 
+@pytest.mark.server
 def test_a_body_sent_a_byte_at_a_time_is_cut_off_at_the_body_deadline(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "d.sqlite3", body_timeout_seconds=1.0)
     s = socket.create_connection(("127.0.0.1", server.port))
@@ -100,6 +102,7 @@ def _metric(base_url: str, name: str) -> float:
     raise AssertionError(f"{name} is not in /metrics")
 
 
+@pytest.mark.server
 def test_queued_clients_that_leave_give_their_places_back_at_once(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "q.sqlite3", max_waiting=2)
     admission = server.web.admission
@@ -145,6 +148,7 @@ def _wait_for(predicate: Callable[[], bool], bound: float) -> None:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the file limit is set with setrlimit")
+@pytest.mark.process
 def test_a_burst_past_the_file_limit_writes_one_line_not_tracebacks(tmp_path: Path, tiny_target: Path) -> None:
     import resource
 

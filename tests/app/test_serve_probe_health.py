@@ -20,6 +20,7 @@ from tests.app.test_serve import MESSAGES, start_server
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP is POSIX")
+@pytest.mark.server
 def test_health_is_503_while_the_worker_is_stopped(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3")
     pid = server.runner.worker_pid
@@ -44,6 +45,7 @@ def test_health_is_503_while_the_worker_is_stopped(tiny_target: Path, tmp_path: 
         server.stop()
 
 
+@pytest.mark.server
 def test_health_never_says_ok_while_a_killed_worker_is_restarted(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3")
     try:
@@ -84,6 +86,7 @@ def _crash_mid_answer(server: Server) -> list[dict[str, Any]]:
     return [json.loads(line[6:])["error"] for line in rest if '"error"' in line]
 
 
+@pytest.mark.server
 def test_health_is_503_right_after_a_crash_mid_answer(tiny_target: Path, tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3", n_ctx=4096, max_tokens=4000)
     try:
@@ -95,6 +98,7 @@ def test_health_is_503_right_after_a_crash_mid_answer(tiny_target: Path, tmp_pat
         server.stop()
 
 
+@pytest.mark.server
 def test_a_crash_tells_the_client_the_server_restarts_the_engine_and_to_retry(tiny_target: Path,
                                                                             tmp_path: Path) -> None:
     server = start_server(tiny_target, tmp_path / "h.sqlite3", n_ctx=4096, max_tokens=4000)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.app.test_serve import MESSAGES, start_server
 
@@ -24,6 +25,7 @@ def _in_order(wanted: list[tuple[str, str, str]], rows: list[tuple[str, str, str
     return all(w in found for w in wanted)
 
 
+@pytest.mark.server
 def test_answers_given_while_the_history_is_locked_are_saved_once_it_is_free(tiny_target: Path,
                                                                               tmp_path: Path) -> None:
     history = tmp_path / "history.sqlite3"

@@ -126,6 +126,7 @@ CUBIC_TEMPLATE = ("{% for m in messages %}{% for n in messages %}{% for o in mes
                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+@pytest.mark.server
 def test_one_request_whose_template_is_stopped_does_not_change_the_format_of_the_next(
         tmp_path: Path, tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
     target = tiny_model_factory("cubic.gguf", chat_template=CUBIC_TEMPLATE)

@@ -197,6 +197,7 @@ def test_a_crash_while_answering_restarts_and_advice_fits_the_build(tiny_target:
     assert chat.finish() == 0
 
 
+@pytest.mark.process
 def test_the_partial_answer_is_kept_marked_as_cut(tiny_target: Path) -> None:
     from app.cli.chat import CUT_MARK, TerminalChat
     from app.engine.client import EngineClient
@@ -265,6 +266,7 @@ def test_template_status_for_doctor(tmp_path: Path) -> None:
     assert hostile.message.endswith("Answering with the plain ChatML format instead.")
 
 
+@pytest.mark.process
 def test_a_refused_template_is_announced_before_the_answer(tmp_path: Path) -> None:
     from app.engine.client import EngineClient
     from app.events import PromptProcessed

@@ -187,6 +187,7 @@ def test_budget_stops_before_a_setting_that_would_end_past_it(tiny_target: Path,
     assert len(report.results) == 1  # the first setting always runs: there is no estimate before it
 
 
+@pytest.mark.process
 def test_ctrl_c_saves_and_writes_what_was_measured(tiny_target: Path, tmp_path: Path) -> None:
     out = tmp_path / "tune.json"
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))

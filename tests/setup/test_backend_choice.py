@@ -150,6 +150,7 @@ def test_a_pypi_toolkit_gets_the_layout_cmake_and_nvcc_expect(tmp_path: Path) ->
     assert (root / "targets" / "x86_64-linux" / "include").resolve() == (root / "include").resolve()
 
 
+@pytest.mark.process
 def test_the_installed_pypi_toolkit_compiles_cuda(tmp_path: Path) -> None:
     """The toolkit bootstrap installs from PyPI (python3 bootstrap.py --build cuda) is a complete compiler: its
     nvcc (with cicc and the runtime and crt headers of the other wheels) turns a kernel into PTX. Needs no GPU."""
@@ -219,6 +220,7 @@ def test_build_presets_and_flag_strings_get_their_own_venvs() -> None:
     assert "-DGGML_CPU_ALL_VARIANTS=ON" in bootstrap.build_flags("portable")[1]
 
 
+@pytest.mark.process
 def test_cached_only_skips_an_uncached_build_without_compiling(tmp_path: Path) -> None:
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run(
@@ -232,6 +234,7 @@ def test_cached_only_skips_an_uncached_build_without_compiling(tmp_path: Path) -
     assert not (tmp_path / "specdeck" / "wheels").exists()
 
 
+@pytest.mark.process
 def test_bad_build_value_is_one_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(Path(bootstrap.__file__)), "test", "--build", "fast"],
                          capture_output=True, text=True, timeout=60)

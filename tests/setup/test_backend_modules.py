@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.ceiling.backend import probe_backend
 from app.ceiling.backend_modules import (
     cpu_variant,
@@ -87,6 +89,7 @@ def test_the_library_libllama_links_is_chosen_over_the_wheels_copies(tmp_path: P
     assert linked_library(mac, "ggml") == mac / "libggml.0.dylib"
 
 
+@pytest.mark.process
 def test_asking_llama_cpp_for_its_devices_loads_no_second_copy_of_ggml() -> None:
     """Two copies of libggml in one process have two backend registries: backends loaded through the wrong
     one would be invisible to llama.cpp. A fresh process maps each ggml library once."""

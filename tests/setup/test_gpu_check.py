@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.engine.llama import Model, init_backend
 from app.engine.mtp import check_mtp_target
 from app.library.gguf_reader import read_gguf_info
@@ -30,6 +32,7 @@ def test_the_synthetic_qwen35_loads_with_its_mtp_block(tmp_path: Path) -> None:
         model.close()
 
 
+@pytest.mark.process
 def test_the_dry_run_reports_every_step(tmp_path: Path) -> None:
     """In a process of its own, as the GPU run starts it: the imports it makes are then its own, and each must
     come from the GPU machine's Python or the kit."""

@@ -51,6 +51,7 @@ def test_the_hint_gives_the_apt_and_dnf_commands() -> None:
     assert "provide libspecdeck-absent-a.so.1" in odd
 
 
+@pytest.mark.process
 def test_every_library_qt_s_x11_plugin_links_is_known() -> None:
     """What the venv's own Qt plugin and its library link from the system, each with its package."""
     binaries = bootstrap.qt_xcb_binaries()

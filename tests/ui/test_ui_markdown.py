@@ -8,7 +8,7 @@ import itertools
 import time
 
 from PySide6.QtCore import QPoint, Qt, QTimer
-from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtGui import QFont, QGuiApplication, QTextCursor
 from pytestqt.qtbot import QtBot
 
 from app.events import FROM_MODEL, FROM_NGRAM, FROM_TARGET
@@ -95,10 +95,14 @@ def test_highlighting_drafted_tokens_keeps_the_markdown(qtbot: QtBot) -> None:
 
     bold_at = plain.index("bold")
     assert background_at(bold_at) == colours[FROM_NGRAM]
-    assert QTextCursor(doc).charFormat().fontWeight() or True
-    cursor = QTextCursor(doc)
-    cursor.setPosition(bold_at + 1)
-    assert cursor.charFormat().fontWeight() > 500  # bold kept under the tint
+
+    def weight_at(index: int) -> int:
+        cursor = QTextCursor(doc)
+        cursor.setPosition(index + 1)
+        return cursor.charFormat().fontWeight()
+
+    assert weight_at(bold_at) >= QFont.Weight.Bold.value  # bold kept under the tint
+    assert weight_at(plain.index("Use")) < QFont.Weight.Bold.value  # and only where the markdown says
     assert background_at(plain.index("x = 1")) == colours[FROM_MODEL]
     assert background_at(plain.index("Use")) != colours[FROM_NGRAM]
 
