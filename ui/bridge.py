@@ -195,6 +195,7 @@ class EngineBridge(QObject):
 
     def unload(self) -> None:
         self._last_load = None
+        self.loaded = None  # at once, as for load: nothing may be sent to the model being unloaded
         self._submit(self._do_unload)
 
     def restart(self) -> None:

@@ -44,7 +44,7 @@ from app.storage.pair_stats import record as record_acceptance
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.message import ChatMessage
-from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, ChatPanel
+from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, WAITING_MESSAGE, ChatPanel
 from ui.crash_banner import CrashBanner
 from ui.dashboard.panel import DashboardPanel
 from ui.first_run import FirstRunPanel
@@ -120,6 +120,7 @@ class MainWindow(QMainWindow):
         self._history_retry.timeout.connect(self._on_history_retry_timeout)
         self._history_retry.start(1000)
         self._reload_pending = self.settings.reload_last_pair_on_start and bool(self.settings.load.target_path)
+        self._send_load_pending = False  # a message waits for the drafters' ranking, then the load it starts
         self._closed = False
         self.window_state = WindowState(self)
         self._build()
@@ -130,6 +131,7 @@ class MainWindow(QMainWindow):
         if self.store is not None and self.store.warning:
             self.notifier.warning(self.store.warning)
         self._connect()
+        self._update_unload_action()
         self.window_state.restore()
         self._build_info: BackendInfo | None = None
         self._about_box: QMessageBox | None = None
@@ -197,9 +199,16 @@ class MainWindow(QMainWindow):
         # Never narrower than what its widgets need: below that they would be cut, not wrapped.
         scroll.setMinimumWidth(max(SIDE_DOCK_MIN_WIDTH, side.minimumSizeHint().width()
                                    + scroll.verticalScrollBar().sizeHint().width() + 2 * scroll.frameWidth()))
+        # Load and Cancel stay below the scroll area: in the form they were below the fold at 1366×768.
+        dock_body = QWidget(self)
+        dock_layout = QVBoxLayout(dock_body)
+        dock_layout.setContentsMargins(0, 0, 0, 0)
+        dock_layout.setSpacing(0)
+        dock_layout.addWidget(scroll, 1)
+        dock_layout.addWidget(self.picker.take_load_row())
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
-        self.models_dock.setWidget(scroll)
+        self.models_dock.setWidget(dock_body)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.models_dock)
 
         self.dashboard = DashboardPanel(self, tasks=self.tasks)
@@ -235,6 +244,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.load_bar)
         self.picker.progress_bars.append(self.load_bar)
         self.chat.model_loading = lambda: self.picker.loading
+        self.chat.load_for_send = self._load_for_send
         self.chat.overflow_policy = lambda: str(self.picker.overflow_combo.currentData() or "stop")
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
@@ -304,6 +314,8 @@ class MainWindow(QMainWindow):
         self.picker.error_raised.connect(self.notifier.error)
         self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
         self.chat.error_raised.connect(self._on_chat_error_raised)
+        self.chat.notice_raised.connect(self.notifier.info)
+        b.model_unloaded.connect(self._update_unload_action)
         self.chat.answer_finished.connect(self._on_chat_answer_finished)
         self.chat.chat_opened.connect(self._on_chat_chat_opened)
         self.chat.completion_mode_toggled.connect(self._on_chat_completion_mode_toggled)
@@ -365,6 +377,7 @@ class MainWindow(QMainWindow):
             return
         self.banner.hide()
         self.picker.set_loading(True, "Loading…")
+        self._update_unload_action()
         self.dashboard.reset()
         self.save_app_settings()
 
@@ -382,6 +395,33 @@ class MainWindow(QMainWindow):
         if self._reload_pending and self.picker.target_path() == self.settings.load.target_path:
             self._reload_pending = False
             self.picker.request_load()
+        if self._send_load_pending:
+            self._send_load_pending = False
+            self.chat.send_waiting = self._start_load_for_send()
+
+    def _load_for_send(self) -> bool:
+        """A message sent with a model chosen but not loaded: load it as Load would (once the drafters are
+        ranked, so the drafter Load would take is the one loaded), then the message goes."""
+        picker = self.picker
+        if picker.remote_model() is None and picker.target_path() is None:
+            self.notifier.info(NEED_MODEL_MESSAGE)  # not a box: nothing failed, a choice is missing
+            return False
+        if picker.ranking:
+            self._send_load_pending = True
+            self.notifier.info(WAITING_MESSAGE)
+            return True
+        return self._start_load_for_send()
+
+    def _start_load_for_send(self) -> bool:
+        if not self.picker.request_load() or not self.picker.loading:
+            return False  # refused: the picker or the engine said why, as for the Load button
+        self.notifier.info(WAITING_MESSAGE)
+        return True
+
+    def _give_up_waiting_send(self) -> None:
+        """The load a message waited for did not finish: the message stays in the input box, not sent."""
+        self._send_load_pending = False
+        self.chat.send_waiting = False
 
     @Slot(tuple)
     def _on_picker_folders_changed(self, _folders: tuple[str, ...]) -> None:
@@ -410,6 +450,11 @@ class MainWindow(QMainWindow):
         # A base model (no chat template) starts in completion mode; a switch by the user is remembered.
         switched = event.target.path in self.settings.switched_mode_models
         self.chat.set_completion_mode(event.target.has_chat_template == switched)
+        self._update_unload_action()
+        if self.chat.send_waiting:
+            self._give_up_waiting_send()  # done waiting: an input box emptied meanwhile sends nothing
+            self.notifier.resolve(WAITING_MESSAGE)
+            self.chat.send()
 
     @Slot(bool)
     def _on_chat_completion_mode_toggled(self, on: bool) -> None:
@@ -436,6 +481,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_bridge_load_cancelled(self) -> None:
+        self._give_up_waiting_send()
         self.picker.set_loading(False, "Loading cancelled.")
 
     @Slot(int)
@@ -471,8 +517,13 @@ class MainWindow(QMainWindow):
 
     @Slot(bool)
     def _on_chat_generation_state_changed(self, generating: bool) -> None:
-        for action in (self.new_chat_action, self.unload_action, self.load_action):
+        for action in (self.new_chat_action, self.load_action):
             action.setEnabled(not generating)
+        self._update_unload_action()
+
+    @Slot()
+    def _update_unload_action(self) -> None:
+        self.unload_action.setEnabled(self.bridge.loaded is not None and not self.chat.generating)
 
     @Slot(bool)
     def _on_picker_demo_install_finished(self, ok: bool) -> None:
@@ -548,8 +599,15 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_unload_action_triggered(self) -> None:
+        loaded = self.bridge.loaded
+        if loaded is None:
+            return
+        self._give_up_waiting_send()
         self.bridge.unload()
-        self.picker.set_loading(False, "No model loaded.")
+        text = f"Unloaded {Path(loaded.target.path).name}; Load (or Send) loads it again."
+        self.picker.set_loading(False, text)
+        self.notifier.info(text)
+        self._update_unload_action()
 
     @Slot()
     def _on_connect_server_action_triggered(self) -> None:
@@ -566,6 +624,7 @@ class MainWindow(QMainWindow):
     @Slot(EngineError)
     def _on_bridge_engine_error(self, event: EngineError) -> None:
         if self.picker.loading:
+            self._give_up_waiting_send()
             self.picker.set_loading(False, event.message)
         if event.kind == "PromptTooLongError" and event.request_id == self.chat.overflowed_request:
             return  # the chat handled it (asked again without the oldest turns, or said so itself)
@@ -580,6 +639,8 @@ class MainWindow(QMainWindow):
         restarting = (self.bridge.auto_restart and self.bridge.last_load is not None
                       and self.bridge.crashes_on_load < MAX_LOAD_CRASHES)
         self.banner.show_crash(event, self.bridge.crashes_on_load, restarting)
+        self._give_up_waiting_send()
+        self._update_unload_action()
         self.picker.set_loading(False, "The engine stopped.")
         self.notifier.info("The engine stopped; see the banner above the chat.")
 

@@ -137,6 +137,7 @@ def test_menus_log_view_and_status_messages_that_clear(qtbot: QtBot, make_window
     window.bridge.log_received.emit(Log("llama_model_loader: loaded meta data"))
     assert "llama_model_loader: loaded meta data" in window.log_window.text()
 
+    window.picker.target_combo.setCurrentIndex(-1)  # no target chosen: nothing Send could load
     window.chat.input.setPlainText("hello")
     assert not window.chat.send()
     assert window.statusBar().currentMessage() == NEED_MODEL_MESSAGE

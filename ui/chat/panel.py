@@ -45,8 +45,9 @@ from ui.history_reads import ReadDelivery
 from ui.models.sampling_form import SamplingForm
 
 TITLE_CHARS = 80  # the list elides to its width; the tooltip holds the whole title
-NEED_MODEL_MESSAGE = "Load a model first (Models, on the left)."
+NEED_MODEL_MESSAGE = "No model is chosen: choose a target in Models and settings (on the left), then send again."
 LOADING_MESSAGE = "The model is still loading; send again once it is loaded."
+WAITING_MESSAGE = "Loading the chosen model; the message is sent once it is loaded."
 
 
 def title_from(text: str) -> str:
@@ -61,6 +62,7 @@ def title_from(text: str) -> str:
 class ChatPanel(QWidget):
     generation_state_changed = Signal(bool)
     error_raised = Signal(str)
+    notice_raised = Signal(str)  # for the status bar only: nothing to fix, nothing lost
     answer_finished = Signal(object)  # ChatMessage: the answer is final in the view and the store
     chat_opened = Signal(int)
     chat_deleted = Signal(int)  # hidden at once; deleted for good unless undone in time
@@ -82,6 +84,10 @@ class ChatPanel(QWidget):
         self.messages: list[ChatMessage] = []
         self.generating = False
         self.model_loading: Callable[[], bool] = lambda: False  # the window's: is a load under way?
+        # The window's: start loading the chosen model for a message sent before any was loaded; False when
+        # nothing was started (the window said why). None: the message is refused (NEED_MODEL_MESSAGE).
+        self.load_for_send: Callable[[], bool] | None = None
+        self.send_waiting = False  # the input box's text is sent once the load started for it is done
         self.overflow_policy: Callable[[], str] = lambda: "stop"  # the window's: AppSettings.context_overflow
         self._chat_list_requests = 0  # only the newest request's answer is shown
         self._open_requests = 0  # likewise for opening a chat: the chat asked for last is the one shown
@@ -302,8 +308,8 @@ class ChatPanel(QWidget):
             self.error_raised.emit(str(exc))
             return False
         if self.bridge.loaded is None:
-            self.error_raised.emit(LOADING_MESSAGE if self.model_loading() else NEED_MODEL_MESSAGE)
-            return False
+            return self._wait_for_model()
+        self.send_waiting = False
         self.message_actions.commit_edit()
         self.message_actions.commit_message_delete()
         self._open_requests += 1  # a chat still being read is not shown over the one written in
@@ -324,6 +330,19 @@ class ChatPanel(QWidget):
         self.answers.start(sampling)
         self.refresh_history()
         return True
+
+    def _wait_for_model(self) -> bool:
+        """No model answers yet: the text stays in the input box, sent once the chosen model is loaded."""
+        if self.model_loading():
+            if self.send_waiting:
+                self.notice_raised.emit(WAITING_MESSAGE)
+            else:
+                self.error_raised.emit(LOADING_MESSAGE)
+        elif self.load_for_send is None:
+            self.error_raised.emit(NEED_MODEL_MESSAGE)
+        else:  # asked again while it waits for the drafters: the window keeps one load for it
+            self.send_waiting = self.load_for_send()
+        return False
 
     @property
     def completion_mode(self) -> bool:

@@ -179,6 +179,7 @@ class ModelPicker(QWidget):
         self._scan_serial = 0
         self._rank_serial = 0
         self.scanning = False
+        self.ranking = False  # the drafters for the chosen target are being ranked (drafters_ranked ends it)
         self.loading = False
         self.gpu_offload_available: bool | None = None  # None: not known yet
         self.backend = "cpu"  # llama.cpp's backend, from the worker's device list: the fit's flash attention
@@ -329,15 +330,18 @@ class ModelPicker(QWidget):
         lform.addRow("Chat past the context", self.overflow_combo)
         lform.addRow(self.fit_label)
         lform.addRow(self.reload_check)
-        buttons = QHBoxLayout()
-        self.load_button = QPushButton("Load", load)
+        self.load_row = QWidget(load)
+        buttons = QHBoxLayout(self.load_row)
+        buttons.setContentsMargins(0, 0, 0, 0)
+        self.load_button = QPushButton("Load", self.load_row)
         self.load_button.clicked.connect(self._on_load_button_clicked)
-        self.cancel_button = QPushButton("Cancel", load)
+        self.cancel_button = QPushButton("Cancel", self.load_row)
         self.cancel_button.setEnabled(False)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
         buttons.addWidget(self.load_button)
         buttons.addWidget(self.cancel_button)
-        lform.addRow(buttons)
+        lform.addRow(self.load_row)
+        self._load_form, self._load_row_layout = lform, buttons
         self.progress = QProgressBar(load)
         self.progress.setRange(0, 100)
         self.progress.setVisible(False)
@@ -369,6 +373,13 @@ class ModelPicker(QWidget):
         for name, (_read, show) in self._bindings().items():
             show(setting(defaults, name))
         self._on_adaptive_check_toggled(self.adaptive_check.isChecked())
+
+    def take_load_row(self) -> QWidget:
+        """Load and Cancel, out of the form, for the window to keep in view below the scrolling settings."""
+        self._load_form.takeRow(self.load_row)
+        self.load_row.setParent(None)
+        self._load_row_layout.setContentsMargins(9, 6, 9, 6)
+        return self.load_row
 
     # --- settings in and out ------------------------------------------------------------------------
 
@@ -590,6 +601,7 @@ class ModelPicker(QWidget):
             self._chosen_remote = remote
             self._show_remote(remote)
             self.remote_chosen.emit(remote)
+        self.ranking = False
         if remote is not None:
             return
         entry = self._entry(self.target_path())
@@ -605,6 +617,7 @@ class ModelPicker(QWidget):
             return
         show_note(self.target_info, describe_model(entry.info))
         show_note(self.compat_badge, "Checking drafters…")
+        self.ranking = True
         self._rank_serial += 1
         serial = self._rank_serial
         info, entries, path = entry.info, list(self.entries), entry.path
@@ -616,6 +629,7 @@ class ModelPicker(QWidget):
     def _on_rank_done(self, serial: int, target: str, report: DrafterReport) -> None:
         if serial != self._rank_serial or target != self.target_path():
             return
+        self.ranking = False
         self._report = report
         self._report_for = target
         wanted = self.drafter_path() or self._wanted_drafter
@@ -933,5 +947,6 @@ class ModelPicker(QWidget):
 
     def _on_task_failed(self, exc: Exception) -> None:
         self.scanning = False
+        self.ranking = False  # a failed ranking: Load goes without a drafter model
         self.status_label.setText(str(exc))
         self.error_raised.emit(str(exc) if isinstance(exc, AppError) else f"{type(exc).__name__}: {exc}")
