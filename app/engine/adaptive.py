@@ -152,13 +152,15 @@ class CostModel:
     slowed by other work. Ratios older than MAX_AGE passes are forgotten, so a width the policy stopped
     using is measured again rather than trusted forever.
 
-    A ratio above the width, or below 1, is not a measurement of the width: a batched pass of w tokens does
-    no more work than w one-token passes and no less than one, so either that pass or the one-token passes
-    it is compared with were held up by other programs (on a busy 2-core CPU, one pass in a few reads 5 to
-    90 times a one-token pass, and the one-token median sits far above an unslowed pass). Those samples are
-    dropped, not capped: capped at the width, a few of them made every width cost w one-token passes, so no
-    draft could pay, and the policy stayed at k = 0 through verbatim copies (issue 38). Their time still
-    updates the one-token cost, so a machine that is slower for good is followed.
+    A ratio above the width is not a measurement of the width: a batched pass of w tokens does no more work
+    than w one-token passes, so that pass was held up by other programs (on a busy 2-core CPU, one pass in a
+    few reads 5 to 90 times a one-token pass). Those samples are dropped, not capped: capped at the width, a
+    few of them made every width cost w one-token passes, so no draft could pay, and the policy stayed at
+    k = 0 through verbatim copies. Their time still updates the one-token cost, so a machine that is slower
+    for good is followed. A ratio below 1 counts as 1: where a pass costs about the same at any width (a GPU, a
+    tiny model) half the honest samples fall there, so they are kept (dropped, the width would go unmeasured),
+    but a pass is never cheaper than one token, and a ratio under 1 would inflate the one-token cost that the
+    next passes are divided by (after a preempted one-token pass, every wider pass looked cheaper still).
     """
 
     WINDOW = 15  # ratios kept per width
@@ -174,7 +176,7 @@ class CostModel:
         self._catch_up: deque[float] = deque(maxlen=self.WINDOW)
         self._rollback: deque[float] = deque(maxlen=self.WINDOW)
         self._table: dict[int, float] | None = None
-        self.dropped = 0  # ratio samples outside 1..width, not kept
+        self.dropped = 0  # ratio samples above the width, not kept
 
     @property
     def widths(self) -> dict[int, float]:
@@ -213,8 +215,9 @@ class CostModel:
         known = self.ratio(width)
         one = self.one
         if one is not None and one > 0:
-            if 1.0 <= seconds / one <= width:
-                self._ratios.setdefault(width, deque(maxlen=self.WINDOW)).append((seconds / one, self._passes))
+            if seconds / one <= width:
+                ratio = max(1.0, seconds / one)
+                self._ratios.setdefault(width, deque(maxlen=self.WINDOW)).append((ratio, self._passes))
             else:
                 self.dropped += 1
         if known:
@@ -252,7 +255,7 @@ class CostModel:
         self._rollback.append(seconds)
 
     def _fit(self) -> dict[int, float]:
-        """The one-token cost now times each width's ratio (within 1 and the width, as every sample is).
+        """The one-token cost now times each width's ratio (at most the width, as every sample is).
 
         Not forced to rise with width: quantized CPU kernels work in row groups (llama.cpp's repacked
         Q4_K handles 4 at a time), so a pass of 8 tokens can cost less than one of 7.
