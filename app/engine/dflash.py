@@ -135,6 +135,7 @@ class DFlashDrafter(FollowsTarget):
     ``ctx``): one block decode per draft, however deep."""
 
     ctx: DFlashContext
+    block_drafter = True
 
     def __init__(self, target: Context, ctx: DFlashContext, layer_ids: Sequence[int], block: int, *,
                  dspark: bool = False, p_min: float = 0.0) -> None:

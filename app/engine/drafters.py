@@ -3,6 +3,9 @@
 ``SuffixDrafter`` (app.engine.suffix_tree) follows what came after the longest matches of the context's end
 in the prompt, the answer so far and earlier answers; ``ModelDrafter`` runs a small GGUF with the same
 vocabulary in its own context. The decoder lets the free suffix draft go first and the model fill the rest.
+
+Every drafter that runs a network (``ModelDrafter`` here; the target's MTP heads, EAGLE-3, DFlash and DSpark in
+their own modules) meets ``TrainedDrafter``, which is all the loop and the session know of it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +51,45 @@ class Draft:
         self.model_steps += other.model_steps
 
 
+class DraftContext(Protocol):
+    """A drafter's own llama.cpp context, as the loop times one drafter step at load."""
+
+    def clear(self) -> None: ...
+
+    def decode(self, tokens: Sequence[int]) -> object: ...
+
+    def synchronize(self) -> None: ...
+
+
+class TrainedDrafter(Protocol):
+    """The loop's second source of drafts, after the suffix drafter: anything with a network to run."""
+
+    @property
+    def ctx(self) -> DraftContext: ...
+
+    @property
+    def block_drafter(self) -> bool:
+        """One step drafts a whole block (DFlash, DSpark): a step costs the same at any depth."""
+
+    @property
+    def keeps_recurrent_checkpoint(self) -> bool:
+        """Drafts are taken back by copying a recurrent state (a recurrent draft model): memory to count."""
+
+    def reset(self) -> None:
+        """Forget everything read: the next answer starts from an empty cache."""
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Read the prompt while the target does; how many tokens were decoded for it."""
+
+    def propose(self, tokens: Sequence[int], k: int, settings: SamplingSettings, rng: np.random.Generator,
+                recent: npt.NDArray[np.int64] | None = None) -> Draft:
+        """Up to ``k`` tokens after ``tokens`` (fewer where its confidence falls below its cut)."""
+
+    def follow(self, on: bool) -> None:
+        """Speculative answers (True) or plain ones (False) are next: a drafter that reads the target's own
+        batches stops reading them for plain answers, so those cost what plain decoding costs."""
+
+
 MAX_STEP_CATCH_UP = 32  # a catch-up this long or shorter costs about one drafter step; longer is a prefill
 
 
@@ -55,11 +97,22 @@ class ModelDrafter:
     """A small GGUF drafter with its own KV cache. Greedy targets get top-1 drafts; sampling targets get
     drafts sampled from q, with q kept for the acceptance test. Stops early when its confidence is low."""
 
+    block_drafter = False
+
     def __init__(self, model: Model, ctx: Context, p_min: float = 0.1) -> None:
         self.model = model
         self.ctx = ctx
         self.p_min = p_min
         self._next_row: npt.NDArray[np.float32] | None = None  # logits after ctx.tokens (copied)
+
+    @property
+    def keeps_recurrent_checkpoint(self) -> bool:
+        from app.engine.llama import ROLLBACK_KV
+
+        return self.ctx.rollback != ROLLBACK_KV
+
+    def follow(self, on: bool) -> None:
+        """Nothing to do: it reads the answer through its own cache, at ``propose``."""
 
     def reset(self) -> None:
         self.ctx.clear()

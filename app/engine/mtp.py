@@ -241,6 +241,8 @@ class FollowsTarget(ABC):
 
     target: Context
     ctx: MTPContext
+    block_drafter = False
+    keeps_recurrent_checkpoint = False  # a head's cache is attention only: no recurrent state to copy
 
     @abstractmethod
     def mirror(self, tokens: Sequence[int], first: int) -> None: ...

@@ -29,7 +29,7 @@ from app.ceiling.rpc import ROUND_TRIPS, connect_servers, network_seconds_per_pa
 from app.engine.adaptive import DepthController
 from app.engine.chat_template import clean_messages, completion_text, render_chat, warm_renderer
 from app.engine.dflash import DFLASH_ARCH, DFlashContext, DFlashDrafter, block_size, check_dflash_pairing, is_dspark
-from app.engine.drafters import ModelDrafter
+from app.engine.drafters import ModelDrafter, TrainedDrafter
 from app.engine.eagle3 import EAGLE3_ARCH, Eagle3Context, Eagle3Drafter, check_eagle3_pairing
 from app.engine.llama import ROLLBACK_KV, ROLLBACK_SNAPSHOTS, SWA_FULL, Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter, check_mtp_target
@@ -38,7 +38,7 @@ from app.engine.suffix_tree import suffix_drafter
 from app.errors import AppError, EngineLoadError, IncompatibleDrafterError, PromptTooLongError, TemplateError
 from app.events import Event, Finished, Loaded, ModelSummary, PromptProcessed, PromptProgress, decode_rate
 from app.library.compat import CompatResult, VocabInfo, check_compatible
-from app.library.gguf_reader import fingerprint_texts
+from app.library.gguf_reader import GGUFInfo, fingerprint_texts
 from app.library.heads import mtp_refusal
 from app.library.model_file import check_model_file
 from app.params import LoadSettings, SamplingSettings, flash_attention_mode
@@ -176,6 +176,29 @@ def _refuse_control_text(model: Model, tools: Sequence[dict[str, Any]], messages
                                 "as an end-of-turn marker); remove it and send the request again.")
 
 
+def _dflash_drafter(target: Model, target_info: GGUFInfo, ctx: Context, head: Model, head_info: GGUFInfo,
+                    cparams: ContextParams, p_min: float) -> TrainedDrafter:
+    ids = check_dflash_pairing(target, target_info, head, head_info)
+    del p_min  # DSpark's confidence cut needs its own head
+    return DFlashDrafter(ctx, DFlashContext(head, ctx, cparams), ids, block_size(head_info),
+                         dspark=is_dspark(head_info), p_min=0.0)
+
+
+def _eagle3_drafter(target: Model, target_info: GGUFInfo, ctx: Context, head: Model, head_info: GGUFInfo,
+                    cparams: ContextParams, p_min: float) -> TrainedDrafter:
+    ids = check_eagle3_pairing(target, target_info, head, head_info)
+    return Eagle3Drafter(ctx, Eagle3Context(head, ctx, cparams), ids, p_min=p_min)
+
+
+# Drafter files that are heads on the target (they read its hidden states), by architecture; any other
+# drafter file is a draft model of its own (ModelDrafter). A new kind of head is one entry here.
+HEAD_DRAFTERS: dict[str, Callable[[Model, GGUFInfo, Context, Model, GGUFInfo, ContextParams, float],
+                                  TrainedDrafter]] = {
+    DFLASH_ARCH: _dflash_drafter,
+    EAGLE3_ARCH: _eagle3_drafter,
+}
+
+
 class EngineSession:
     """Target, drafters and the loop, loaded from ``LoadSettings``."""
 
@@ -245,7 +268,7 @@ class EngineSession:
                                                 settings.recurrent_rollback)
         self.ctx = Context(self.target, replace(cparams, rs_snapshots=self.rollback_plan.snapshots))
         self.drafter_model: Model | None = None
-        model_drafter: ModelDrafter | MTPDrafter | DFlashDrafter | None = None
+        model_drafter: TrainedDrafter | None = None
         if draft.mtp:
             check_mtp_target(self.target, self.target_info)
             model_drafter = MTPDrafter(self.ctx, MTPContext(self.target, self.ctx, cparams), p_min=draft.p_min)
@@ -263,22 +286,17 @@ class EngineSession:
                         f"{Path(draft.drafter_path).name} cannot draft for {Path(settings.target_path).name}: "
                         f"{verdict.reason.rstrip('.')}."
                     )
-            if drafter_info.architecture == DFLASH_ARCH:
-                ids = check_dflash_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
-                model_drafter = DFlashDrafter(self.ctx, DFlashContext(self.drafter_model, self.ctx, cparams), ids,
-                                              block_size(drafter_info), dspark=is_dspark(drafter_info),
-                                              p_min=0.0)  # DSpark's confidence cut needs its own head
-            elif drafter_info.architecture == EAGLE3_ARCH:
-                ids = check_eagle3_pairing(self.target, self.target_info, self.drafter_model, drafter_info)
-                model_drafter = Eagle3Drafter(self.ctx, Eagle3Context(self.drafter_model, self.ctx, cparams), ids,
-                                              p_min=draft.p_min)
+            head = HEAD_DRAFTERS.get(drafter_info.architecture)
+            if head is not None:
+                model_drafter = head(self.target, self.target_info, self.ctx, self.drafter_model, drafter_info,
+                                     cparams, draft.p_min)
             else:
                 dctx = Context(self.drafter_model, cparams)  # a recurrent drafter takes back drafts by checkpoint
                 model_drafter = ModelDrafter(self.drafter_model, dctx, p_min=draft.p_min)
         ngram = suffix_drafter(draft.ngram, draft.history_tokens, self.target.tokenize, log) \
             if draft.ngram > 0 else None
         controller = DepthController(k_max=k_max, fixed=None if draft.adaptive else min(draft.k, k_max),
-                                     block_drafter=isinstance(model_drafter, DFlashDrafter))
+                                     block_drafter=model_drafter is not None and model_drafter.block_drafter)
         if model_drafter is not None and draft.model_start is not None:
             controller.start_model_from(draft.model_start)
             if log is not None:
@@ -298,7 +316,7 @@ class EngineSession:
         # A recurrent state as llama.cpp holds it (with the snapshots it really keeps), and the checkpoint copy.
         self.state_bytes = recurrent_state_allocated(shapes[0], self.ctx.rs_snapshots,
                                                      checkpoint=self.ctx.rs_snapshots < k_max)
-        if isinstance(model_drafter, ModelDrafter) and model_drafter.ctx.rollback != ROLLBACK_KV:
+        if model_drafter is not None and model_drafter.keeps_recurrent_checkpoint:
             self.state_bytes += recurrent_state_allocated(shapes[1], checkpoint=True)
         self.decoder.state_bytes = self.state_bytes
         self.kv_bytes_total = self.state_bytes + self.mtp_kv_bytes + sum(
@@ -380,7 +398,7 @@ class EngineSession:
         (OpenAI function tools) go to the template; ``PromptProcessed.tool_format`` says how calls are read."""
         sampling.validate()
         decoder = decoder or self.decoder
-        if isinstance(self.decoder.drafter, MTPDrafter | DFlashDrafter):
+        if self.decoder.drafter is not None:
             self.decoder.drafter.follow(decoder is not self.plain_decoder)
         warning: str | None = None
         tool_format = ""

@@ -17,11 +17,9 @@ import numpy.typing as npt
 
 from app.engine import sampling
 from app.engine.adaptive import DepthController
-from app.engine.dflash import DFlashDrafter
-from app.engine.drafters import Draft, ModelDrafter
+from app.engine.drafters import Draft, TrainedDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
-from app.engine.mtp import MTPDrafter
 from app.engine.suffix_tree import SuffixDrafter
 from app.errors import PromptTooLongError, SettingsError
 from app.events import (
@@ -178,7 +176,7 @@ class SpeculativeDecoder:
         ctx: Context,
         *,
         ngram: SuffixDrafter | None = None,
-        drafter: ModelDrafter | MTPDrafter | DFlashDrafter | None = None,
+        drafter: TrainedDrafter | None = None,
         controller: DepthController | None = None,
     ) -> None:
         self.target = target
