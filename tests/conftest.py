@@ -110,6 +110,18 @@ SERVER_FIXTURES = {
     "llama_server", "llama_server_plain",  # llama.cpp's llama-server process
 }
 
+# Tests that took 10 s or more each in the fast subset (statistical sampling checks, every drop order of every
+# drafter kind): marked slow here, by function name, so that `--fast` stays a few minutes.
+SLOW_TESTS = {
+    "test_ngram_drafter_is_lossless", "test_model_drafter_is_lossless",
+    "test_model_drafter_is_lossless_with_every_filter_and_penalties", "test_target_alone_fits_its_exact_distribution",
+    "test_broken_acceptance_rule_is_detected",  # test_engine_sampling
+    "test_sampled_block_drafts_keep_the_target_distribution",  # test_dflash
+    "test_sampled_eagle3_drafts_keep_the_target_distribution",  # test_eagle3
+    "test_sampled_mtp_drafts_keep_the_target_distribution",  # test_mtp
+    "test_a_target_and_its_drafter_dropped_in_every_order",  # test_lifetimes
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -122,3 +134,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.server)
         if "demo_models" in used:
             item.add_marker(pytest.mark.demo)
+        if getattr(item, "originalname", None) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
