@@ -451,6 +451,10 @@ class MessageStats:
     proposal_passes: int = 0
     proposal_lengths: tuple[int, ...] = ()
     proposal_matches: tuple[int, ...] = ()
+    # Of ``drafted`` and ``accepted``, the trained drafter's tokens (a model, MTP heads, EAGLE-3, DFlash): what
+    # it did when it drafted beside the suffix drafter. -1: not counted (answers saved before these fields).
+    model_drafted: int = -1
+    model_accepted: int = -1
 
     @property
     def counts(self) -> RunCounts:
@@ -506,7 +510,14 @@ def continued_stats(first: MessageStats, then: MessageStats) -> MessageStats:
         proposal_passes=first.proposal_passes + then.proposal_passes,
         proposal_lengths=add_counts(first.proposal_lengths, then.proposal_lengths),
         proposal_matches=add_counts(first.proposal_matches, then.proposal_matches),
+        model_drafted=_add_known(first.model_drafted, then.model_drafted),
+        model_accepted=_add_known(first.model_accepted, then.model_accepted),
     )
+
+
+def _add_known(a: int, b: int) -> int:
+    """A sum of two counts where -1 means not counted."""
+    return -1 if a < 0 or b < 0 else a + b
 
 
 def add_counts(a: Sequence[int], b: Sequence[int], length: int | None = None) -> tuple[int, ...]:

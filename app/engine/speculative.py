@@ -104,6 +104,8 @@ class RunTotals:
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    model_drafted: int = 0  # of ``drafted``, the trained drafter's tokens (the rest are the suffix drafter's)
+    model_accepted: int = 0
     end_tokens: int = 0
     pos_drafted: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
@@ -151,6 +153,8 @@ class RunTotals:
             proposal_passes=self.hindsight.passes,
             proposal_lengths=tuple(self.hindsight.lengths),
             proposal_matches=tuple(self.hindsight.matches),
+            model_drafted=self.model_drafted,
+            model_accepted=self.model_accepted,
         )
 
 
@@ -418,6 +422,8 @@ class SpeculativeDecoder:
             totals.end_tokens += stop_now
             totals.drafted += len(draft)
             totals.accepted += n_acc
+            totals.model_drafted += len(draft) - n_ngram
+            totals.model_accepted += max(0, n_acc - n_ngram)  # the suffix tokens come first in a draft
             totals.record_positions(accepted, len(draft))
             totals.k_history.append(k)
             overhead = time.perf_counter() - t_pass - (t_verified - t_drafted) - draft.model_seconds

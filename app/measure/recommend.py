@@ -71,7 +71,7 @@ class Recommendation:
     kind: str  # "model" or "ngram"
     cost_ratio: float  # c: drafter bytes ÷ target bytes (0 for n-gram)
     acceptance: float  # α used
-    acceptance_source: str  # "measured per position", "measured" (α only) or "default"
+    acceptance_source: str  # "measured per position", "measured" (α only), "measured: drafted nothing", "default"
     best_k: int
     tokens_per_pass: float
     speedup: float
@@ -109,13 +109,15 @@ def recommend_drafters(
     profiles: Mapping[tuple[str, str], Sequence[float]] | None = None,
     pass_profiles: Mapping[tuple[str, str], tuple[Sequence[float], Sequence[float]]] | None = None,
     step_costs: Mapping[tuple[str, str], float] | None = None,
+    idle: Mapping[tuple[str, str], int] | None = None,
 ) -> list[Recommendation]:
     """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
     Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
     out (the library's compatibility matrix says why). Keys of measured_acceptance and ``profiles`` are
     (target path, drafter path), with NGRAM_KEY as the drafter path for the n-gram drafter.
     ``verify_curves`` ({model path: measured curve}) and ``profiles`` ({pair: acceptance per position})
-    default to what was measured on this machine."""
+    default to what was measured on this machine; so does ``idle`` ({pair: answers in which the drafter drafted
+    nothing}), which makes a drafter never measured drafting predict plain decoding, not its default."""
     if verify_curves is None:
         from app.storage.verify_cost import load_curves
 
@@ -132,6 +134,10 @@ def recommend_drafters(
         from app.storage.pair_stats import load_step_costs
 
         step_costs = load_step_costs()
+    if idle is None:
+        from app.storage.pair_stats import load_idle
+
+        idle = load_idle()
     curve = verify_curves.get(target.path)
     target_vocab = VocabInfo.from_gguf(target)
     models: list[Recommendation] = []
@@ -159,7 +165,13 @@ def recommend_drafters(
             else:
                 c_source = "weight bytes"
             k, tau, s = predict(rates, limit, c, curve)
-        if curve is not None and k == 0:
+        idle_answers = idle.get((target.path, cand.path), 0)
+        if source == "default" and idle_answers:
+            # Loaded and asked, it drafted nothing: the depth policy found its drafts not worth their cost here.
+            alpha, source, k, tau, s = 0.0, "measured: drafted nothing", 0, 1.0, 1.0
+            note = (f"drafted nothing in {idle_answers} answer{'s' if idle_answers > 1 else ''} here: the depth "
+                    "policy found that its drafts do not pay on this machine")
+        elif curve is not None and k == 0:
             note = (f"a drafter step costs c = {c:.2f} target passes and a pass of 2 costs "
                     f"{curve.relative(2):.2f} of one here: at α = {alpha:.2f} no depth beats plain decoding")
         elif c >= 1.0:

@@ -4,8 +4,10 @@ Stored as JSON in the data folder, written atomically. α is Leviathan's: the ra
 position is accepted. ``per_position`` is the measured acceptance per draft position (the share of drafts
 reaching position i whose first i + 1 tokens were all accepted, as the engine's stats give it): acceptance is
 clustered (a copy keeps being accepted, a chance match stops), so the ranking predicts from these rather
-than from α alone. A pair is recorded only when one drafter made every draft (a model drafter without the
-n-gram drafter, or the n-gram drafter alone), so the figure belongs to that drafter.
+than from α alone. A pair's profile is recorded only when one drafter made every draft (a model drafter without
+the n-gram drafter, or the n-gram drafter alone), so the figure belongs to that drafter; where both drafted,
+the trained drafter's own tokens still give its α (``record_trained_share``). ``idle`` counts the answers in
+which a trained drafter drafted nothing at all.
 
 The suffix drafter's pairs also keep ``per_pass``: over every pass, drafted or not, the share with a proposal of
 at least i + 1 tokens (``drafted``) and the share whose first i + 1 proposed tokens the target then emitted
@@ -27,6 +29,9 @@ from app.storage.atomic import atomic_write_json, read_json_object
 FILE_NAME = "acceptance.json"
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
+# An answer this long in which a trained drafter drafted nothing: the depth policy judged its drafts not worth
+# their cost here, which the ranking must hear (its default acceptance would go on predicting a speedup).
+IDLE_PASSES = 32
 WEIGHT_CAP = 2000.0  # drafted tokens the running mean remembers at most: newer runs keep counting
 MAX_POSITIONS = 64  # the widest draft kept per position (the engine drafts at most DEPTH_CAP)
 
@@ -66,6 +71,9 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
         c = value.get("c")
         if isinstance(c, float | int) and not isinstance(c, bool) and math.isfinite(c) and 0 < c < 100:
             entry["c"] = float(c)
+        idle = value.get("idle")
+        if isinstance(idle, int) and not isinstance(idle, bool) and idle > 0:
+            entry["idle"] = idle
         if entry:
             out[key] = entry
     return out
@@ -127,19 +135,70 @@ def drafter_key(drafter_path: str | None, ngram: int) -> str | None:
     return None
 
 
+def _write(path: Path, table: dict[str, dict[str, Any]]) -> bool:
+    try:
+        atomic_write_json(path, table)
+    except StorageError:  # a full disk only means the figure is not kept: the ranking falls back to its default
+        return False
+    return True
+
+
+def _idle_answer(target: str, drafter: str, stats: MessageStats, path: Path) -> bool:
+    """Count an answer of IDLE_PASSES or more in which the trained drafter drafted nothing (True if counted)."""
+    if drafter == NGRAM_KEY or stats.model_drafted != 0 or stats.passes < IDLE_PASSES:
+        return False
+    table = _read(path)
+    entry = table.get(_key(target, drafter), {})
+    entry["idle"] = entry.get("idle", 0) + 1
+    table[_key(target, drafter)] = entry
+    return _write(path, table)
+
+
+def record_trained_share(target: str, drafter: str, stats: MessageStats, path: Path | None = None) -> float | None:
+    """An answer where the suffix drafter and a trained drafter both drafted: the trained drafter's own tokens
+    (accepted over drafted: a lower bound on α, since later positions are accepted less often) folded into the
+    pair's α, without a per-position profile; or an idle answer counted. Returns the pair's α (None if not kept)."""
+    path = path or default_path()
+    if stats.model_drafted < MIN_DRAFTED:
+        _idle_answer(target, drafter, stats, path)
+        return None
+    table = _read(path)
+    entry = table.get(_key(target, drafter), {})
+    alpha, weight = stats.model_accepted / stats.model_drafted, float(stats.model_drafted)
+    if "alpha" in entry:
+        share = weight / (entry["weight"] + weight)
+        alpha = entry["alpha"] + (alpha - entry["alpha"]) * share
+        weight = min(entry["weight"] + weight, WEIGHT_CAP)
+    entry.update(alpha=alpha, weight=weight)
+    table[_key(target, drafter)] = entry
+    return alpha if _write(path, table) else None
+
+
+def load_idle(path: Path | None = None) -> dict[tuple[str, str], int]:
+    """{(target path, drafter path): answers in which that trained drafter drafted nothing}."""
+    out: dict[tuple[str, str], int] = {}
+    for key, value in _read(path or default_path()).items():
+        if "idle" in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = value["idle"]
+    return out
+
+
 def record(target: str, drafter: str, stats: MessageStats, path: Path | None = None) -> float | None:
     """Fold one answer's acceptance into the pair's running mean; returns the pair's α (None if not kept).
 
     The per-pass shares are kept from an answer that drafted little too (prose is where the policy drafts
     least, and leaving it out would flatter the prediction). A full disk only means the figure is not kept:
-    the ranking falls back to its stated default.
+    the ranking falls back to its stated default. A trained drafter that drafted nothing in a long answer is
+    counted as idle.
     """
     ppa = stats.per_position_acceptance
     drafts = stats.drafted >= MIN_DRAFTED and bool(ppa) and math.isfinite(ppa[0])
     passes = stats.proposal_passes >= MIN_DRAFTED and bool(stats.proposal_lengths)
-    if not drafts and not passes:
-        return None
     path = path or default_path()
+    if not drafts and not passes:
+        _idle_answer(target, drafter, stats, path)
+        return None
     table = _read(path)
     kept = table.get(_key(target, drafter))
     old = kept if kept is not None and "alpha" in kept else None  # a measured step alone says nothing of α
@@ -161,18 +220,15 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
         alpha = stats.proposal_matches[0] / stats.proposal_lengths[0] if stats.proposal_matches else 0.0
         weight, profile = 1.0, []
     entry: dict[str, Any] = {"alpha": alpha, "weight": weight, "per_position": profile[:MAX_POSITIONS]}
-    if kept is not None and "c" in kept:
-        entry["c"] = kept["c"]
+    for kept_field in ("c", "idle"):
+        if kept is not None and kept_field in kept:
+            entry[kept_field] = kept[kept_field]
     per_pass = _fold_passes(old.get("per_pass") if old is not None else None, stats) if passes else (
         old.get("per_pass") if old is not None else None)
     if per_pass is not None:
         entry["per_pass"] = per_pass
     table[_key(target, drafter)] = entry
-    try:
-        atomic_write_json(path, table)
-    except StorageError:
-        return None
-    return alpha
+    return alpha if _write(path, table) else None
 
 
 def _fold_passes(old: dict[str, Any] | None, stats: MessageStats) -> dict[str, Any] | None:
@@ -209,10 +265,7 @@ def record_step_cost(target: str, drafter: str, c: float, path: Path | None = No
     entry = table.get(_key(target, drafter), {})
     entry["c"] = c
     table[_key(target, drafter)] = entry
-    try:
-        atomic_write_json(path, table)
-    except StorageError:
-        return
+    _write(path, table)
 
 
 def load_step_costs(path: Path | None = None) -> dict[tuple[str, str], float]:

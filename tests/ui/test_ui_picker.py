@@ -19,6 +19,9 @@ def test_incompatible_drafter_shows_reason_and_load_refuses(
     window = make_window(start_engine=False, folders=(tiny_target.parent,))
     picker = window.picker
     choose_pair(qtbot, window, tiny_target, tiny_drafter_other_vocab)
+    listed = picker.drafter_combo.model().item(picker.drafter_combo.findData(str(tiny_drafter_other_vocab)))
+    assert not listed.isEnabled()  # listed with its reason, never offered to click
+    assert picker.drafter_combo.model().item(picker.drafter_combo.findData(str(tiny_drafter_same))).isEnabled()
     badge = picker.compat_badge.text()
     assert "Incompatible" in badge
     assert "token" in badge  # the reason names the failing check

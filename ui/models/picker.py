@@ -643,6 +643,7 @@ class ModelPicker(QWidget):
         for entry, result in report.refused:
             self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
             self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(result.reason), TOOLTIP_ROLE)
+            self._disable_item(self.drafter_combo.count() - 1)  # listed to say why, never to be chosen
         for offer in report.heads:  # trained heads: the target's own MTP heads, EAGLE-3 and DFlash files
             self.drafter_combo.addItem(offer.label if offer.fits else f"✗ {offer.label} (does not fit)",
                                        offer.path or OWN_MTP_HEADS)
@@ -650,11 +651,7 @@ class ModelPicker(QWidget):
                                            plain_tooltip(offer.refusal or f"Drafts for this target: {offer.label}."),
                                            TOOLTIP_ROLE)
             if offer.path is None and not offer.fits:  # nothing to load: the reason is its tooltip
-                model = self.drafter_combo.model()
-                if isinstance(model, QStandardItemModel):
-                    item = model.item(self.drafter_combo.count() - 1)
-                    if item is not None:
-                        item.setEnabled(False)
+                self._disable_item(self.drafter_combo.count() - 1)
         ngram = next((r for r in report.recommendations if r.kind == "ngram"), None)
         if ngram is not None:
             self.ngram_check.setToolTip(plain_tooltip(f"{ngram.note} Stacks with a drafter model."))
@@ -667,6 +664,13 @@ class ModelPicker(QWidget):
         self._apply_tuned()
         self._refresh()
         self.drafters_ranked.emit()
+
+    def _disable_item(self, index: int) -> None:
+        model = self.drafter_combo.model()
+        if isinstance(model, QStandardItemModel):
+            item = model.item(index)
+            if item is not None:
+                item.setEnabled(False)
 
     @staticmethod
     def _auto_drafter(report: DrafterReport) -> bool:
@@ -701,7 +705,11 @@ class ModelPicker(QWidget):
 
     @staticmethod
     def _rec_label(rec: Recommendation) -> str:
-        return f"{Path(rec.name).name} — predicted {rec.speedup:.2f}× at k={rec.best_k}"
+        name = Path(rec.name).name
+        if rec.acceptance_source == "measured: drafted nothing":
+            return f"{name} — drafted nothing here"
+        guess = " (a guess: not yet measured)" if rec.acceptance_source == "default" else ""
+        return f"{name} — predicted {rec.speedup:.2f}× at k={rec.best_k}{guess}"
 
     @Slot(int)
     def _on_drafter_combo_current_index_changed(self, _index: int) -> None:
