@@ -63,11 +63,18 @@ def format_stats(stats: MessageStats | Mapping[str, Any]) -> str:
 
 
 def describe_writer(message: ChatMessage) -> str:
-    """Which model (by file name) and drafter wrote an answer."""
+    """Which model (by file name) and drafter wrote an answer; a drafter that drafted nothing in it is named as
+    such, not credited."""
     if not message.model:
         return ""
     name = Path(message.model).name
-    return f"{name} + {Path(message.drafter).name}" if message.drafter else name
+    if not message.drafter:
+        return name
+    stats = message.stats
+    counted = stats is not None and (not isinstance(stats, Mapping) or "model_drafted" in stats)
+    idle = counted and stats is not None and _stat(stats, "model_drafted") == 0  # -1: not counted
+    drafter = Path(message.drafter).name
+    return f"{name} ({drafter} drafted nothing)" if idle else f"{name} + {drafter}"
 
 
 def footer_text(message: ChatMessage) -> str:
