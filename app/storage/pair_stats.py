@@ -90,35 +90,38 @@ def _per_pass(value: Any) -> dict[str, Any] | None:
     return {"drafted": drafted, "matched": matched, "weight": float(weight)}
 
 
+def _by_pair(path: Path | None, name: str) -> dict[tuple[str, str], Any]:
+    """{(target path, drafter path or NGRAM_KEY): the entry's ``name``} for the pairs that have it."""
+    out: dict[tuple[str, str], Any] = {}
+    for key, value in _read(path or default_path()).items():
+        if name in value:
+            target, _, drafter = key.partition("\n")
+            out[(target, drafter)] = value[name]
+    return out
+
+
+def _fold_alpha(old: dict[str, Any], alpha: float, weight: float) -> tuple[float, float, float]:
+    """An answer's α of ``weight`` drafted tokens folded into the pair's running mean: (α, weight, the answer's
+    share of the mean)."""
+    share = weight / (old["weight"] + weight)
+    return old["alpha"] + (alpha - old["alpha"]) * share, min(old["weight"] + weight, WEIGHT_CAP), share
+
+
 def load_measured(path: Path | None = None) -> dict[tuple[str, str], float]:
     """{(target path, drafter path or NGRAM_KEY): measured α}; empty when nothing was measured yet."""
-    out: dict[tuple[str, str], float] = {}
-    for key, value in _read(path or default_path()).items():
-        if "alpha" in value:
-            target, _, drafter = key.partition("\n")
-            out[(target, drafter)] = value["alpha"]
-    return out
+    return _by_pair(path, "alpha")
 
 
 def load_profiles(path: Path | None = None) -> dict[tuple[str, str], tuple[float, ...]]:
     """{(target path, drafter path or NGRAM_KEY): measured acceptance per position} for the pairs that have one."""
-    out: dict[tuple[str, str], tuple[float, ...]] = {}
-    for key, value in _read(path or default_path()).items():
-        if "per_position" in value:
-            target, _, drafter = key.partition("\n")
-            out[(target, drafter)] = tuple(value["per_position"])
-    return out
+    return {pair: tuple(profile) for pair, profile in _by_pair(path, "per_position").items()}
 
 
 def load_pass_profiles(path: Path | None = None) -> dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]]:
     """{(target path, NGRAM_KEY): (share of passes with a proposal of ≥ i + 1 tokens, share whose first i + 1
     were right)} for the pairs measured over every pass."""
-    out: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = {}
-    for key, value in _read(path or default_path()).items():
-        if "per_pass" in value:
-            target, _, drafter = key.partition("\n")
-            out[(target, drafter)] = (tuple(value["per_pass"]["drafted"]), tuple(value["per_pass"]["matched"]))
-    return out
+    return {pair: (tuple(per_pass["drafted"]), tuple(per_pass["matched"]))
+            for pair, per_pass in _by_pair(path, "per_pass").items()}
 
 
 def measured_start(target: str, drafter: str | None) -> float | None:
@@ -166,9 +169,7 @@ def record_trained_share(target: str, drafter: str, stats: MessageStats, path: P
     entry = table.get(_key(target, drafter), {})
     alpha, weight = stats.model_accepted / stats.model_drafted, float(stats.model_drafted)
     if "alpha" in entry:
-        share = weight / (entry["weight"] + weight)
-        alpha = entry["alpha"] + (alpha - entry["alpha"]) * share
-        weight = min(entry["weight"] + weight, WEIGHT_CAP)
+        alpha, weight, _share = _fold_alpha(entry, alpha, weight)
     entry.update(alpha=alpha, weight=weight)
     table[_key(target, drafter)] = entry
     return alpha if _write(path, table) else None
@@ -176,12 +177,7 @@ def record_trained_share(target: str, drafter: str, stats: MessageStats, path: P
 
 def load_idle(path: Path | None = None) -> dict[tuple[str, str], int]:
     """{(target path, drafter path): answers in which that trained drafter drafted nothing}."""
-    out: dict[tuple[str, str], int] = {}
-    for key, value in _read(path or default_path()).items():
-        if "idle" in value:
-            target, _, drafter = key.partition("\n")
-            out[(target, drafter)] = value["idle"]
-    return out
+    return _by_pair(path, "idle")
 
 
 def record(target: str, drafter: str, stats: MessageStats, path: Path | None = None) -> float | None:
@@ -207,13 +203,11 @@ def record(target: str, drafter: str, stats: MessageStats, path: Path | None = N
         finite = [math.isfinite(a) for a in ppa]
         profile = _profile(list(ppa[: finite.index(False) if False in finite else None])) or []
         if old is not None:
-            share = weight / (old["weight"] + weight)
-            alpha = old["alpha"] + (alpha - old["alpha"]) * share
+            alpha, weight, share = _fold_alpha(old, alpha, weight)
             before = old.get("per_position", [])
             # Positions measured on both sides move by this answer's share; the rest keep whichever side has them.
             profile = [b + (a - b) * share for a, b in zip(profile, before, strict=False)] + (
                 profile[len(before):] or before[len(profile):])
-            weight = min(old["weight"] + weight, WEIGHT_CAP)
     elif old is not None:
         alpha, weight, profile = old["alpha"], old["weight"], old.get("per_position", [])
     else:  # nothing drafted yet: α is the share of proposals whose first token was right
@@ -270,9 +264,4 @@ def record_step_cost(target: str, drafter: str, c: float, path: Path | None = No
 
 def load_step_costs(path: Path | None = None) -> dict[tuple[str, str], float]:
     """{(target path, drafter path): measured c} for the pairs whose drafter step was timed."""
-    out: dict[tuple[str, str], float] = {}
-    for key, value in _read(path or default_path()).items():
-        if "c" in value:
-            target, _, drafter = key.partition("\n")
-            out[(target, drafter)] = value["c"]
-    return out
+    return _by_pair(path, "c")
