@@ -321,10 +321,10 @@ def edit_prompt_copy() -> tuple[list[int], list[int]]:
     return tokens(text), tokens(answer)
 
 
-def run_answer(c: DepthController, prompt: list[int], answer: list[int], busy: Callable[[int], float]) -> list[int]:
-    """One greedy answer through the suffix drafter and ``c``, each pass charged SLOW_CPU's cost for its width
-    times ``busy(pass)`` (how much slower the machine is then); returns the depth chosen at each pass."""
-    drafter = SuffixDrafter(1)
+def replay_answer(c: DepthController, drafter: SuffixDrafter, prompt: list[int], answer: list[int],
+                  seconds: Callable[[int, int], float], *, observe: bool = False) -> list[int]:
+    """One greedy answer through ``drafter`` and ``c``, each pass timed ``seconds(pass, width)``; with ``observe``
+    the controller also hears each pass's acceptance, as the loop tells it. The depth chosen at each pass."""
     tokens, produced, ks = list(prompt), 0, []
     c.start_answer()
     while produced < len(answer):
@@ -335,11 +335,21 @@ def run_answer(c: DepthController, prompt: list[int], answer: list[int], busy: C
             n += 1
         emitted = answer[produced : produced + n + 1]
         c.score_proposal(proposal.tokens, proposal.match_len, emitted, proposal.probs)
-        c.cost.observe_verify(k + 1, interpolated(SLOW_CPU, k + 1) * busy(len(ks)))
+        if observe:
+            c.observe(proposal.sources[: min(k, n + 1)], [True] * n + [False] * (n < k), proposal.match_len,
+                      ngram_scored_elsewhere=True, probs=proposal.probs)
+        c.cost.observe_verify(k + 1, seconds(len(ks), k + 1))
         tokens += emitted
         produced += len(emitted)
         ks.append(k)
     return ks
+
+
+def run_answer(c: DepthController, prompt: list[int], answer: list[int], busy: Callable[[int], float]) -> list[int]:
+    """One greedy answer through the suffix drafter and ``c``, each pass charged SLOW_CPU's cost for its width
+    times ``busy(pass)`` (how much slower the machine is then); returns the depth chosen at each pass."""
+    return replay_answer(c, SuffixDrafter(1), prompt, answer,
+                         lambda n, width: interpolated(SLOW_CPU, width) * busy(n))
 
 
 def interpolated(costs: dict[int, float], width: int) -> float:
@@ -518,24 +528,7 @@ def answer_on(c: DepthController, prompt: list[int], answer: list[int], seconds:
     for _ in range(2):
         for width in range(1, c.k_max + 2):
             c.cost.observe_verify(width, seconds(width))
-    drafter = SuffixDrafter(3)
-    tokens, produced, ks = list(prompt), 0, []
-    c.start_answer()
-    while produced < len(answer):
-        proposal = drafter.propose(tokens, c.k_max)
-        k = min(c.choose(len(proposal), False, proposal.match_len, probs=proposal.probs), len(answer) - produced - 1)
-        n = 0
-        while n < k and proposal.tokens[n] == answer[produced + n]:
-            n += 1
-        emitted = answer[produced : produced + n + 1]
-        c.score_proposal(proposal.tokens, proposal.match_len, emitted, proposal.probs)
-        c.observe(proposal.sources[: min(k, n + 1)], [True] * n + [False] * (n < k), proposal.match_len,
-                  ngram_scored_elsewhere=True, probs=proposal.probs)
-        c.cost.observe_verify(k + 1, seconds(k + 1))
-        tokens += emitted
-        produced += len(emitted)
-        ks.append(k)
-    return ks
+    return replay_answer(c, SuffixDrafter(3), prompt, answer, lambda _n, width: seconds(width), observe=True)
 
 
 def test_a_pass_slower_than_its_width_in_one_token_passes_is_not_a_measurement() -> None:
