@@ -144,17 +144,18 @@ class Worker:
         from app.engine.bench_run import bench_run, raw_decode
 
         if self.session is None:
-            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
-                                  request_id=request.request_id))
+            self.send_not_loaded(request.request_id)
         elif isinstance(request, BenchRun):
             self.send(bench_run(self.session, request))
         else:
             self.send(raw_decode(self.session, request))
 
+    def send_not_loaded(self, request_id: int) -> None:
+        self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded", request_id=request_id))
+
     def count_tokens(self, request: CountTokens) -> None:
         if self.session is None:
-            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
-                                  request_id=request.request_id))
+            self.send_not_loaded(request.request_id)
             return
         from app.engine.session import chat_prompt
 
@@ -163,8 +164,7 @@ class Worker:
 
     def generate(self, request: Generate) -> None:
         if self.session is None:
-            self.send(EngineError("No model is loaded; load a model first.", kind="not_loaded",
-                                  request_id=request.request_id))
+            self.send_not_loaded(request.request_id)
             return
         cancelled = False
 
