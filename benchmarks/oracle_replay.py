@@ -36,13 +36,12 @@ from app.measure.replay import (  # noqa: E402
     CostCurve,
     Replayed,
     Trace,
-    replay_ngram_mod,
-    replay_ngram_simple,
     replay_oracle,
     replay_specdeck,
     total,
 )
 from app.params import K_MAX, NGRAM_KEY_LENGTH  # noqa: E402
+from benchmarks.ngram_modes import replay_ngram_mod, replay_ngram_simple  # noqa: E402
 
 
 def record(target: Path, prompt_files: list[Path], max_tokens: int, threads: int) -> dict[str, Any]:

@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from vs_llama_server import PROMPTS_DIR, WORKLOADS, Server, find_server, prompt_tokens  # noqa: E402
 
 from app.measure.bench import read_prompts  # noqa: E402
-from app.measure.replay import CostCurve, Trace, replay_ngram_mod, replay_ngram_simple  # noqa: E402
+from app.measure.replay import CostCurve, Trace  # noqa: E402
+from benchmarks.ngram_modes import replay_ngram_mod, replay_ngram_simple  # noqa: E402
 
 MODES = {"ngram-simple": replay_ngram_simple, "ngram-mod": replay_ngram_mod}
 UNIT = CostCurve({1: 1.0})  # counts only: the cost of a pass plays no part

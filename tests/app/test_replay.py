@@ -10,19 +10,15 @@ import random
 import pytest
 
 from app.measure.replay import (
-    MOD_MIN,
     CostCurve,
-    NgramMod,
     Trace,
     best_width,
     longest_source_match,
-    ngram_simple_draft,
-    replay_ngram_mod,
-    replay_ngram_simple,
     replay_oracle,
     replay_specdeck,
     total,
 )
+from benchmarks.ngram_modes import MOD_MIN, NgramMod, ngram_simple_draft, replay_ngram_mod, replay_ngram_simple
 
 CPU = CostCurve({1: 0.019, 2: 0.036, 4: 0.059, 8: 0.096, 16: 0.164})
 FLAT = CostCurve({1: 0.010, 65: 0.0101})
