@@ -15,7 +15,8 @@ from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_CANCELLED, EXIT_ERROR
 from app.errors import AppError
 from app.hub.client import RepoHit, list_files, repo_id, search
 from app.hub.files import MODEL, ModelFiles, group_files
-from app.hub.transfer import Progress, choose, pull, target_folder
+from app.hub.pending import target_folder
+from app.hub.transfer import Progress, choose, pull
 from app.hub.verdict import QuantVerdict, judge
 from app.safe_text import terminal_safe
 from app.units import format_bytes, format_count

@@ -91,7 +91,7 @@ def split_of(path: str) -> tuple[str, int, int] | None:
     return m.group("prefix"), int(m.group("no")), int(m.group("count"))
 
 
-def _safe_name(path: str) -> bool:
+def is_safe_name(path: str) -> bool:
     """A listed name that stays a plain file name inside the models folder on every platform."""
     name = PurePosixPath(path).name
     return not name.startswith(".") and not any(c in name for c in '\\:*?"<>|') and name.isprintable()
@@ -102,7 +102,7 @@ def group_files(files: Iterable[RemoteFile]) -> list[ModelFiles]:
     singles: list[ModelFiles] = []
     splits: dict[tuple[str, int], list[tuple[int, RemoteFile]]] = {}
     for f in files:
-        if not f.path.lower().endswith(".gguf") or not _safe_name(f.path):
+        if not f.path.lower().endswith(".gguf") or not is_safe_name(f.path):
             continue
         split = split_of(f.path)
         if split is None:

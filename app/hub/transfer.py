@@ -16,7 +16,8 @@ import httpx
 
 from app.hub.client import HubError, Resolved, resolve
 from app.hub.files import MODEL, ModelFiles, split_of
-from app.paths import ensure, models_dir
+from app.hub.pending import part_path, remove_record, target_folder, write_record
+from app.paths import ensure
 from app.storage.atomic import fsync_folder
 from app.units import format_bytes
 
@@ -44,16 +45,6 @@ class Pulled:
     paths: tuple[Path, ...]
     already_there: bool
     verified: bool  # every part was checked against a sha256 from the Hub
-
-
-def target_folder(repo: str, root: Path | None = None) -> Path:
-    """models/<owner>/<name>: quants in sub-folders of the repository land beside the others."""
-    owner, name = repo.split("/", 1)
-    return (root or models_dir()) / owner / name
-
-
-def part_path(target: Path) -> Path:
-    return target.with_name(target.name + ".part")
 
 
 def _hash_prefix(path: Path, n: int) -> hashlib._Hash:
@@ -193,16 +184,23 @@ def pull(repo: str, group: ModelFiles, *, revision: str = "main", root: Path | N
     _check_space(folder, group.size - done)
     meter = _Meter(group.size, done, progress, stop)
     verified = True
+    write_record(targets[0], repo, revision, group)  # what the next start of the window resumes, if this stops
     with httpx.Client(timeout=TIMEOUT, follow_redirects=True) as client:
         for target, remote in zip(targets, group.parts, strict=True):
             if target.is_file() and target.stat().st_size == remote.size:
                 continue
-            verified &= _fetch_part(repo, remote.path, remote.size, remote.sha256, target, meter, client,
-                                    revision)
+            try:
+                verified &= _fetch_part(repo, remote.path, remote.size, remote.sha256, target, meter, client,
+                                        revision)
+            except HubError:
+                if not any(part_path(t).exists() for t in targets):
+                    remove_record(targets[0])  # nothing left to resume (a bad checksum deleted it)
+                raise
     for target in targets:  # only a whole, verified set is put where discovery sees it
         part = part_path(target)
         if part.exists():
             os.replace(part, target)
+    remove_record(targets[0])
     fsync_folder(folder)
     return Pulled(tuple(targets), False, verified)
 

@@ -217,8 +217,8 @@ def test_an_error_body_is_never_written_into_a_model(hub: HubLookalike, tiny: Pa
     assert code == 1
     assert "answered 403" in err
     assert "kept" in err
-    (part,) = files_in(models_dir(tmp_path))
-    assert part.name == f"{Q8}.part"
+    part, record = files_in(models_dir(tmp_path))
+    assert (part.name, record.name) == (f"{Q8}.part", f"{Q8}.pull.json")  # the record: what the window resumes
     assert part.read_bytes() == tiny.read_bytes()[:50_000]  # no XML after the good bytes
 
     hub.faults.pop(Q8)

@@ -300,3 +300,60 @@ def test_failures_are_sentences(qtbot: QtBot, make_window: object, hub: HubLooka
     with qtbot.waitSignal(choose_repo_failed, timeout=HUB_MS):
         dialog.show_repo(REPO)
     assert "cannot be reached" in dialog.status_label.text()
+
+
+def test_a_download_cut_off_resumes_at_the_next_start_of_the_window(qtbot: QtBot, make_window: object,
+                                                                    hub: HubLookalike, tiny: Path,
+                                                                    tmp_path: Path) -> None:
+    from app.hub.client import HubError, list_files
+    from app.hub.files import group_files
+    from app.hub.transfer import RETRIES, choose, pull
+
+    hub.add_file(REPO, Q8, tiny)
+    size = tiny.stat().st_size
+    # Every response is cut after a few kB, more times than one pull reconnects: the pull gives up.
+    hub.faults[Q8] = Fault(cut_after=size // 16, cuts=RETRIES + 1, chunk=1024)
+    group = choose(group_files(list_files(REPO)), quant="Q8_0", repo=REPO)
+    with pytest.raises(HubError, match="partial file is kept"):
+        pull(REPO, group)
+    folder = models_dir(tmp_path) / "acme" / "Tiny-GGUF"
+    part, record = folder / f"{Q8}.part", folder / f"{Q8}.pull.json"
+    have = part.stat().st_size
+    assert 0 < have < size
+    assert record.is_file()
+    hub.faults.pop(Q8)
+    hub.expire_urls()  # the URLs of that run are signed and expired: fresh ones are needed
+    before = len(cdn_ranges(hub, Q8))
+
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    target = folder / Q8
+    qtbot.waitUntil(lambda: window.picker.target_combo.findData(str(target)) >= 0, timeout=HUB_MS)
+    dialog = window.find_models.dialog
+    assert dialog is not None
+    assert dialog.isVisible()  # shown with its progress and Cancel while it ran
+    assert sha(target) == sha(tiny)
+    assert "verified against the Hub's sha256" in dialog.status_label.text()
+    assert cdn_ranges(hub, Q8)[before:] == [f"bytes={have}-"]
+    assert sorted(p.name for p in folder.iterdir()) == [Q8]  # no partial file, no record left
+
+
+def test_a_hostile_download_record_is_ignored(qtbot: QtBot, make_window: object, hub: HubLookalike,
+                                             tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import json
+
+    hub.add_file(REPO, Q8, tiny)
+    folder = models_dir(tmp_path) / "acme" / "Tiny-GGUF"
+    folder.mkdir(parents=True)
+    (folder / f"{Q8}.part").write_bytes(tiny.read_bytes()[:4096])
+    record = {"repo": "acme/Other", "revision": "main", "kind": "model", "quant": "Q8_0", "name": Q8,
+              "expected_parts": 1, "parts": [{"path": f"../../../{Q8}", "size": tiny.stat().st_size,
+                                              "sha256": None}]}
+    (folder / f"{Q8}.pull.json").write_text(json.dumps(record))
+    (folder / "x.gguf.pull.json").write_bytes(b"\xff{not json")
+    with caplog.at_level("WARNING"):
+        window = make_window(start_engine=False)  # type: ignore[operator]
+        qtbot.waitUntil(lambda: sum("Ignored the download record" in r.message for r in caplog.records) == 2,
+                        timeout=HUB_MS)
+    assert window.find_models.dialog is None  # nothing resumed
+    assert not hub.cdn_requests()
+    assert not (models_dir(tmp_path) / Q8).exists()

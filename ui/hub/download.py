@@ -11,9 +11,10 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from app.hub.files import ModelFiles
+from app.hub.pending import on_disk
 from app.hub.transfer import Progress, Pulled, pull
 from app.units import format_bytes
-from ui.hub.results import error_text, eta_text, on_disk
+from ui.hub.results import error_text, eta_text
 from ui.tasks import TaskRunner
 
 PROGRESS_EVERY_S = 0.1  # a chunk arrives every few ms: the bar is repainted ten times a second, not per chunk
@@ -56,7 +57,7 @@ class DownloadBar(QWidget):
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def start(self, repo: str, group: ModelFiles) -> bool:
+    def start(self, repo: str, group: ModelFiles, revision: str = "main") -> bool:
         if self.downloading is not None:
             return False
         self.downloading = (repo, group)
@@ -75,7 +76,7 @@ class DownloadBar(QWidget):
                 last[0] = now
                 relay.progress.emit(p)
 
-        self._tasks.run(lambda: pull(repo, group, progress=report, stop=stop.is_set),
+        self._tasks.run(lambda: pull(repo, group, revision=revision, progress=report, stop=stop.is_set),
                         lambda done: self._on_pulled(repo, group, done),
                         lambda exc: self._on_pull_failed(repo, group, exc))
         return True

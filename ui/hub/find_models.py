@@ -36,7 +36,8 @@ from app.ceiling.roofline import Device
 from app.errors import AppError
 from app.hub.client import RepoHit, search
 from app.hub.files import MODEL, ModelFiles
-from app.hub.transfer import Pulled, target_folder
+from app.hub.pending import PendingPull, target_folder
+from app.hub.transfer import Pulled
 from app.hub.verdict import QuantVerdict, judge
 from app.library.discovery import LibraryEntry
 from app.measure.recommend import drafters_for
@@ -540,6 +541,18 @@ class FindModelsDialog(QDialog):
             return False
         self._say(f"Downloading {group.label} ({format_bytes(group.size)}) from {self.listing.repo} into the models "
                   "folder…")
+        self._update_buttons()
+        return True
+
+    def resume(self, pending: PendingPull) -> bool:
+        """Continue a download that an earlier run left unfinished (its record and partial file in the models
+        folder), with progress and Cancel as any other."""
+        group = pending.group
+        if not self.download_bar.start(pending.repo, group, pending.revision):
+            return False
+        self.repo_label.setText(f"Resuming {pending.repo}")
+        self._say(f"Resuming the download of {group.label} from {pending.repo}: {format_bytes(pending.done)} of "
+                  f"{format_bytes(group.size)} were already in the models folder…")
         self._update_buttons()
         return True
 

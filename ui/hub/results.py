@@ -7,12 +7,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from app.errors import AppError
 from app.hub.client import list_files
 from app.hub.files import DRAFT_HEAD, MODEL, MTP_HEAD, ModelFiles, group_files
-from app.hub.transfer import part_path, target_folder
+from app.hub.pending import on_disk
 from app.hub.verdict import QuantVerdict
 from app.measure.recommend import DrafterReport
 
@@ -30,22 +29,6 @@ class Listing:
 class Judged:
     verdict: QuantVerdict
     drafters: DrafterReport | None  # None: the header could not be read, or the library could not be ranked
-
-
-def on_disk(repo: str, group: ModelFiles) -> tuple[bool, int]:
-    """Whether every part is in the models folder, and the bytes there (finished parts and .part files)."""
-    folder = target_folder(repo)
-    whole, done = True, 0
-    for p in group.parts:
-        target = folder / PurePosixPath(p.path).name
-        if target.is_file() and target.stat().st_size == p.size:
-            done += p.size
-            continue
-        whole = False
-        part = part_path(target)
-        if part.is_file():
-            done += min(part.stat().st_size, p.size)
-    return whole, done
 
 
 def list_repo(repo: str) -> Listing:

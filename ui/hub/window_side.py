@@ -5,12 +5,18 @@ has ranked its drafters, so it loads with the drafter the picker would choose.""
 
 from __future__ import annotations
 
+import logging
+
 from PySide6.QtCore import QEvent, QObject, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMainWindow, QMenu
 
+from app.hub.pending import PendingPull, pending_pulls
 from ui.hub.find_models import FindModelsDialog
 from ui.models.picker import ModelPicker
+from ui.tasks import TaskRunner
+
+logger = logging.getLogger(__name__)
 
 VIEW_SHARE = 0.9  # of the window: the view opens over it, never larger than the screen the window fits
 VIEW_MAX = (1200, 800)
@@ -35,6 +41,10 @@ class FindModelsSide(QObject):
         picker.drafters_ranked.connect(self._on_picker_drafters_ranked)
         picker.library_changed.connect(self._on_picker_library_changed)
         window.installEventFilter(self)
+        # Downloads an earlier run left unfinished resume now, one after another, in the view.
+        self._unfinished: list[PendingPull] = []
+        self._tasks = TaskRunner(self, max_threads=1)
+        self._tasks.run(pending_pulls, self._on_unfinished_found, self._on_unfinished_failed)
 
     def open(self) -> FindModelsDialog:
         if self.dialog is None:
@@ -42,6 +52,7 @@ class FindModelsSide(QObject):
                                            library=lambda: self.picker.entries)
             self.dialog.download_finished.connect(self._on_dialog_download_finished)
             self.dialog.load_requested.connect(self.load)
+            self.dialog.download_failed.connect(self._on_dialog_download_failed)
             w, h = self.window.width(), self.window.height()
             self.dialog.resize(min(VIEW_MAX[0], int(w * VIEW_SHARE)), min(VIEW_MAX[1], int(h * VIEW_SHARE)))
         elif self.dialog.isHidden():
@@ -55,6 +66,28 @@ class FindModelsSide(QObject):
     @Slot(str)
     def _on_dialog_download_finished(self, _path: str) -> None:
         self.picker.rescan()  # discovery looks in the models folder: the new file is listed when the scan ends
+        self._resume_next()
+
+    # --- downloads left unfinished --------------------------------------------------------------------
+
+    def _on_unfinished_found(self, found: list[PendingPull]) -> None:
+        self._unfinished = list(found)
+        if found:
+            logger.info("Resuming %d unfinished download(s) from the Hub", len(found))
+            self._resume_next()
+
+    def _on_unfinished_failed(self, exc: Exception) -> None:
+        logger.warning("The models folder could not be checked for unfinished downloads: %s", exc)
+
+    @Slot(str)
+    def _on_dialog_download_failed(self, _message: str) -> None:
+        self._resume_next()  # the next unfinished one, if any: the view says why this one stopped
+
+    def _resume_next(self) -> None:
+        while self._unfinished:
+            pending = self._unfinished.pop(0)
+            if self.open().resume(pending):
+                return
 
     @Slot(list)
     def _on_picker_library_changed(self, _entries: list[object]) -> None:
@@ -94,7 +127,10 @@ class FindModelsSide(QObject):
     # --- closing ------------------------------------------------------------------------------------
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.window and event.type() == QEvent.Type.Close and self.dialog is not None:
-            self.dialog.hide()
-            self.dialog.shutdown()  # a download stops at its next chunk, its partial file kept for the next start
+        if watched is self.window and event.type() == QEvent.Type.Close:
+            self._unfinished.clear()
+            self._tasks.wait()
+            if self.dialog is not None:
+                self.dialog.hide()
+                self.dialog.shutdown()  # a download stops at its next chunk, its partial file kept for the next start
         return super().eventFilter(watched, event)
