@@ -357,3 +357,30 @@ def test_a_hostile_download_record_is_ignored(qtbot: QtBot, make_window: object,
     assert window.find_models.dialog is None  # nothing resumed
     assert not hub.cdn_requests()
     assert not (models_dir(tmp_path) / Q8).exists()
+
+
+def test_the_first_start_panel_offers_the_hub(qtbot: QtBot, make_window: object, hub: HubLookalike, tiny: Path,
+                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.add_file(REPO, Q8, tiny)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a fresh home: no models anywhere discovery looks
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    window.resize(1024, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    panel = window.first_run
+    assert window.stack.currentWidget() is panel
+    assert panel.hub_button.isVisible()
+    assert panel.demo_button.isVisible()
+    assert panel.hub_button.y() == panel.demo_button.y()  # beside "Install demo models"
+    panel.hub_button.click()
+    dialog = window.find_models.dialog
+    assert dialog is not None
+    assert dialog.isVisible()
+    search(qtbot, dialog, "tiny")
+    choose_repo(qtbot, dialog, REPO)
+    with qtbot.waitSignal(dialog.download_finished, timeout=HUB_MS):
+        dialog.download_button.click()
+    target = models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8
+    qtbot.waitUntil(lambda: window.picker.target_combo.findData(str(target)) >= 0, timeout=30_000)
+    qtbot.waitUntil(lambda: window.stack.currentWidget() is not panel, timeout=5_000)  # the library has a model now

@@ -1,7 +1,8 @@
 """What the main window gets for the Hub, wired in one place so its own edit stays one line: Model → Find
-models… (and the picker's Find models… button) opening the view, the picker rescanned after a download so the
-model is listed at once, and the view's Load choosing that model in the picker and loading it once the picker
-has ranked its drafters, so it loads with the drafter the picker would choose."""
+models… (and the picker's Find models… button, and the first-start panel's Find models on the Hub…) opening
+the view, a download an earlier run left unfinished resumed in it at the start, the picker rescanned after a
+download so the model is listed at once, and the view's Load choosing that model in the picker and loading it
+once the picker has ranked its drafters, so it loads with the drafter the picker would choose."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMainWindow, QMenu
 
 from app.hub.pending import PendingPull, pending_pulls
+from ui.first_run import FirstRunPanel
 from ui.hub.find_models import FindModelsDialog
 from ui.models.picker import ModelPicker
 from ui.tasks import TaskRunner
@@ -36,6 +38,9 @@ class FindModelsSide(QObject):
         self.action.triggered.connect(self.open)
         menu.addAction(self.action)
         picker.find_models_button.clicked.connect(self.open)
+        first_run = window.findChild(FirstRunPanel)  # the panel a new user sees while there are no models
+        if first_run is not None:
+            first_run.hub_button.clicked.connect(self.open)
         # After the picker's own slot: its ranking for the new target has started when this one runs.
         picker.target_combo.currentIndexChanged.connect(self._on_picker_target_changed)
         picker.drafters_ranked.connect(self._on_picker_drafters_ranked)
