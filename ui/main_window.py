@@ -39,8 +39,7 @@ from app.library.discovery import LibraryEntry
 from app.params import LoadSettings, threads_beside_window
 from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
-from app.storage.pair_stats import drafter_key, record_trained_share
-from app.storage.pair_stats import record as record_acceptance
+from app.storage.measured import keep_loaded_answer
 from app.storage.settings import load_settings, save_settings
 from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
 from ui.chat.message import ChatMessage
@@ -491,20 +490,11 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_chat_answer_finished(self, answer: ChatMessage) -> None:
         loaded = self.chat.bridge.loaded  # the engine that answered (a remote server's model has no drafter here)
-        drafter = drafter_key(loaded.drafter.path if loaded and loaded.drafter else None,
-                              loaded.ngram if loaded else 0)
         stats = answer.stats
         if loaded is None or not isinstance(stats, MessageStats):
             return
         # The next ranking of drafters for this target uses what was measured, not a default.
-        target = loaded.target.path
-        if drafter is not None:
-            self.writes.run(lambda: record_acceptance(target, drafter, stats), self._on_write_done,
-                            self._on_pair_stats_failed)
-        elif loaded.drafter is not None:  # stacked with the suffix drafter: the model's own tokens
-            model = loaded.drafter.path
-            self.writes.run(lambda: record_trained_share(target, model, stats), self._on_write_done,
-                            self._on_pair_stats_failed)
+        self.writes.run(lambda: keep_loaded_answer(loaded, stats), self._on_write_done, self._on_pair_stats_failed)
 
     def _on_pair_stats_failed(self, exc: Exception) -> None:
         logger.warning("measured acceptance not saved: %s", exc)

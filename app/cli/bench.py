@@ -16,7 +16,6 @@ from app.measure.bench import BENCH_SAMPLING, BenchConfig, EngineCrashedError, b
 from app.params import DraftSettings
 from app.safe_text import terminal_safe
 from app.storage.atomic import check_destination
-from app.storage.verify_cost import record_report as record_verify_cost
 
 # Every option's default is the setting's own (one home): the drafting and bench settings' defaults here, the
 # load settings' in app.cli.load_options.
@@ -72,7 +71,6 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             check_destination(args.json, "the report")  # before the run, not after it
         report = bench(bench_config(args), sys.stdout)
-        record_verify_cost(report.as_json())  # the drafter ranking predicts with this machine's pass costs
         if args.json:
             Path(args.json).write_text(json.dumps(report.as_json(), indent=2))
     except EngineCrashedError as exc:

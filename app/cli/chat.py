@@ -20,6 +20,7 @@ from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.safe_text import terminal_safe
+from app.storage.measured import keep_answer
 from app.storage.pair_stats import measured_start
 
 MAX_RESTARTS = 3  # crashes in a row (without an answer in between) before giving up
@@ -110,6 +111,8 @@ class TerminalChat:
                 print()
                 self.messages.append({"role": "assistant", "content": event.text})
                 self.crashes_in_a_row = 0
+                draft = self.settings.draft
+                keep_answer(self.settings.target_path, draft.drafter_path, draft.ngram, event.stats)
                 if self.stats:
                     s = event.stats
                     print(f"[{s.decode_tps:.1f} tok/s, acceptance {s.acceptance:.2f}, "

@@ -160,8 +160,7 @@ def bench(config: BenchConfig, out: TextIO, *, client: EngineClient | None = Non
 
 def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: TextIO, told: set[str],
              note: Callable[[str], None]) -> BenchReport:
-    from app.storage.pair_stats import drafter_key, record_step_cost
-    from app.storage.pair_stats import record as record_acceptance
+    from app.storage.measured import keep_answer, keep_pass_costs
 
     draft, target = config.settings.draft, config.settings.target_path
     sampling, repeats = config.sampling, config.repeat
@@ -193,7 +192,6 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
     identical_rows: list[bool] = []
     spec_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
     base_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
-    key = drafter_key(draft.drafter_path, draft.ngram)
     traces: list[Trace] = []  # each prompt's tokens and its answer (plain decoding's, if run)
     for index, messages in enumerate(config.prompts):
         specs: list[RunResult] = []
@@ -213,8 +211,8 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
             if bases:
                 base_by_repeat[r].append(bases[r])
         for s in specs:
-            if s.stats is not None and key is not None:
-                record_acceptance(target, key, s.stats)
+            if s.stats is not None:
+                keep_answer(target, draft.drafter_path, draft.ngram, s.stats)
         # The run fields are the first repeat's; "runs" has every repeat, "speedup" their median.
         row: JSONObject = {"index": index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
         runs: list[JSONObject] = [{"tok_s": round(s.decode_tps, 2), "first": first}
@@ -255,8 +253,7 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
         total_json["identical"] = speedup.identical
     verify_cost_ms = {str(w): round(t * 1000, 3) for w, t in verify_cost}
     step_cost = drafter_cost(draft_step[0], dict(verify_cost))
-    if key is not None and "c" in step_cost:  # the ranking prices this drafter with its measured step
-        record_step_cost(target, key, step_cost["c"])
+    keep_pass_costs(target, loaded.backend, verify_cost_ms, draft.drafter_path, draft.ngram, step_cost.get("c"))
     report: JSONObject = {
         "version": JSON_VERSION,
         "target": target,

@@ -28,7 +28,6 @@ from app.measure.bench_report import BenchReport, JSONObject, Trace
 from app.measure.prompts import Prompt
 from app.params import K_MAX, NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
 from app.storage.tuned import TunedSettings, save_tuned
-from app.storage.verify_cost import record_report as record_verify_cost
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
@@ -421,7 +420,6 @@ def _measure_one(report: TuneReport, bench_config: BenchConfig, cand: Candidate,
             client.kill()
             return "cancelled"
         raise
-    record_verify_cost(result.as_json())
     if bench_config.keep_traces:
         report.traces = list(result.traces)
     report.results.append(Measured.of(cand, result, time.monotonic() - t_cand))

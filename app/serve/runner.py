@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from app.events import (
     Finished,
     Loaded,
     LoadProgress,
+    MessageStats,
     PassStats,
     PromptProcessed,
     Token,
@@ -40,6 +42,7 @@ from app.events import (
 from app.params import LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import StopMatcher
+from app.storage.measured import keep_loaded_answer
 
 if TYPE_CHECKING:
     from app.storage.history_writer import HistoryThread
@@ -121,6 +124,8 @@ class EngineRunner:
         self._client: EngineClient | None = None
         self._restart_asked = False
         self._warned: set[str] = set()  # template warnings already logged
+        # What answers teach the drafter ranking, saved off the engine thread (a file write and its fsync).
+        self._measurements = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdeck-serve-measured")
 
     # --- public, any thread -------------------------------------------------------------------------
 
@@ -162,6 +167,7 @@ class EngineRunner:
     def stop(self, timeout: float = 10.0) -> None:
         self._jobs.put(None)
         self._thread.join(timeout)
+        self._measurements.shutdown(wait=False)
 
     def sync_history(self) -> None:
         """Wait until the history writes queued so far have run (those a locked database keeps waiting stay)."""
@@ -330,6 +336,7 @@ class EngineRunner:
                     status = "cancelled" if event.reason == "cancelled" else "complete"
                     self._history_finish(answer_id, event.text, status, event.stats, event.reason)
                     job.put(event)
+                    self._keep_measured(event.stats)
                     return
                 if isinstance(event, EngineError):
                     self.metrics.on_ended("error")
@@ -414,6 +421,11 @@ class EngineRunner:
                 history.add_message_later(chat_id, message["role"], message["content"])
         return history.begin_answer_later(chat_id, model=self.settings.target_path,
                                           drafter=self.settings.draft.drafter_path, sampling=job.sampling)
+
+    def _keep_measured(self, stats: MessageStats) -> None:
+        loaded = self.loaded
+        if loaded is not None:
+            self._measurements.submit(keep_loaded_answer, loaded, stats)
 
     def _history_finish(self, answer_id: int | None, text: str, status: str, stats: object, reason: str) -> None:
         if answer_id is not None and self._history is not None:

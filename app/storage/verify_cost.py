@@ -106,11 +106,3 @@ def record(target: str, widths_ms: Mapping[str, float], backend: str, path: Path
     except StorageError:
         return False
     return True
-
-
-def record_report(report: Mapping[str, Any], path: Path | None = None) -> bool:
-    """Keep the curve of a bench report (``app.measure.bench`` JSON)."""
-    widths = report.get("verify_cost_ms")
-    if not isinstance(widths, Mapping) or not widths:
-        return False
-    return record(str(report["target"]), widths, str(report.get("backend", "")), path)

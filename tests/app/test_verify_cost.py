@@ -9,7 +9,7 @@ import pytest
 
 from app.library.gguf_reader import GGUFInfo, read_gguf_info
 from app.measure.recommend import BANDWIDTH_BOUND, recommend_drafters
-from app.storage.verify_cost import VerifyCurve, load_curve, load_curves, record, record_report
+from app.storage.verify_cost import VerifyCurve, load_curve, load_curves, record
 
 # A CPU where a pass costs about 0.9 of a one-token pass per extra token (the AVX2 EPYC's Gemma curve).
 STEEP = {"1": 19.1, "2": 36.1, "4": 59.2, "8": 96.2, "16": 164.0}
@@ -56,13 +56,6 @@ def test_damaged_file_gives_no_curve(tmp_path: Path) -> None:
     assert load_curves(path) == {}
     path.write_text(json.dumps({"/m/t.gguf": {"widths_ms": {"1": "fast"}}, "/m/u.gguf": [1, 2]}))
     assert load_curves(path) == {}
-
-
-def test_record_report_takes_a_bench_report(tmp_path: Path) -> None:
-    path = tmp_path / "verify_cost.json"
-    assert record_report({"target": "/m/t.gguf", "backend": "cpu", "verify_cost_ms": STEEP}, path)
-    assert not record_report({"target": "/m/u.gguf", "backend": "cpu", "verify_cost_ms": {}}, path)
-    assert set(load_curves(path)) == {"/m/t.gguf"}
 
 
 def _curve(widths: dict[str, float]) -> VerifyCurve:
