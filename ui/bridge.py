@@ -13,7 +13,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.engine.client import EngineClient
+from app.errors import SettingsError
 from app.events import (
     Devices,
     EngineCrashed,
@@ -40,6 +42,8 @@ from app.params import LoadSettings, SamplingSettings
 from app.paths import logs_dir
 
 PAINT_INTERVAL_MS = 33  # ~30 Hz
+BUSY_TUNING = "The engine is busy tuning; send again when Tune has finished, or cancel it."
+
 DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
 MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
@@ -131,6 +135,7 @@ class EngineBridge(QObject):
         self.crashes_on_load = 0  # mirrored from the client by the reader thread
         self.loaded: Loaded | None = None
         self.generating = False
+        self.tuning = False  # set by Tune while it measures on this engine (GUI thread): answers wait for it
         self._timer = QTimer(self)
         self._timer.setInterval(PAINT_INTERVAL_MS)
         self._timer.timeout.connect(self._on_timer_timeout)
@@ -186,6 +191,8 @@ class EngineBridge(QObject):
         """Raises SettingsError at once; the request id comes with ``generation_started``. See ``Generate``
         for ``continue_answer`` and ``raw``."""
         sampling.validate()
+        if self.tuning:
+            raise SettingsError(BUSY_TUNING)
         self.generating = True
         self._submit(self._do_generate, list(messages), sampling, continue_answer, raw)
 
@@ -205,6 +212,27 @@ class EngineBridge(QObject):
     def list_devices(self, rpc_servers: tuple[str, ...] = ()) -> None:
         """Ask the worker for llama.cpp's devices (with these RPC servers); the answer is ``devices_listed``."""
         self._submit(self._do_list_devices, rpc_servers)
+
+    @contextmanager
+    def lend_client(self) -> Iterator[EngineClient]:
+        """This engine's client for a measurement off the GUI thread (Tune): the reader thread waits until it
+        comes back, so the measurement reads the worker's replies itself and the one worker (with its one copy
+        of the models) stays the window's. Requests sent meanwhile run afterwards, in order. Call it off the GUI
+        thread and the reader thread."""
+        lent, back = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            lent.set()
+            back.wait()
+
+        self._submit(hold)
+        while not lent.wait(0.1):
+            if self._thread is None or not self._thread.is_alive():
+                raise SettingsError("The window's engine has stopped.")
+        try:
+            yield self._client
+        finally:
+            back.set()
 
     def _do_list_devices(self, rpc_servers: tuple[str, ...]) -> None:
         self._client.list_devices(rpc_servers)

@@ -103,6 +103,10 @@ class Worker:
     def load(self, request: Load) -> None:
         from app.engine.session import EngineSession
 
+        if self.session is not None and self.session.settings == request.settings:
+            # The same load again (Tune's first setting is the loaded one): the models are here already.
+            self.send(self.session.loaded_event())
+            return
         self.unload()
 
         last_stage, last_fraction = [""], [-1.0]

@@ -73,6 +73,13 @@ class Candidate:
         return DraftSettings(drafter_path=drafter_path if self.use_model else None, ngram=self.ngram,
                              adaptive=self.adaptive, k=self.k, k_max=self.k_max if self.adaptive else self.k)
 
+    def applied_to(self, draft: DraftSettings) -> DraftSettings:
+        """``draft`` with this setting's drafters and depth policy; its other fields (the history the suffix
+        drafter reads, p_min, the model drafter's start, MTP) kept as the load has them."""
+        mine = self.draft_settings(draft.drafter_path)
+        return replace(draft, drafter_path=mine.drafter_path, ngram=mine.ngram, adaptive=mine.adaptive, k=mine.k,
+                       k_max=mine.k_max)
+
     def as_json(self) -> JSONObject:
         return {"drafter": self.drafter, "ngram": self.ngram, "adaptive": self.adaptive,
                 "k": None if self.adaptive else self.k, "k_max": self.k_max if self.adaptive else self.k}
@@ -153,6 +160,7 @@ class TuneReport:
     replayed: list[Predicted] = field(default_factory=list)  # best first; empty when no replay ran
     replay_seconds: float = 0.0
     traces: list[Trace] = field(default_factory=list, repr=False)  # the first run's answers
+    load: LoadSettings | None = None  # the load every setting was measured on (its drafting settings aside)
 
     @property
     def ranked(self) -> list[Measured]:
@@ -190,8 +198,8 @@ class TuneReport:
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """One sweep: the pair and its load settings (each setting measured replaces the drafting settings and
-    keeps the drafter model), the prompts and where they came from, the bench's sampling and repeats, and
+    """One sweep: the pair and its load settings (each setting measured replaces the drafters and depth policy
+    and keeps the rest of the load), the prompts and where they came from, the bench's sampling and repeats, and
     the sweep's limits."""
 
     settings: LoadSettings
@@ -212,8 +220,9 @@ class TuneConfig:
         return self.settings.draft.drafter_path
 
     def bench_config(self, candidate: Candidate, *, keep_traces: bool = False) -> BenchConfig:
-        """The bench that measures ``candidate`` side by side with plain decoding."""
-        settings = replace(self.settings, draft=candidate.draft_settings(self.drafter))
+        """The bench that measures ``candidate`` side by side with plain decoding, on the load as given (every
+        field but the drafting setting measured)."""
+        settings = replace(self.settings, draft=candidate.applied_to(self.settings.draft))
         return BenchConfig(settings, self.prompts, self.sampling, baseline=True, repeat=self.repeat,
                            keep_traces=keep_traces)
 
@@ -326,7 +335,7 @@ def tune(config: TuneConfig, *, on_progress: Callable[[Progress], None] | None =
     from app.measure.bench import WATCHDOG_SECONDS
 
     drafter, plan = config.drafter, config.plan
-    report = TuneReport(config.target, drafter, config.source, len(config.prompts))
+    report = TuneReport(config.target, drafter, config.source, len(config.prompts), load=config.settings)
     told: set[str] = set()  # warnings the benches gave (a refused template): once for the whole sweep
     own_client = client is None
     engine = client or EngineClient(watchdog_seconds=WATCHDOG_SECONDS)

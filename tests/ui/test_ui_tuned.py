@@ -65,7 +65,7 @@ def write_prompts(folder: Path) -> Path:
 def test_tune_window_sweeps_plots_saves_and_uses_the_winner(
     qtbot: QtBot, specdeck_home: Path, tiny_target: Path, tmp_path: Path,
 ) -> None:
-    dialog = TuneDialog(TunePair(str(tiny_target), None, n_ctx=512, threads=1))
+    dialog = TuneDialog(TunePair(LoadSettings(str(tiny_target), n_ctx=512, n_threads=1)))
     qtbot.addWidget(dialog)
     dialog.plan = [Candidate(use_model=False, ngram=3), Candidate(use_model=False, ngram=2, k_max=4)]
     dialog.file_radio.setChecked(True)
@@ -116,10 +116,10 @@ def test_tune_window_hands_the_sweep_a_typed_config_with_the_prompts_as_data(
     pair's load settings and the chat's sampling defaults, as `specdeck tune` builds it."""
     from app.storage.history import HistoryStore
 
-    dialog = TuneDialog(TunePair(str(tiny_target), "/m/d.gguf", n_ctx=512, threads=1))
+    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path="/m/d.gguf"), n_ctx=512, n_threads=1)
+    dialog = TuneDialog(TunePair(settings))
     qtbot.addWidget(dialog)
     prompts = write_prompts(tmp_path)
-    settings = LoadSettings(str(tiny_target), DraftSettings(drafter_path="/m/d.gguf"), n_ctx=512, n_threads=1)
     config = dialog.tune_config(str(prompts), 10, 16, 3)
     assert config == TuneConfig(settings, ([{"role": "user", "content": "Copy: one two three, one two three"}],),
                                 str(prompts), replace(BENCH_SAMPLING, max_tokens=16), repeat=3)
@@ -138,7 +138,7 @@ def test_tune_window_hands_the_sweep_a_typed_config_with_the_prompts_as_data(
 def test_tune_window_cancel_keeps_what_was_measured(
     qtbot: QtBot, specdeck_home: Path, tiny_target: Path, tmp_path: Path,
 ) -> None:
-    dialog = TuneDialog(TunePair(str(tiny_target), None, n_ctx=512, threads=1))
+    dialog = TuneDialog(TunePair(LoadSettings(str(tiny_target), n_ctx=512, n_threads=1)))
     qtbot.addWidget(dialog)
     dialog.plan = [Candidate(use_model=False, ngram=3), Candidate(use_model=False, ngram=2),
                    Candidate(use_model=False, ngram=4)]
@@ -171,7 +171,7 @@ def test_picker_tunes_the_loaded_pair(
     assert picker.tune_button.isEnabled()
     dialog = picker.open_tune()
     assert dialog is not None
-    assert dialog.pair == TunePair(str(tiny_target), None, 512, picker.threads_spin.value())
+    assert dialog.pair == TunePair(LoadSettings(str(tiny_target), n_ctx=512, n_threads=picker.threads_spin.value()))
     tuned = DraftSettings(ngram=4, adaptive=True, k=4, k_max=16)
     dialog.use_settings.emit(tuned)
     draft = picker.shown_values()

@@ -1,9 +1,11 @@
-"""Tune in the window: `specdeck tune`'s sweep on the loaded pair, run off the GUI thread in its own engine
-worker, cancellable, and plotted as each setting's median speedup with its min–max spread.
+"""Tune in the window: `specdeck tune`'s sweep on the loaded pair with the window's whole load settings, run
+off the GUI thread in the window's own engine worker (the chat's: one copy of the models, never a second),
+cancellable, and plotted as each setting's median speedup with its min–max spread.
 
 The sweep itself is ``app.measure.tune.tune`` (the same code as the command); this module only chooses the
-prompts, reports progress and paints. The winner is saved for the pair as the command saves it, and
-"Use these settings" hands its drafting settings to the picker.
+prompts, reports progress and paints. While it runs the chat's Send says the engine is busy tuning; when it
+ends the window's own load is put back in the same worker. The winner is saved for the pair as the command
+saves it, and "Use these settings" hands its drafting settings to the picker.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, Signal, Slot
-from PySide6.QtGui import QCloseEvent, QColor
+from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
+from PySide6.QtGui import QCloseEvent, QColor, QPalette
 from PySide6.QtWidgets import (
     QButtonGroup,
     QDialog,
@@ -45,6 +47,7 @@ from ui.wheel_guard import guard_wheel
 
 if TYPE_CHECKING:
     from app.engine.client import EngineClient
+    from ui.bridge import EngineBridge
 
 BLUE = QColor(31, 119, 180)
 ORANGE = QColor(255, 127, 14)
@@ -52,12 +55,17 @@ ORANGE = QColor(255, 127, 14)
 
 @dataclass(frozen=True)
 class TunePair:
-    """What to tune: the loaded pair and the load settings the sweep keeps."""
+    """What to tune: the window's load, whole (every field but the drafting settings is kept by the sweep)."""
 
-    target: str
-    drafter: str | None
-    n_ctx: int = 4096
-    threads: int = 0
+    settings: LoadSettings
+
+    @property
+    def target(self) -> str:
+        return self.settings.target_path
+
+    @property
+    def drafter(self) -> str | None:
+        return self.settings.draft.drafter_path
 
 
 def _minutes(seconds: float) -> str:
@@ -95,6 +103,23 @@ class SweepPlot(QWidget):
         self.measured: list[Measured] = []
         self.best: Measured | None = None
         self.legend_lines: list[str] = []
+        self.apply_palette()
+
+    def apply_palette(self) -> None:
+        """The window's colours (pyqtgraph's own default is black): a light window gets a light chart."""
+        pal = self.palette()
+        background, text = pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.WindowText)
+        self.graph.setBackground(background)
+        for name in ("left", "bottom"):
+            axis = self.graph.getAxis(name)
+            axis.setPen(pg.mkPen(text))
+            axis.setTextPen(pg.mkPen(text))
+        self.winner.setPen(pg.mkPen(text))
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self.apply_palette()
+        super().changeEvent(event)
 
     def show_results(self, measured: Sequence[Measured], best: Measured | None) -> None:
         self.measured, self.best = list(measured), best
@@ -130,15 +155,16 @@ class TuneDialog(QDialog):
     use_settings = Signal(DraftSettings)  # the winner's drafting settings, when the user asks for them
     finished_sweep = Signal(object)  # TuneReport, once the sweep has ended (done, budget or cancelled)
 
-    def __init__(self, pair: TunePair, parent: QWidget | None = None) -> None:
+    def __init__(self, pair: TunePair, engine: EngineBridge | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.pair = pair
+        self.engine = engine  # the window's engine, which the sweep borrows; None: a worker of the sweep's own
         self.setWindowTitle("Tune drafting settings")
         self.report: TuneReport | None = None
         self.plan: Sequence[Candidate] | None = None  # None: the whole staged sweep of `specdeck tune`
         self._measured: list[Measured] = []
         self._cancel = threading.Event()
-        self._client: EngineClient | None = None  # the sweep's own engine client, while it runs
+        self._client: EngineClient | None = None  # the engine client the sweep measures with, while it runs
         self._tasks = TaskRunner(self, max_threads=1)
         self._signals = _SweepSignals(self)
         self._signals.progress.connect(self._on_signals_progress)
@@ -224,6 +250,12 @@ class TuneDialog(QDialog):
         if not source:
             self.status_label.setText("Choose a prompts file, or tune on the last chats.")
             return False
+        if self.engine is not None and self.engine.last_load is None:
+            self.status_label.setText("Load the models first: Tune measures the window's own load.")
+            return False
+        if self.engine is not None and self.engine.generating:
+            self.status_label.setText("An answer is being written; start Tune when it has finished.")
+            return False
         self._cancel.clear()
         self._measured = []
         self.report = None
@@ -235,7 +267,10 @@ class TuneDialog(QDialog):
         self.cancel_button.setEnabled(True)
         self.progress_bar.setRange(0, 0)
         self.progress_bar.setVisible(True)
-        self.status_label.setText("Loading the models in a tuning engine…")
+        self.status_label.setText("Measuring on the window's engine; the chat waits until Tune ends…"
+                                  if self.engine is not None else "Loading the models in a tuning engine…")
+        if self.engine is not None:
+            self.engine.tuning = True
         chats, max_tokens, repeat = self.chats_spin.value(), self.max_tokens_spin.value(), self.repeat_spin.value()
         self._tasks.run(lambda: self._sweep(source, chats, max_tokens, repeat), self._on_sweep_done,
                         self._on_sweep_failed)
@@ -249,28 +284,41 @@ class TuneDialog(QDialog):
         from app.measure.tune import history_prompts
 
         prompts = history_prompts(chats) if source == "history" else read_prompts(Path(source))
-        settings = LoadSettings(self.pair.target, draft=DraftSettings(drafter_path=self.pair.drafter),
-                                n_ctx=self.pair.n_ctx, n_threads=self.pair.threads)
-        return TuneConfig(settings, tuple(prompts), source, replace(BENCH_SAMPLING, max_tokens=max_tokens),
+        return TuneConfig(self.pair.settings, tuple(prompts), source, replace(BENCH_SAMPLING, max_tokens=max_tokens),
                           repeat=repeat, plan=None if self.plan is None else tuple(self.plan))
 
     def _sweep(self, source: str, chats: int, max_tokens: int, repeat: int) -> TuneReport:
-        """On the task thread: the prompts, then the sweep in an engine worker of its own."""
+        """On the task thread: the prompts, then the sweep in the window's engine worker (or one of its own)."""
         from app.engine.client import EngineClient
         from app.measure.bench import WATCHDOG_SECONDS
-        from app.measure.tune import save_winner, tune
+        from app.measure.tune import save_winner
 
         config = self.tune_config(source, chats, max_tokens, repeat)
-        client = EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
-        self._client = client
-        try:
-            report = tune(config, on_progress=self._signals.progress.emit, cancelled=self._cancel.is_set,
-                          client=client)
-        finally:
-            self._client = None
-            client.close()
+        if self.engine is not None:
+            with self.engine.lend_client() as client:
+                report = self._measure_on(config, client)
+        else:
+            client = EngineClient(watchdog_seconds=WATCHDOG_SECONDS)
+            try:
+                report = self._measure_on(config, client)
+            finally:
+                client.close()
         save_winner(report)
         return report
+
+    def _measure_on(self, config: TuneConfig, client: EngineClient) -> TuneReport:
+        """The sweep on ``client``; on the window's engine its own load is put back afterwards (cancelled or
+        not), in the same worker, and its reply reaches the window as any load's does."""
+        from app.measure.tune import tune
+
+        self._client = client
+        try:
+            return tune(config, on_progress=self._signals.progress.emit, cancelled=self._cancel.is_set,
+                        client=client)
+        finally:
+            self._client = None
+            if self.engine is not None:
+                client.load(self.pair.settings)
 
     def cancel(self) -> None:
         """Stop now: the setting being measured is dropped, the ones measured are kept (and the best saved)."""
@@ -321,6 +369,8 @@ class TuneDialog(QDialog):
         self.status_label.setText(f"Tuning stopped: {exc}")
 
     def _idle(self) -> None:
+        if self.engine is not None:
+            self.engine.tuning = False
         self.progress_bar.setVisible(False)
         self.start_button.setEnabled(True)
         self.cancel_button.setEnabled(False)

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QStandardItemModel, QValidator
@@ -60,6 +60,9 @@ from ui.flow_layout import FlowLayout
 from ui.models.devices import DeviceChoice
 from ui.plain_text import plain_tooltip
 from ui.tasks import TaskRunner
+
+if TYPE_CHECKING:
+    from ui.bridge import EngineBridge
 
 NO_DRAFTER = "(no drafter model)"
 TOOLTIP_ROLE = Qt.ItemDataRole.ToolTipRole
@@ -287,6 +290,7 @@ class ModelPicker(QWidget):
         self.tune_button.clicked.connect(self._on_tune_button_clicked)
         self.tune_dialog: TuneDialog | None = None
         self._loaded_pair: TunePair | None = None
+        self.tune_engine: EngineBridge | None = None  # the window's engine, which Tune measures on
         tune_row.addWidget(self.use_tuned_button)
         tune_row.addWidget(self.tune_button)
         dform.addRow(tune_row)
@@ -755,7 +759,7 @@ class ModelPicker(QWidget):
         if self.tune_dialog is None or self.tune_dialog.pair != self._loaded_pair:
             if self.tune_dialog is not None:
                 self.tune_dialog.close()
-            self.tune_dialog = TuneDialog(self._loaded_pair, self)
+            self.tune_dialog = TuneDialog(self._loaded_pair, self.tune_engine, self)
             self.tune_dialog.use_settings.connect(self._on_tune_dialog_use_settings)
             self.tune_dialog.finished_sweep.connect(self._on_tune_dialog_finished_sweep)
         self.tune_dialog.show()
@@ -892,8 +896,10 @@ class ModelPicker(QWidget):
 
     def show_loaded(self, event: Loaded) -> None:
         self.set_loading(False)
-        self._loaded_pair = TunePair(event.target.path, event.drafter.path if event.drafter else None,
-                                     event.n_ctx, self.threads_spin.value())
+        engine_load = self.tune_engine.last_load if self.tune_engine is not None else None
+        self._loaded_pair = TunePair(engine_load if engine_load is not None else LoadSettings(
+            event.target.path, DraftSettings(drafter_path=event.drafter.path if event.drafter else None),
+            n_ctx=event.n_ctx, n_threads=self.threads_spin.value()))
         self.tune_button.setEnabled(True)
         if not event.gpu_offload:
             self.set_gpu_offload_available(False)

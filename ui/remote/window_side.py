@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QDialog, QDockWidget, QFrame, QMainWindow, QMenu, 
 
 from app.events import EngineError, Finished, Token
 from app.remote.client import RemoteEngine, RemoteInfo, RemoteModel, remote_models
+from ui.bridge import EngineBridge
 from ui.chat.panel import ChatPanel
 from ui.models.picker import ModelPicker
 from ui.remote.connect import ConnectDialog, connect_in_background
@@ -33,6 +34,8 @@ class RemoteSide(QObject):
         self.picker = picker
         self.chat = chat
         self.local_engine = chat.bridge  # the window's own engine, which the chat goes back to
+        if isinstance(chat.bridge, EngineBridge):
+            picker.tune_engine = chat.bridge  # Tune measures on the window's engine, never a second one
         self.route: RemoteChat | None = None  # the chat's engine while a remote model is chosen
         self._wanted: RemoteModel | None = None  # the picker's remote choice, applied between answers
         self._key: str | None = None
