@@ -15,6 +15,7 @@ from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_CANCELLED, EXIT_ERROR
 from app.errors import AppError
 from app.hub.client import RepoHit, list_files, repo_id, search
 from app.hub.files import MODEL, ModelFiles, group_files
+from app.hub.pairing import RemoteDrafter, remote_drafters, smaller_than
 from app.hub.pending import target_folder
 from app.hub.transfer import Progress, choose, pull
 from app.hub.verdict import QuantVerdict, judge
@@ -85,7 +86,12 @@ def _devices() -> list[Device]:
     return probe_machine()[1]
 
 
-def _group_json(g: ModelFiles, v: QuantVerdict | None) -> dict[str, Any]:
+def _drafter_json(d: RemoteDrafter) -> dict[str, Any]:
+    return {"repo": d.repo, "file": d.group.name, "quant": d.group.quant, "size_bytes": d.size,
+            "tokenizer": d.reason}
+
+
+def _group_json(g: ModelFiles, v: QuantVerdict | None, drafters: Sequence[RemoteDrafter] | None) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": g.kind, "quant": g.quant, "file": g.name, "size_bytes": g.size,
                            "parts": [p.path for p in g.parts], "expected_parts": g.expected_parts,
                            "complete": g.complete, "sha256": [p.sha256 for p in g.parts]}
@@ -98,6 +104,8 @@ def _group_json(g: ModelFiles, v: QuantVerdict | None) -> dict[str, Any]:
                     "architecture": v.info.architecture if v.info else None,
                     "n_params": v.info.n_params if v.info else None,
                     "quantization": v.info.quantization if v.info else None})
+    if drafters is not None and g.kind == MODEL and g.complete:
+        out["drafters_from_other_repositories"] = [_drafter_json(d) for d in smaller_than(drafters, g.size)]
     return out
 
 
@@ -110,9 +118,11 @@ def _files(args: argparse.Namespace, repo: str) -> int:
     if models and not args.no_fit:
         devices = _devices()
         verdicts = {g.name: judge(repo, g, devices, args.ctx, args.revision) for g in models}
+    target = next((v.info for v in verdicts.values() if v.info is not None), None)
+    drafters = None if target is None else remote_drafters(repo, target, max(g.size for g in models))
     if args.json:
         print(json.dumps({"repo": repo, "revision": args.revision,
-                          "files": [_group_json(g, verdicts.get(g.name)) for g in groups]}, indent=2))
+                          "files": [_group_json(g, verdicts.get(g.name), drafters) for g in groups]}, indent=2))
         return 0
     if not groups:
         print(f"{_cell(repo)} has no GGUF files.")
@@ -143,6 +153,10 @@ def _files(args: argparse.Namespace, repo: str) -> int:
             out += [f"  {g.quant or g.label} tok/s: {verdicts[g.name].speed_basis}" for g in models
                     if g.name in verdicts and verdicts[g.name].speed_basis]
         out += notes
+        if drafters:
+            out.append("\nDrafters from other repositories (the same tokenizer; each pairs with the quants larger "
+                       "than it):")
+            out.append(_table([["  " + d.repo, d.group.label, format_bytes(d.size)] for d in drafters]))
     others = [g for g in groups if g not in models]
     if others:
         out.append("\nNot models (never a quant to pick):" if models else "No models, only:")

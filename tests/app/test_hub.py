@@ -410,3 +410,34 @@ def test_a_pull_asked_to_stop_keeps_its_partial_file(hub: HubLookalike, tiny: Pa
     assert done.paths == (part.with_name(Q8),)
     assert cdn_ranges(hub, Q8)[-1] == f"bytes={seen[2].done}-"
     assert seen[-1].done == seen[-1].total == tiny.stat().st_size
+
+
+def test_drafters_from_other_repositories_share_the_tokenizer(hub: HubLookalike, tiny: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    small = dict(n_embd=32, n_ff=64)
+    same = write_tiny_model(tmp_path / "same.gguf", name="tiny-small", **small)  # type: ignore[arg-type]
+    other = write_tiny_model(tmp_path / "alt.gguf", vocab="bytes-alt", name="tiny-alt", **small)  # type: ignore[arg-type]
+    assert same.stat().st_size < tiny.stat().st_size
+    hub.add_file(REPO, Q8, tiny)
+    hub.add_file("acme/Tiny-Small-GGUF", "Tiny-Small-Q8_0.gguf", same)
+    hub.add_file("acme/Tiny-Small-GGUF", "Tiny-Small-F16.gguf", tiny)  # larger: its smallest quant is the one
+    hub.add_file("acme/Tiny-Alt-GGUF", "Tiny-Alt-Q8_0.gguf", other)  # another tokenizer
+    hub.add_file("acme/Tiny-Broken-GGUF", "Tiny-Broken-Q4_0.gguf", b"not a GGUF file at all")
+    hub.add_file("acme/Tiny-Huge-GGUF", "Tiny-Huge-F32.gguf", tiny)  # no quant smaller than the target
+    hub.repos["acme/Tiny-Broken-GGUF"].downloads = 99  # looked at first: its failure must not stop the rest
+
+    code, out, err = run_cli(capsys, "search", REPO, "--json", "--ctx", "512")
+    assert code == 0, err
+    (row,) = [r for r in json.loads(out)["files"] if r["kind"] == "model"]
+    found = row["drafters_from_other_repositories"]
+    assert [(d["repo"], d["file"], d["size_bytes"]) for d in found] == [
+        ("acme/Tiny-Small-GGUF", "Tiny-Small-Q8_0.gguf", same.stat().st_size)]
+    assert any("file=Tiny-Broken-Q4_0.gguf" in r.path for r in hub.cdn_requests())  # tried, and skipped
+    assert not any("file=Tiny-Huge-F32.gguf" in r.path for r in hub.cdn_requests())  # never read
+
+    code, out, err = run_cli(capsys, "search", REPO, "--ctx", "512")
+    assert code == 0, err
+    drafters = out.split("Drafters from other repositories")[1]
+    assert "acme/Tiny-Small-GGUF" in drafters
+    assert "Tiny-Alt" not in drafters
+    assert "Tiny-Broken" not in drafters
