@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pytestqt.qtbot import QtBot
 
+from app.units import format_bytes
 from tests.gguf_fixtures import write_tiny_model
 from tests.hub_lookalike import Fault, HubLookalike, big_model_header, write_split_model
 from tests.ui.conftest import LOAD_TIMEOUT_MS
@@ -384,3 +385,30 @@ def test_the_first_start_panel_offers_the_hub(qtbot: QtBot, make_window: object,
     target = models_dir(tmp_path) / "acme" / "Tiny-GGUF" / Q8
     qtbot.waitUntil(lambda: window.picker.target_combo.findData(str(target)) >= 0, timeout=30_000)
     qtbot.waitUntil(lambda: window.stack.currentWidget() is not panel, timeout=5_000)  # the library has a model now
+
+
+def test_drafters_from_other_repositories_in_the_view(qtbot: QtBot, make_window: object, hub: HubLookalike,
+                                                      tiny: Path, tmp_path: Path) -> None:
+    small = {"n_embd": 32, "n_ff": 64}
+    same = write_tiny_model(tmp_path / "same.gguf", name="tiny-small", **small)  # type: ignore[arg-type]
+    other = write_tiny_model(tmp_path / "alt.gguf", vocab="bytes-alt", name="tiny-alt", **small)  # type: ignore[arg-type]
+    hub.add_file(REPO, Q8, tiny)
+    hub.add_file("acme/Tiny-Small-GGUF", "Tiny-Small-Q8_0.gguf", same)
+    hub.add_file("acme/Tiny-Alt-GGUF", "Tiny-Alt-Q8_0.gguf", other)  # another tokenizer
+    hub.add_file("acme/Tiny-Broken-GGUF", "Tiny-Broken-Q4_0.gguf", b"not a GGUF file at all")
+    hub.repos[REPO].downloads = 100
+    hub.repos["acme/Tiny-Broken-GGUF"].downloads = 99  # looked at first: its failure must not stop the rest
+    window = make_window(start_engine=False)  # type: ignore[operator]
+    dialog = open_view(window)
+    search(qtbot, dialog, "tiny")
+    choose_repo(qtbot, dialog, REPO)
+    qtbot.waitUntil(lambda: dialog.remote_drafters is not None, timeout=HUB_MS)
+    assert quant_row(dialog, Q8)[3] == "fits"  # the listing is whole
+    assert dialog.remote_drafters is not None
+    assert [d.repo for d in dialog.remote_drafters] == ["acme/Tiny-Small-GGUF"]
+    text = dialog.drafters_label.text()
+    assert "acme/Tiny-Small-GGUF" in text
+    assert format_bytes(same.stat().st_size) in text  # with its size
+    assert "Tiny-Alt" not in text
+    assert "Tiny-Broken" not in text
+    assert any("file=Tiny-Broken-Q4_0.gguf" in r.path for r in hub.cdn_requests())  # tried, and skipped

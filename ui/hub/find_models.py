@@ -36,17 +36,27 @@ from app.ceiling.roofline import Device
 from app.errors import AppError
 from app.hub.client import RepoHit, search
 from app.hub.files import MODEL, ModelFiles
+from app.hub.pairing import RemoteDrafter, remote_drafters
 from app.hub.pending import PendingPull, target_folder
 from app.hub.transfer import Pulled
 from app.hub.verdict import QuantVerdict, judge
 from app.library.discovery import LibraryEntry
+from app.library.gguf_reader import GGUFInfo
 from app.measure.recommend import drafters_for
 from app.params import MAX_CTX
 from app.storage.pair_stats import load_measured
 from app.units import format_bytes, format_count
 from ui.flow_layout import FlowLayout
 from ui.hub.download import DownloadBar
-from ui.hub.results import Judged, Listing, drafters_text, error_text, list_repo, speed_text
+from ui.hub.results import (
+    Judged,
+    Listing,
+    drafters_text,
+    error_text,
+    list_repo,
+    remote_drafters_text,
+    speed_text,
+)
 from ui.plain_text import plain_tooltip
 from ui.tasks import TaskRunner
 
@@ -93,6 +103,7 @@ class FindModelsDialog(QDialog):
     searched = Signal()  # the results of a search, or its error, are shown
     listed = Signal()  # a repository's files, or the error, are shown
     judged = Signal()  # every quant of the repository shown has its verdict
+    paired = Signal()  # the drafters from other repositories for the repository shown are known
     download_finished = Signal(str)  # the model's first file, now in the models folder
     download_failed = Signal(str)  # the sentence: an error, or the stop that kept the partial file
     load_requested = Signal(str)  # a downloaded model's path: load it as the picker would
@@ -106,6 +117,9 @@ class FindModelsDialog(QDialog):
         # One worker each: a slow header read never holds up a search, and a download holds up neither.
         self._hub_tasks = TaskRunner(self, max_threads=1)
         self._judge_tasks = TaskRunner(self, max_threads=1)
+        self._pair_tasks = TaskRunner(self, max_threads=1)  # drafters from other repositories: searches, headers
+        self.remote_drafters: list[RemoteDrafter] | None = None  # for the listing shown; None: not known yet
+        self._paired_for = 0  # the listing whose search for drafters from other repositories has started
         self._search_serial = 0
         self._list_serial = 0
         self._judge_serial = 0
@@ -267,6 +281,7 @@ class FindModelsDialog(QDialog):
         serial = self._list_serial
         self.listing = None
         self.verdicts = {}
+        self.remote_drafters = None
         self._picked_by_hand = False
         self.quant_tree.clear()
         self.repo_label.setText(f"Quants of {repo}")
@@ -435,6 +450,8 @@ class FindModelsDialog(QDialog):
         if serial != self._judge_serial or judged is None:
             return
         self.verdicts[group.name] = judged
+        if judged.verdict.info is not None:
+            self._pair(judged.verdict.info)
         item = self._item_for(group.name)
         if item is not None:
             v = judged.verdict
@@ -447,6 +464,27 @@ class FindModelsDialog(QDialog):
             item.setText(4, speed_text(v.tokens_per_second))
             item.setToolTip(4, plain_tooltip(v.speed_basis))
         self._after_verdict()
+
+    def _pair(self, target: GGUFInfo) -> None:
+        """Once per listing, from the first header read: the tokenizer is the same in every quant."""
+        if self.listing is None or self._paired_for == self._list_serial:
+            return
+        self._paired_for = serial = self._list_serial
+        repo, largest = self.listing.repo, max(g.size for g in self.models())
+        self._pair_tasks.run(lambda: remote_drafters(repo, target, largest),
+                             lambda found: self._on_paired(serial, found),
+                             lambda exc: self._on_pair_failed(serial, exc))
+
+    def _on_paired(self, serial: int, found: list[RemoteDrafter]) -> None:
+        if serial != self._list_serial:
+            return
+        self.remote_drafters = found
+        self._show_drafters()
+        self.paired.emit()
+
+    def _on_pair_failed(self, serial: int, exc: Exception) -> None:
+        logger.warning("drafters from other repositories could not be looked for: %s", error_text(exc))
+        self._on_paired(serial, [])  # never in the way of the listing
 
     def _on_judge_failed(self, serial: int, group: ModelFiles, exc: Exception) -> None:
         if serial != self._judge_serial:
@@ -494,7 +532,10 @@ class FindModelsDialog(QDialog):
         if verdict is not None and verdict.speed_basis:
             text += f"\nPlain decoding {speed_text(verdict.tokens_per_second)} tok/s: {verdict.speed_basis}."
         self.fit_label.setText(text.strip())
-        self.drafters_label.setText(drafters_text(judged, self._others()))
+        text = drafters_text(judged, self._others())
+        if self._paired_for == self._list_serial:
+            text += "\n" + remote_drafters_text(self.remote_drafters, group.size)
+        self.drafters_label.setText(text)
 
     @Slot()
     def _on_quant_tree_item_selection_changed(self) -> None:
@@ -606,7 +647,7 @@ class FindModelsDialog(QDialog):
         """Stop a download (its partial file stays) and wait for the workers, before the window goes."""
         self._judge_serial += 1
         self.download_bar.shutdown(msecs)
-        for runner in (self._hub_tasks, self._judge_tasks):
+        for runner in (self._hub_tasks, self._judge_tasks, self._pair_tasks):
             runner.wait(msecs)
 
     @staticmethod

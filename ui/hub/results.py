@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from app.errors import AppError
 from app.hub.client import list_files
 from app.hub.files import DRAFT_HEAD, MODEL, MTP_HEAD, ModelFiles, group_files
+from app.hub.pairing import RemoteDrafter, smaller_than
 from app.hub.pending import on_disk
 from app.hub.verdict import QuantVerdict
 from app.measure.recommend import DrafterReport
+from app.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -78,3 +80,14 @@ def drafters_text(judged: Judged | None, others: Sequence[ModelFiles]) -> str:
         return ("Drafters: no model in your library shares its tokenizer; the suffix drafter works with any "
                 "model." + repo_note)
     return "Drafters that pair with it: " + "; ".join(found) + "; and the suffix drafter." + repo_note
+
+
+def remote_drafters_text(remote: Sequence[RemoteDrafter] | None, size: int) -> str:
+    """Other repositories' quants with the same tokenizer that are smaller than a quant of ``size`` bytes;
+    None: still looking."""
+    if remote is None:
+        return "Drafters from other repositories: looking for ones with its tokenizer…"
+    found = [f"{d.repo} · {d.group.label} ({format_bytes(d.size)})" for d in smaller_than(remote, size)]
+    if not found:
+        return "No smaller model in other repositories of its family has its tokenizer."
+    return "From other repositories, with its tokenizer: " + "; ".join(found) + "."
