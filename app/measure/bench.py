@@ -30,16 +30,16 @@ from app.events import (
     RawDecoded,
 )
 from app.measure.bench_report import (
-    JSON_VERSION,
     BenchReport,
+    DrafterStep,
     JSONObject,
+    PromptResult,
     RunResult,
+    RunSetup,
     Speedup,
     Totals,
     Trace,
-    drafter_cost,
     rate_ratio,
-    speedup_spread,
 )
 from app.measure.prompts import Prompt
 from app.measure.prompts import read_prompts as read_prompts  # re-exported for the bench's callers
@@ -188,10 +188,7 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
           + (f", {repeats} repeats" if repeats > 1 else ""), file=out)
     print(f"{'#':>2} {'tokens':>6} {'tok/s':>8} {'base':>8} {'speedup':>7} {'spread':>11} {'accept':>6} "
           f"{'τ':>5} {'same':>5}", file=out)
-    rows: list[JSONObject] = []
-    identical_rows: list[bool] = []
-    spec_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
-    base_by_repeat: list[list[RunResult]] = [[] for _ in range(repeats)]
+    prompts: list[PromptResult] = []
     traces: list[Trace] = []  # each prompt's tokens and its answer (plain decoding's, if run)
     for index, messages in enumerate(config.prompts):
         specs: list[RunResult] = []
@@ -203,81 +200,31 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
             for plain in order:
                 result = run(messages, plain)
                 (bases if plain else specs).append(result)
-        spec = specs[0]
-        answered = bases[0] if bases else spec
-        traces.append({"prompt": answered.prompt_ids, "answer": answered.tokens})
-        for r in range(repeats):
-            spec_by_repeat[r].append(specs[r])
-            if bases:
-                base_by_repeat[r].append(bases[r])
         for s in specs:
             if s.stats is not None:
                 keep_answer(target, draft.drafter_path, draft.ngram, s.stats)
-        # The run fields are the first repeat's; "runs" has every repeat, "speedup" their median.
-        row: JSONObject = {"index": index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
-        runs: list[JSONObject] = [{"tok_s": round(s.decode_tps, 2), "first": first}
-                                  for s, first in zip(specs, firsts, strict=True)]
-        row["runs"] = runs
-        spread = ""
-        if bases:
-            base = bases[0]
-            n = min(len(base.tokens), len(spec.tokens))
-            row["baseline"] = base.as_json()
-            ratios = [rate_ratio([s], [b]) for s, b in zip(specs, bases, strict=True)]
-            for run_json, b, ratio in zip(runs, bases, ratios, strict=True):
-                run_json.update(baseline_tok_s=round(b.decode_tps, 2), speedup=round(ratio, 3))
-            row_spread = speedup_spread(ratios)
-            row.update(row_spread)
-            identical_rows.append(all(b.tokens == s.tokens for s, b in zip(specs, bases, strict=True)))
-            row["identical"] = identical_rows[-1]
-            row["agree_prefix"] = next((i for i in range(n) if base.tokens[i] != spec.tokens[i]), n)
-            if repeats > 1:
-                spread = f"{row_spread['speedup_min']:.2f}–{row_spread['speedup_max']:.2f}"
-        rows.append(row)
-        print(f"{index:>2} {len(spec.tokens):>6} {statistics.median(s.decode_tps for s in specs):>8.1f} "
-              f"{statistics.median(b.decode_tps for b in bases) if bases else 0:>8.1f} "
-              f"{row.get('speedup', 0):>7.2f} {spread:>11} "
-              f"{row['acceptance']:>6.2f} {row['tokens_per_pass']:>5.2f} {row.get('identical', '-')!s:>5}",
-              file=out)
-    total = Totals(tuple(s for group in spec_by_repeat for s in group))
-    total_json = total.as_json()
+        prompt = PromptResult(index, tuple(specs), tuple(bases), tuple(firsts))
+        prompts.append(prompt)
+        answered = bases[0] if bases else specs[0]
+        traces.append({"prompt": answered.prompt_ids, "answer": answered.tokens})
+        _print_row(prompt, repeats, out)
+    total = Totals(tuple(p.specs[r] for r in range(repeats) for p in prompts))
     baseline: Totals | None = None
     speedup: Speedup | None = None
     if config.baseline:
-        baseline = Totals(tuple(b for group in base_by_repeat for b in group))
-        speedup = Speedup(tuple(rate_ratio(s, b) for s, b in zip(spec_by_repeat, base_by_repeat, strict=True)),
-                          all(identical_rows))
-        total_json["baseline"] = baseline.as_json()
-        total_json["speedups"] = speedup.speedups
-        total_json.update(speedup_spread(speedup.ratios))
-        total_json["identical"] = speedup.identical
-    verify_cost_ms = {str(w): round(t * 1000, 3) for w, t in verify_cost}
-    step_cost = drafter_cost(draft_step[0], dict(verify_cost))
-    keep_pass_costs(target, loaded.backend, verify_cost_ms, draft.drafter_path, draft.ngram, step_cost.get("c"))
-    report: JSONObject = {
-        "version": JSON_VERSION,
-        "target": target,
-        "drafter": draft.drafter_path,
-        "ngram": draft.ngram,
-        "mtp": draft.mtp,
-        "adaptive": draft.adaptive,
-        "k": None if draft.adaptive else draft.k,
-        "k_max": draft.k_max,
-        "temperature": sampling.temperature,
-        "seed": sampling.seed,
-        "max_tokens": sampling.max_tokens,
-        "repeat": repeats,
-        "backend": loaded.backend,
-        "rpc_servers": [d.description for d in loaded.devices if is_rpc(d)],
-        "network_ms_per_pass": round(loaded.network_seconds * 1000, 3),
-        "verify_cost_ms": verify_cost_ms,
-        **step_cost,
-        "prompts": rows,
-        "total": total_json,
-        "ceiling": ceiling(target, loaded.n_ctx, loaded.network_seconds),
-    }
-    if config.raw:
-        report["raw"] = _raw(client, config.prompts[0], sampling.max_tokens, out)
+        baseline = Totals(tuple(p.bases[r] for r in range(repeats) for p in prompts))
+        speedup = Speedup(tuple(rate_ratio([p.specs[r] for p in prompts], [p.bases[r] for p in prompts])
+                                for r in range(repeats)), all(p.identical for p in prompts))
+    step = DrafterStep.of(draft_step[0], dict(verify_cost))
+    setup = RunSetup(target, draft.drafter_path, draft.ngram, draft.mtp, draft.adaptive, draft.k, draft.k_max,
+                     sampling.temperature, sampling.seed, sampling.max_tokens, repeats, loaded.backend,
+                     tuple(d.description for d in loaded.devices if is_rpc(d)), loaded.network_seconds)
+    report = BenchReport(setup, tuple(prompts), total, baseline, speedup, tuple(verify_cost), step,
+                         ceiling(target, loaded.n_ctx, loaded.network_seconds),
+                         _raw(client, config.prompts[0], sampling.max_tokens, out) if config.raw else None,
+                         tuple(traces) if config.keep_traces else ())
+    keep_pass_costs(target, loaded.backend, report.verify_cost_ms, draft.drafter_path, draft.ngram,
+                    step.c if step else None)
     summary = (f"total: {total.tok_s:.1f} tok/s, acceptance {total.acceptance:.2f}, "
                f"τ {total.tokens_per_pass:.2f}")
     if baseline is not None and speedup is not None:
@@ -286,11 +233,22 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
             summary += f" (median of {repeats}; {speedup.low:.2f}–{speedup.high:.2f})"
         summary += f", identical {speedup.identical}"
     summary += f", Python overhead per pass {total.overhead_ms_median:.3f} ms (median)"
-    if "c" in step_cost:
-        summary += f", drafter step {step_cost['drafter_step_ms']:.2f} ms (c {step_cost['c']:.2f})"
+    if step is not None:
+        summary += f", drafter step {step.seconds * 1000:.2f} ms (c {step.c:.2f})"
     print(summary, file=out)
-    return BenchReport(total, baseline, speedup, verify_cost_ms, tuple(traces) if config.keep_traces else (),
-                       report)
+    return report
+
+
+def _print_row(prompt: PromptResult, repeats: int, out: TextIO) -> None:
+    """One prompt's line of the table: the medians over repeats, the first repeat's acceptance and τ."""
+    spec = prompt.specs[0]
+    base = statistics.median(b.decode_tps for b in prompt.bases) if prompt.bases else 0.0
+    speedup = statistics.median(prompt.ratios) if prompt.bases else 0.0
+    spread = f"{min(prompt.ratios):.2f}–{max(prompt.ratios):.2f}" if prompt.bases and repeats > 1 else ""
+    same = str(prompt.identical) if prompt.bases else "-"
+    print(f"{prompt.index:>2} {len(spec.tokens):>6} {statistics.median(s.decode_tps for s in prompt.specs):>8.1f} "
+          f"{base:>8.1f} {speedup:>7.2f} {spread:>11} {spec.counts.acceptance:>6.2f} "
+          f"{spec.counts.tokens_per_pass:>5.2f} {same:>5}", file=out)
 
 
 def _raw(client: EngineClient, messages: Prompt, max_tokens: int, out: TextIO) -> JSONObject:

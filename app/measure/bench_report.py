@@ -144,18 +144,120 @@ Trace = dict[str, list[int]]  # one prompt's tokens ("prompt") and its answer ("
 
 
 @dataclass(frozen=True)
-class BenchReport:
-    """What one bench measured: typed totals for the callers, and the whole report as `--json` writes it."""
+class PromptResult:
+    """One prompt's runs: its speculative answers and, with a baseline, the plain answers beside them, one per
+    repeat, and which of the two ran first in each repeat."""
 
+    index: int
+    specs: tuple[RunResult, ...]
+    bases: tuple[RunResult, ...]  # empty without a baseline
+    firsts: tuple[str, ...]  # "plain" or "speculative", per repeat
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        return tuple(rate_ratio([s], [b]) for s, b in zip(self.specs, self.bases, strict=True))
+
+    @property
+    def identical(self) -> bool:
+        """Every speculative answer was the plain answer beside it, token for token."""
+        return all(b.tokens == s.tokens for s, b in zip(self.specs, self.bases, strict=True))
+
+    def as_json(self) -> JSONObject:
+        """The first repeat's run fields; "runs" has every repeat, "speedup" their median."""
+        spec = self.specs[0]
+        row: JSONObject = {"index": self.index, "prompt_tokens": spec.prompt_tokens, **spec.as_json()}
+        runs: list[JSONObject] = [{"tok_s": round(s.decode_tps, 2), "first": first}
+                                  for s, first in zip(self.specs, self.firsts, strict=True)]
+        row["runs"] = runs
+        if self.bases:
+            base = self.bases[0]
+            n = min(len(base.tokens), len(spec.tokens))
+            row["baseline"] = base.as_json()
+            for run_json, b, ratio in zip(runs, self.bases, self.ratios, strict=True):
+                run_json.update(baseline_tok_s=round(b.decode_tps, 2), speedup=round(ratio, 3))
+            row.update(speedup_spread(self.ratios))
+            row["identical"] = self.identical
+            row["agree_prefix"] = next((i for i in range(n) if base.tokens[i] != spec.tokens[i]), n)
+        return row
+
+
+@dataclass(frozen=True)
+class DrafterStep:
+    """The model drafter's step, timed in the worker, and c: a step over a one-token target pass."""
+
+    seconds: float
+    c: float
+
+    @classmethod
+    def of(cls, step: float, verify: Mapping[int, float]) -> DrafterStep | None:
+        one = verify.get(1, 0.0)
+        return cls(step, step / one) if step > 0 and one > 0 else None
+
+    def as_json(self) -> JSONObject:
+        return {"drafter_step_ms": round(self.seconds * 1000, 3), "c": round(self.c, 3)}
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What was measured, as the report names it: the pair, its drafting and sampling settings, the backend."""
+
+    target: str
+    drafter: str | None
+    ngram: int
+    mtp: bool
+    adaptive: bool
+    k: int
+    k_max: int
+    temperature: float
+    seed: int
+    max_tokens: int
+    repeat: int
+    backend: str
+    rpc_servers: tuple[str, ...]
+    network_seconds: float  # per pass: the RPC servers' round trips measured at load
+
+    def as_json(self) -> JSONObject:
+        return {"version": JSON_VERSION, "target": self.target, "drafter": self.drafter, "ngram": self.ngram,
+                "mtp": self.mtp, "adaptive": self.adaptive, "k": None if self.adaptive else self.k,
+                "k_max": self.k_max, "temperature": self.temperature, "seed": self.seed,
+                "max_tokens": self.max_tokens, "repeat": self.repeat, "backend": self.backend,
+                "rpc_servers": list(self.rpc_servers), "network_ms_per_pass": round(self.network_seconds * 1000, 3)}
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """What one bench measured, typed throughout; ``as_json`` writes it as `--json` does, in one place."""
+
+    setup: RunSetup
+    prompts: tuple[PromptResult, ...]
     total: Totals  # the speculative runs (plain decoding's, with speculation off)
     baseline: Totals | None  # the plain runs beside them, with a baseline
     speedup: Speedup | None  # with a baseline
-    verify_cost_ms: dict[str, float]  # by verify width: what the cost model held after the last run
-    traces: tuple[Trace, ...]  # with keep_traces: each prompt's tokens and answer (plain decoding's, if run)
-    document: JSONObject = field(repr=False)
+    verify_cost: tuple[tuple[int, float], ...]  # (width, seconds): what the cost model held after the last run
+    drafter_step: DrafterStep | None  # where a model drafter drafted
+    ceiling: JSONObject | None  # the roofline for this target here (None when it cannot be computed)
+    raw: JSONObject | None = None  # with raw: the bare llama_decode loop beside the engine
+    traces: tuple[Trace, ...] = ()  # with keep_traces: each prompt's tokens and answer (plain decoding's, if run)
+
+    @property
+    def verify_cost_ms(self) -> dict[str, float]:
+        """By verify width, in milliseconds, as the report writes and the verify-cost store keeps them."""
+        return {str(w): round(t * 1000, 3) for w, t in self.verify_cost}
 
     def as_json(self) -> JSONObject:
-        return self.document
+        total = self.total.as_json()
+        if self.baseline is not None and self.speedup is not None:
+            total["baseline"] = self.baseline.as_json()
+            total["speedups"] = self.speedup.speedups
+            total.update(speedup_spread(self.speedup.ratios))
+            total["identical"] = self.speedup.identical
+        document: JSONObject = {**self.setup.as_json(), "verify_cost_ms": self.verify_cost_ms,
+                                **(self.drafter_step.as_json() if self.drafter_step else {}),
+                                "prompts": [p.as_json() for p in self.prompts], "total": total,
+                                "ceiling": self.ceiling}
+        if self.raw is not None:
+            document["raw"] = self.raw
+        return document
 
 
 def sources_json(runs: Sequence[RunResult]) -> JSONObject:
@@ -171,13 +273,6 @@ def rate_ratio(spec: Sequence[RunResult], base: Sequence[RunResult]) -> float:
     s = sum((r.counts for r in spec), RunCounts()).decode_tps
     b = sum((r.counts for r in base), RunCounts()).decode_tps
     return s / b if b else 0.0
-
-
-def drafter_cost(step: float, verify: dict[int, float]) -> dict[str, float]:
-    """The model drafter's step in ms and c, a step over a one-token target pass (the mission's cost ratio)."""
-    if step <= 0 or verify.get(1, 0.0) <= 0:
-        return {}
-    return {"drafter_step_ms": round(step * 1000, 3), "c": round(step / verify[1], 3)}
 
 
 def speedup_spread(values: Sequence[float]) -> dict[str, float]:
