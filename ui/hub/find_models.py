@@ -1,6 +1,7 @@
 """The Find models view: GGUF repositories on the Hub, a repository's quants with the fit on this machine at the
 chosen context and the predicted plain tok/s (``app.hub.verdict``, as `specdeck search REPO` computes them), the
-drafters in the library that pair with a quant, and its download with progress, Cancel and resume.
+drafters in the library (and in other repositories, ``app.hub.pairing``) that pair with a quant, and its download
+with progress, Cancel and resume (also of a download an earlier run left unfinished).
 
 Every Hub request, header read, disk check and download runs on a worker (``ui.tasks``); results come back by
 signal, and a result for a search, repository or context no longer shown is dropped. Over 500 lines: the search,
