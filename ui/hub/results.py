@@ -73,13 +73,17 @@ def drafters_text(judged: Judged | None, others: Sequence[ModelFiles]) -> str:
     if judged.drafters is None:
         return "Drafters: not known until its header can be read." + repo_note
     report = judged.drafters
-    found = [f"{r.name} ({r.speedup:.2f}× predicted)" for r in report.recommendations
-             if r.kind == "model" and r.drafter_path]
+    models = [r for r in report.recommendations if r.kind == "model" and r.drafter_path]
+    # A model as large as the quant (a copy of the same model) shares its tokenizer but cannot draft cheaply.
+    slow = [f"{r.name} ({r.speedup:.2f}× predicted)" for r in models if r.speedup <= 1.0]
+    slow_note = f" Sharing its tokenizer but predicted no faster than plain: {'; '.join(slow)}." if slow else ""
+    found = [f"{r.name} ({r.speedup:.2f}× predicted)" for r in models if r.speedup > 1.0]
     found += [offer.label for offer in report.heads if offer.fits]
     if not found:
-        return ("Drafters: no model in your library shares its tokenizer; the suffix drafter works with any "
-                "model." + repo_note)
-    return "Drafters that pair with it: " + "; ".join(found) + "; and the suffix drafter." + repo_note
+        none = ("no model in your library that shares its tokenizer is predicted to be faster" if slow
+                else "no model in your library shares its tokenizer")
+        return f"Drafters: {none}; the suffix drafter works with any model.{slow_note}{repo_note}"
+    return "Drafters that pair with it: " + "; ".join(found) + "; and the suffix drafter." + slow_note + repo_note
 
 
 def remote_drafters_text(remote: Sequence[RemoteDrafter] | None, size: int) -> str:
