@@ -7,6 +7,7 @@ against the target as llama.cpp does, and measures what a target pass of each wi
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,23 @@ from app.library.model_file import check_model_file
 from app.params import LoadSettings, SamplingSettings, flash_attention_mode
 
 ProgressFn = Callable[[str, float], bool]
+
+
+FileStamp = tuple[str, int, int, int, int] | tuple[str]
+
+
+def _file_stamps(settings: LoadSettings) -> tuple[FileStamp, ...]:
+    """Which files the settings' paths name now: device, inode, size and modification time, or that one is gone."""
+    paths = [settings.target_path, *([settings.draft.drafter_path] if settings.draft.drafter_path else [])]
+    stamps: list[FileStamp] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append((path,))
+        else:
+            stamps.append((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
 
 
 def vocab_info(model: Model) -> tuple[VocabInfo, list[str]]:
@@ -211,6 +229,11 @@ class EngineSession:
             self.close()  # a load that fails half way frees what it had, in order, before the error goes on
             raise
 
+    def files_unchanged(self) -> bool:
+        """Whether the model files at the settings' paths are still the ones loaded (a download or a copy may
+        have put another file there since)."""
+        return _file_stamps(self.settings) == self._file_stamps
+
     def _load(self, settings: LoadSettings, log: Callable[[str], None] | None,
               progress: ProgressFn | None) -> None:
         settings.validate()
@@ -219,6 +242,7 @@ class EngineSession:
         warm_renderer()  # the template child imports Jinja while the model loads
         self.settings = settings
         draft = settings.draft
+        self._file_stamps = _file_stamps(settings)
         self.target_info = check_model_file(settings.target_path, "target")
         drafter_info = check_model_file(draft.drafter_path, "drafter") if draft.drafter_path else None
         if settings.n_ctx > max(self.target_info.context_length, 1) * 4 and self.target_info.context_length:

@@ -103,8 +103,9 @@ class Worker:
     def load(self, request: Load) -> None:
         from app.engine.session import EngineSession
 
-        if self.session is not None and self.session.settings == request.settings:
-            # The same load again (Tune's first setting is the loaded one): the models are here already.
+        if (self.session is not None and self.session.settings == request.settings
+                and self.session.files_unchanged()):
+            # The same load of the same files again (Tune's first setting is the loaded one): they are here already.
             self.send(self.session.loaded_event())
             return
         self.unload()
