@@ -126,15 +126,19 @@ class Current:
     device: str
     from_ngram: int = 0  # this answer's tokens drafted by the n-gram drafter and accepted
     from_trained: int = 0  # ... by the trained drafter (a drafter model, the MTP heads, an EAGLE-3 head)
+    has_trained: bool = False  # a trained drafter is loaded (a drafter file: a model or a head)
 
     @property
     def sources_text(self) -> str:
-        """Where this answer's accepted draft tokens came from, named as the chat's highlight names them."""
+        """Where this answer's accepted draft tokens came from, named as the chat's highlight names them; the
+        trained drafter only where one is loaded (a "trained 0" without one reads as a drafter that failed)."""
         # Short: the strip's label must fit a narrow dashboard (335 px at 1024x700); the tooltip names both.
         if not self.from_ngram and not self.from_trained:
             return "accepted: –"
-        return (f"accepted: {SOURCE_NAMES[FROM_NGRAM].split()[0]} {self.from_ngram:,} · "
-                f"{SOURCE_NAMES[FROM_MODEL].split()[0]} {self.from_trained:,}")
+        parts = [f"{SOURCE_NAMES[FROM_NGRAM].split()[0]} {self.from_ngram:,}"]
+        if self.has_trained or self.from_trained:
+            parts.append(f"{SOURCE_NAMES[FROM_MODEL].split()[0]} {self.from_trained:,}")
+        return "accepted: " + " · ".join(parts)
 
     @property
     def context_fill(self) -> float:
@@ -228,6 +232,8 @@ class LiveMetrics:
         self.loaded: Loaded | None = None
         self.ceiling: CeilingInfo | None = None
         self._plain_verify_ema: float | None = None  # width-1 verify seconds: a live measured ceiling
+        self._context = 0  # tokens in the KV cache after the last pass
+        self._kv_used = 0
         self.reset()
 
     # -- events --
@@ -237,6 +243,7 @@ class LiveMetrics:
         self.ceiling = ceiling
         self._plain_verify_ema = None
         self.reset()
+        self._context = self._kv_used = 0
 
     def set_ceiling(self, ceiling: CeilingInfo | None) -> None:
         self.ceiling = ceiling
@@ -246,9 +253,11 @@ class LiveMetrics:
         self.ceiling = None
         self._plain_verify_ema = None
         self.reset()
+        self._context = self._kv_used = 0
 
     def reset(self) -> None:
-        """Forget the generation (series, counts); keep the loaded model and its ceiling."""
+        """Forget the generation (series, counts); keep the loaded model, its ceiling and what its KV cache
+        holds (the context stays filled until the next answer or a load)."""
         self._ring.clear()
         self._win.clear()
         self._recent.clear()
@@ -269,8 +278,6 @@ class LiveMetrics:
         self._tested_total = 0
         self.message = RunCounts()  # this answer's counts so far
         self._from_ngram = self._from_trained = 0
-        self._context = 0
-        self._kv_used = 0
         self._k_last: int | None = None
         self.last_stats: MessageStats | None = None
         self.finish_reason = ""
@@ -393,6 +400,7 @@ class LiveMetrics:
             device=self.ceiling.device if self.ceiling else "",
             from_ngram=self._from_ngram,
             from_trained=self._from_trained,
+            has_trained=ld is not None and ld.drafter is not None,
         )
 
     def snapshot(self) -> MetricsSnapshot:

@@ -122,13 +122,19 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     assert lab["k"].text() == "k 3"
     # Every accepted token of these passes came from the trained drafter (a drafter model here): 20 × 3 + 20 × 2.
     assert lab["sources"].text() == "accepted: suffix 0 · trained 100"
-    assert lab["context"].text() == f"{ctx} of 4,096 tokens"
+    assert lab["context"].text() == f"context {ctx} of 4,096 tokens"
+    assert lab["scope"].text() == "live:"
     assert lab["device"].text() == "cuda · Test GPU (1 TB/s)"
     panel.on_finished(make_finished())
     mem = panel.findChild(type(lab["tps"]), "dashboard_memory")
     assert mem is not None
     qtbot.waitUntil(lambda: "GPU0 Test GPU: 6.00 GB of 24.0 GB" in mem.text(), timeout=5000)  # read off the GUI thread
-    assert f"context {ctx} of 4,096 tokens" in mem.text()
+    assert "context" not in mem.text()  # said once, by the strip
+    # The answer has ended: its own totals, scoped as such; k is the deepest draft the answer chose, and the
+    # context is what the KV cache still holds.
+    qtbot.waitUntil(lambda: lab["scope"].text() == "answer:", timeout=2000)
+    assert lab["k"].text() == "k ≤ 3"
+    assert lab["context"].text() == f"context {ctx} of 4,096 tokens"
     # One bar per part, in MB: a small model is as readable as a large one.
     rows = dict(panel.memory_rows())
     assert rows["target weights"] == 2e9
@@ -137,6 +143,14 @@ def test_plots_receive_points_and_strip(qtbot: QtBot, panel: DashboardPanel) -> 
     ticks = [label for _, label in panel.p_mem.getAxis("left")._tickLevels[0]]
     assert "drafter weights 200" in ticks
     assert "window process" in " ".join(ticks)
+
+
+def test_sources_name_the_trained_drafter_only_where_one_is_loaded(qtbot: QtBot, panel: DashboardPanel) -> None:
+    panel.on_loaded(replace(make_loaded(), drafter=None))
+    qtbot.waitUntil(lambda: panel.metrics.ceiling is CEILING, timeout=5000)
+    for i in range(4):
+        panel.on_pass(replace(make_pass(i), from_ngram=2, from_model=0))
+    qtbot.waitUntil(lambda: panel.labels["sources"].text() == "accepted: suffix 8", timeout=2000)
 
 
 def test_timer_runs_only_while_generating(qtbot: QtBot, panel: DashboardPanel) -> None:

@@ -519,5 +519,4 @@ class DashboardPanel(QWidget):
         if ld is not None:
             where = placement(ld.devices, ld.main_gpu is not None)
             text.insert(0, where[0].upper() + where[1:])  # which device(s) the bars are about
-            text.append(f"context {self.metrics.current().context_text}")
         self.mem_label.setText(" · ".join(text))

@@ -1,6 +1,8 @@
 """The dashboard's strip of live figures above the plots: speed, its share of the roof, acceptance, α, τ, k, the
 drafters' shares, context, device. While an answer streams they cover the last second (and the last 32
-passes); once it has ended, the answer's own totals, as its stats line in the chat reads them."""
+passes; the scope reads "live:"); once it has ended, the answer's own totals, as its stats line in the chat
+reads them (the scope reads "answer:", k the deepest draft of the answer). The accepted tokens by source are the
+answer's so far; the context is what the KV cache holds now."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ui.flow_layout import FlowLayout
 
 # The widest text each live figure is expected to show; its label gets that fixed width (see LiveStrip).
 LIVE_LABEL_TEMPLATES = {
-    "scope": "last second:",
+    "scope": "answer:",
     "tps": "9999.9 tok/s",
     "pct": "9999% of the bandwidth roof ▲",
     "acceptance": "accept 100%",
@@ -24,7 +26,7 @@ LIVE_LABEL_TEMPLATES = {
     "tau": "τ 99.99",
     "k": "k 99",
     "sources": "accepted: suffix 99,999 · trained 99,999",
-    "context": "999,999 of 999,999 tokens",
+    "context": "context 999,999 of 999,999 tokens",
 }
 
 
@@ -43,10 +45,11 @@ class LiveStrip(QWidget):
             "acceptance": "Draft tokens accepted / drafted",
             "alpha": "α: chance each draft position is accepted given the previous ones were (Leviathan)",
             "tau": "τ: tokens per verify pass, last 32 passes",
-            "k": "Draft depth the controller chose for the last pass",
+            "k": "Live: the draft depth the controller chose for the last pass. After an answer (k ≤ N): the "
+                 "deepest draft it chose in that answer",
             "sources": f"This answer's accepted draft tokens by source: the suffix drafter and the trained drafter "
                        f"({TRAINED_DRAFTERS})",
-            "context": "Context fill",
+            "context": "Tokens the KV cache holds now, of the context size",
             "device": "llama.cpp backend and the device whose bandwidth sets the ceiling",
         }
         for name, tip in tips.items():
@@ -94,14 +97,16 @@ class LiveStrip(QWidget):
                      else "accept –")
             set_text("tau", f"τ {tau_text(totals.tokens_per_pass)}")
             alpha = s.message_alpha
+            set_text("k", f"k ≤ {max(totals.k_history)}" if totals.k_history else "k –")
         else:
-            set_text("scope", "last second:" if s.generating else "")
+            set_text("scope", "live:" if s.generating else "")
             tps = c.tps
             set_text("tps", decode_text(c.tps) if c.tps is not None else "– tok/s")
             set_text("acceptance", f"accept {acceptance_text(c.acceptance)}" if c.acceptance is not None
                      else "accept –")
             set_text("tau", f"τ {tau_text(c.tau)}" if c.tau is not None else "τ –")
             alpha = c.alpha
+            set_text("k", f"k {c.k}" if c.k is not None else "k –")
         pct = 100.0 * tps / spec if tps is not None and spec else None
         if pct is not None:
             above = pct > 100.0
@@ -113,9 +118,8 @@ class LiveStrip(QWidget):
             set_text("pct", roof if loaded else "–")
             self._style_pct("")
         set_text("alpha", f"α {alpha:.2f}" if alpha is not None else "α –")
-        set_text("k", f"k {c.k}" if c.k is not None else "k –")
         set_text("sources", c.sources_text)
-        set_text("context", c.context_text if c.n_ctx else "no model")
+        set_text("context", f"context {c.context_text}" if c.n_ctx else "no model")
         set_text("device", " · ".join(x for x in (c.backend, c.device) if x) or "–")
 
     def _style_pct(self, sheet: str) -> None:
