@@ -8,19 +8,21 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.ceiling.roofline import Device
 from app.cli.exit_codes import EXIT_BAD_OPTIONS, EXIT_CANCELLED, EXIT_ERROR
 from app.errors import AppError
 from app.hub.client import RepoHit, list_files, repo_id, search
 from app.hub.files import MODEL, ModelFiles, group_files
-from app.hub.pairing import RemoteDrafter, remote_drafters, smaller_than
 from app.hub.pending import target_folder
 from app.hub.transfer import Progress, choose, pull
-from app.hub.verdict import QuantVerdict, judge
 from app.safe_text import terminal_safe
 from app.units import format_bytes, format_count
+
+if TYPE_CHECKING:  # the fit and the pairing pull in the roofline and numpy: `pull` never needs them
+    from app.hub.pairing import RemoteDrafter
+    from app.hub.verdict import QuantVerdict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +107,8 @@ def _group_json(g: ModelFiles, v: QuantVerdict | None, drafters: Sequence[Remote
                     "n_params": v.info.n_params if v.info else None,
                     "quantization": v.info.quantization if v.info else None})
     if drafters is not None and g.kind == MODEL and g.complete:
+        from app.hub.pairing import smaller_than
+
         out["drafters_from_other_repositories"] = [_drafter_json(d) for d in smaller_than(drafters, g.size)]
     return out
 
@@ -114,6 +118,9 @@ def _files(args: argparse.Namespace, repo: str) -> int:
         return _fail("search", f"--ctx must be at least 16, not {args.ctx}.", EXIT_BAD_OPTIONS)
     groups = group_files(list_files(repo, args.revision))
     models = [g for g in groups if g.kind == MODEL and g.complete]
+    from app.hub.pairing import remote_drafters
+    from app.hub.verdict import judge
+
     verdicts: dict[str, QuantVerdict] = {}
     if models and not args.no_fit:
         devices = _devices()
