@@ -164,10 +164,10 @@ def test_the_memory_chart_names_where_the_layers_went(qtbot: QtBot) -> None:
                    network_seconds=0.002)
     panel.on_loaded(split)
     assert panel.mem_label.text().startswith(
-        "Layers split by free memory over RPC0 (10.0.0.2:50052), RPC1 (10.0.0.3:50052) · ")
+        "Layers split by free memory over RPC0 (10.0.0.2:50052), RPC1 (10.0.0.3:50052)")
     one = Loaded(target, None, 0, 4096, "vulkan", True, 100_000, 100_000 * 4096, 1.0, devices=(BIG,), main_gpu=1)
     panel.on_loaded(one)
     assert panel.mem_label.text().startswith("Layers on Vulkan2 (AMD Radeon RX 7900 XTX) alone (one GPU chosen)")
     cpu = Loaded(target, None, 0, 4096, "cpu", False, 100_000, 100_000 * 4096, 1.0)
     panel.on_loaded(cpu)
-    assert panel.mem_label.text().startswith("Layers on the CPU · ")
+    assert panel.mem_label.text().startswith("Layers on the CPU")
