@@ -8,7 +8,11 @@ Everything untrusted goes through :func:`terminal_safe` before it reaches stdout
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass, replace
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides and isolates
 # (which reorder what the reader sees: "Trojan Source").
@@ -38,12 +42,18 @@ def terminal_safe(text: object, *, one_line: bool = False) -> str:
     return _SURROGATE.sub("\ufffd", value)
 
 
-def terminal_safe_values(value: Any) -> Any:
-    """A report (dicts, lists, tuples) with every string in it made one terminal-safe line."""
+def terminal_safe_values(value: T) -> T:
+    """A report (dataclasses, dicts, lists, tuples) with every string in it made one terminal-safe line."""
+    return cast(T, _safe_values(value))
+
+
+def _safe_values(value: Any) -> Any:
     if isinstance(value, str):
         return terminal_safe(value, one_line=True)
-    if isinstance(value, dict):
-        return {terminal_safe_values(k): terminal_safe_values(v) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _safe_values(getattr(value, f.name)) for f in fields(value) if f.init})
+    if isinstance(value, Mapping):
+        return {_safe_values(k): _safe_values(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(terminal_safe_values(v) for v in value)
+        return type(value)(_safe_values(v) for v in value)
     return value

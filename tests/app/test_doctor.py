@@ -323,12 +323,13 @@ def test_text_report_shows_the_check_and_the_calibration(
         return {"ok": True, "model": str(path), "message": "loaded and decoded 17 tokens in 0.4 s", "tokens": 17,
                 "seconds": 0.4, "tokens_per_second": 40.0, "context": 7}
 
-    r, ok = doctor_report.build_report(doctor.options_from(args), check=check)
+    typed, ok = doctor_report.build_report(doctor.options_from(args), check=check)
     assert ok
+    r = typed.as_json()
     cal = r["decode_check"]["calibration"]
     assert cal["passes_per_second"] == 40.0
     assert cal["bytes_per_pass"] > r["target"]["weight_bytes"]  # weights + the KV at 7 tokens
-    text = doctor.render_text(r)
+    text = doctor.render_text(typed)
     assert "decode check OK: gemma-3-270m" in text
     assert "plain decode 40.0 tok/s" in text
     assert "% of the ceiling" in text
@@ -346,13 +347,13 @@ def test_a_refused_chat_template_is_reported_with_its_fallback(tmp_path: Path, s
     from tests.gguf_fixtures import write_tiny_model
 
     path = write_tiny_model(tmp_path / "broken-template.gguf", chat_template="{% if %}{{ messages }")
-    r, ok = doctor_report.build_report(doctor_report.DoctorOptions(model=path))
+    typed, ok = doctor_report.build_report(doctor_report.DoctorOptions(model=path))
     assert ok
-    template = r["chat_template"]
+    template = typed.as_json()["chat_template"]
     assert template["ok"] is False
     assert template["fallback"]
     assert "refused" in template["message"]
-    assert f"chat template {template['message']}" in doctor.render_text(r)
+    assert f"chat template {template['message']}" in doctor.render_text(typed)
 
 
 @pytest.mark.process

@@ -22,7 +22,7 @@ from app.cli import doctor
 from app.cli.load_options import OPTIONS
 from app.errors import AppError
 from app.library.gguf_reader import read_gguf_info
-from app.measure.doctor_report import DoctorOptions, build_report
+from app.measure.doctor_report import DoctorOptions, DoctorReport, build_report
 from app.params import ALL_GPU_LAYERS, AUTO_GPU_LAYERS, LoadSettings
 from tests.setup.test_device_fit import gpu_check_module
 
@@ -48,11 +48,16 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(g.write_model(tmp_path_factory.mktemp("big") / "big-8gb.gguf", g.SHAPES["8gb"], sparse=True))
 
 
-def report(model: Path, backend: BackendInfo, **load: Any) -> dict[str, Any]:
+def typed_report(model: Path, backend: BackendInfo, **load: Any) -> DoctorReport:
     options = DoctorOptions(model=model, ctx=4096, load=LoadSettings(target_path="", **load))
     r, ok = build_report(options, backend=backend, ram_free=RAM)
     assert ok
     return r
+
+
+def report(model: Path, backend: BackendInfo, **load: Any) -> dict[str, Any]:
+    """`doctor --json`'s document for this load."""
+    return typed_report(model, backend, **load).as_json()
 
 
 def parts_on(r: dict[str, Any]) -> set[str]:
@@ -63,7 +68,8 @@ def test_auto_is_the_choice_a_load_makes(big: Path, specdeck_home: Path) -> None
     """4 GB free on a 24 GB card: part of the model, as chat's load would put it, and the ceiling and fit
     follow that split instead of all 33 layers on the GPU."""
     backend = cuda_build(gpu("CUDA0", 4))
-    r = report(big, backend)
+    typed = typed_report(big, backend)
+    r = typed.as_json()
     info = read_gguf_info(big)
     load = load_gpu_layers(info, LoadSettings(str(big), n_ctx=4096), backend.devices, ram_free=RAM)
     layers = r["gpu_layers"]
@@ -73,7 +79,7 @@ def test_auto_is_the_choice_a_load_makes(big: Path, specdeck_home: Path) -> None
     assert layers["message"] == load.note.removeprefix("GPU layers ")
     assert layers["message"].startswith(f"auto: {load.n_gpu_layers} of 33 on CUDA0 ({CARD}) with their KV cache, "
                                         "the rest on the CPU; ")
-    assert f"GPU layers   {layers['message']}" in doctor.render_text(r)
+    assert f"GPU layers   {layers['message']}" in doctor.render_text(typed)
     assert parts_on(r) == {"cpu", "gpu0"}  # the split, not every layer on the GPU
     assert r["fit"]["fits"] is True
     gpu_need = next(d for d in r["fit"]["devices"] if d["device"] == "gpu0")
@@ -141,7 +147,7 @@ def test_every_load_option_is_taken_and_reported(big: Path, specdeck_home: Path)
     assert options.load == LoadSettings(str(big), n_ctx=2048, n_batch=256, n_threads=3, n_gpu_layers=7,
                                         main_gpu=0, kv_type="q8_0", flash_attn="on",
                                         recurrent_rollback="checkpoints")
-    r, _ = build_report(options, backend=cuda_build(gpu("CUDA0", 20)), ram_free=RAM)
+    r = build_report(options, backend=cuda_build(gpu("CUDA0", 20)), ram_free=RAM)[0].as_json()
     assert r["settings"] == {"ctx": 2048, "batch": 256, "threads": 3, "gpu_layers": 7, "main_gpu": 0,
                              "kv_type": "q8_0", "flash_attn": "on", "rpc_servers": [],
                              "recurrent_rollback": "checkpoints", "draft_k": 4}

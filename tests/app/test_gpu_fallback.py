@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ceiling.backend import BackendDevice, _backend_name, probe_backend
+from app.ceiling.backend import BackendDevice, BackendInfo, _backend_name, probe_backend
 from app.ceiling.gpu_fallback import (
     CudaDriver,
     VulkanDevice,
@@ -119,11 +119,12 @@ def test_this_build_gives_a_reason_exactly_when_it_has_a_gpu_backend_but_no_gpu(
 def test_doctor_shows_the_memory_llama_cpp_reports_per_device() -> None:
     from app.cli.doctor import _device_text
 
-    vulkan = {"name": "Vulkan0", "description": "llvmpipe (LLVM 15.0.6, 256 bits)", "memory_free": 3 << 29,
-              "memory_total": 2 << 30}
+    vulkan = BackendDevice(name="Vulkan0", description="llvmpipe (LLVM 15.0.6, 256 bits)", type="gpu",
+                           backend="Vulkan", memory_free=3 << 29, memory_total=2 << 30)
     assert _device_text(vulkan) == "Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits): 1.61 GB free of 2.15 GB)"
-    assert _device_text({"name": "CPU", "description": "AMD EPYC", "memory_free": None, "memory_total": None}) == (
-        "CPU (AMD EPYC)")
+    cpu = BackendDevice(name="CPU", description="AMD EPYC", type="cpu", backend="CPU", memory_free=None,
+                        memory_total=None)
+    assert _device_text(cpu) == "CPU (AMD EPYC)"
 
 
 def test_doctor_blames_the_missing_gpu_not_the_build() -> None:
@@ -132,9 +133,9 @@ def test_doctor_blames_the_missing_gpu_not_the_build() -> None:
     from app.cli.doctor import backend_lines
 
     def lines(fallback: str | None) -> list[str]:
-        backend = {"available": True, "llama_cpp": "b1", "ggml_version": "0.9", "ggml_commit": "abc",
-                   "llama_cpp_python": "0.3.36", "backend": "cpu", "gpu_offload": False, "cpu_features": ["AVX2"],
-                   "modules": [], "devices": [], "gpu_fallback": fallback}
+        backend = BackendInfo(available=True, llama_cpp="b1", ggml_version="0.9", ggml_commit="abc",
+                              llama_cpp_python="0.3.36", backend="cpu", gpu_offload=False, cpu_features=("AVX2",),
+                              gpu_fallback=fallback)
         return [line for line in backend_lines(backend) if line.startswith(("backend", "no GPU"))]
 
     why = "CUDA: no NVIDIA driver is installed (libcuda not found); llama.cpp runs on the CPU"
