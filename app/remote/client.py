@@ -86,16 +86,16 @@ class RemoteEngine:
     """One server, from its base URL (with or without the trailing /v1) and an optional API key."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, headers: Mapping[str, str] | None = None) -> None:
         url = base_url.strip().rstrip("/")
         if url.endswith("/v1"):
             url = url[:-3]
         if not url.startswith(("http://", "https://")):
             raise RemoteError(f"{base_url!r} is not an http:// or https:// address.")
         self.base_url = url
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout, transport=transport,
-                                  follow_redirects=False)
+        sent = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=url, headers={**(headers or {}), **sent}, timeout=timeout,
+                                  transport=transport, follow_redirects=False)
         self.info: RemoteInfo | None = None
         self._last: Scrape | None = None
 

@@ -77,6 +77,7 @@ class Job:
     stops: tuple[str, ...] = ()  # the answer ends before the first of these; cut on the engine thread
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools for the chat template
     count_only: bool = False  # count the prompt's tokens (Anthropic's count_tokens); nothing is generated
+    saved: bool = True  # False: the client saves the exchange itself (the window chatting through its own server)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -406,6 +407,8 @@ class EngineRunner:
         self.log(f"history: {exc}")
 
     def _history_begin(self, job: Job) -> int | None:
+        if not job.saved:
+            return None
         self._open_history()  # one that could not open at start (full disk) is tried again
         history = self._history
         if history is None:

@@ -58,6 +58,9 @@ from app.serve.tool_answer import ToolAnswer
 
 DEFAULT_PORT = 8642
 DISCONNECT_POLL_SECONDS = 0.25
+# The window's chat through the window's own server saves its conversation itself: its requests carry this
+# header with the server's ``client_saves_token``, and the server does not save them a second time.
+CLIENT_SAVES_HEADER = "X-SpecDeck-Client-Saves"
 UNAUTHORIZED = ApiError(401, "A valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY).",
                         code="invalid_api_key")
 # A route's answer to a running job, in its API's shape: (request, job, first event, HTTP request, close).
@@ -77,6 +80,7 @@ class ServeOptions:
     head_timeout_seconds: float = DEFAULT_HEAD_TIMEOUT
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT  # for the whole body, from the end of the head
     max_connections: int = field(default_factory=default_max_connections)
+    client_saves_token: str | None = None  # see CLIENT_SAVES_HEADER; None: every request is saved
 
     def check(self) -> ServeOptions:
         if not is_loopback(self.host) and not self.api_key:
@@ -274,6 +278,13 @@ class ServeApp:
         token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
         return hmac.compare_digest(token.strip(), key.encode("utf-8"))
 
+    def _client_saves(self, request: Request) -> bool:
+        token = self.options.client_saves_token
+        given = request.headers.get(CLIENT_SAVES_HEADER)
+        # Starlette decodes headers as latin-1: its bytes again, against the token's.
+        return bool(token) and given is not None and hmac.compare_digest(given.encode("latin-1"),
+                                                                         str(token).encode("utf-8"))
+
     def _unauthorized(self) -> JSONResponse:
         return error_response(UNAUTHORIZED)
 
@@ -397,7 +408,8 @@ class ServeApp:
             self.admission.release()
             return Response(status_code=499)
         job = Job(parsed.messages, parsed.sampling, asyncio.get_running_loop(), raw=not parsed.chat,
-                  stops=parsed.stop, tools=parsed.tools.tools if parsed.tools else (), count_only=count_only)
+                  stops=parsed.stop, tools=parsed.tools.tools if parsed.tools else (), count_only=count_only,
+                  saved=not self._client_saves(request))
         closed = False
 
         def close() -> None:

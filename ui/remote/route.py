@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
@@ -57,12 +58,12 @@ class RemoteChat(QObject):
     engine_crashed = Signal(EngineCrashed)  # never emitted: a server that dies is an error of the answer
 
     def __init__(self, model: RemoteModel, api_key: str | None, n_ctx: int | None = None,
-                 parent: QObject | None = None) -> None:
+                 parent: QObject | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(parent)
         self.model = model
         self.loaded: Loaded | None = remote_summary(model, n_ctx)
         self.generating = False
-        self._engine = RemoteEngine(model.base_url, api_key)
+        self._engine = RemoteEngine(model.base_url, api_key, headers=headers)
         self._ids = itertools.count(FIRST_REQUEST_ID)
         self._current: int | None = None
         self._cancelled: set[int] = set()

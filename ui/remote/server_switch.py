@@ -1,11 +1,14 @@
 """The window's Server switch: `specdeck serve` on the loaded model, from inside the window.
 
-The server runs its own engine worker with the loaded model's settings (the window's worker stays the
-chat's), on 127.0.0.1 only. Its requests are saved to the history marked as API requests, and the remote
-dashboard watches it, so served requests show live.
+The server runs its own engine worker with the window's whole load settings, on 127.0.0.1 only; the window
+unloads its own copy first (``ui.remote.window_side``), so the models are held once. Its requests are saved
+to the history marked as API requests, but for the window's own chat through it (``own_headers``), which the
+window saves itself; the remote dashboard watches it, so served requests show live.
 """
 
 from __future__ import annotations
+
+import secrets
 
 from PySide6.QtCore import QObject, Signal
 
@@ -13,7 +16,7 @@ from app.params import LoadSettings
 from app.paths import data_dir
 from app.serve.metrics import ServeMetrics
 from app.serve.runner import EngineRunner
-from app.serve.server import DEFAULT_PORT, ServeOptions, Server
+from app.serve.server import CLIENT_SAVES_HEADER, DEFAULT_PORT, ServeOptions, Server
 from app.storage.history import FILE_NAME
 
 
@@ -27,10 +30,17 @@ class ServerSwitch(QObject):
         self.port = port
         self.server: Server | None = None
         self.last_url = ""  # the base URL of the server started last
+        self._token = ""  # what the window's own requests carry so that the server does not save them too
 
     @property
     def running(self) -> bool:
         return self.server is not None
+
+    def own_headers(self, base_url: str) -> dict[str, str]:
+        """The headers of the window's own requests to ``base_url``: none unless it is this running server."""
+        if self.server is None or base_url != self.last_url:
+            return {}
+        return {CLIENT_SAVES_HEADER: self._token}
 
     def start(self, settings: LoadSettings | None) -> None:
         if self.server is not None:
@@ -40,7 +50,8 @@ class ServerSwitch(QObject):
             return
         metrics = ServeMetrics()
         runner = EngineRunner(settings, metrics, history_path=data_dir() / FILE_NAME)
-        server = Server(runner, metrics, ServeOptions(host="127.0.0.1", port=self.port))
+        token = secrets.token_urlsafe(16)
+        server = Server(runner, metrics, ServeOptions(host="127.0.0.1", port=self.port, client_saves_token=token))
         try:
             server.start_in_thread()
         except (OSError, TimeoutError) as exc:
@@ -48,6 +59,7 @@ class ServerSwitch(QObject):
             self.failed.emit(f"The server could not start: {exc}")
             return
         self.server = server
+        self._token = token
         self.last_url = server.base_url
         self.started.emit(server.base_url)
 

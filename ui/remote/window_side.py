@@ -2,6 +2,10 @@
 a "Remote engine" dock with the remote dashboard, Model → Connect to server… and Disconnect, and Model → Serve
 the loaded model (the Server switch), whose requests the dock then watches live.
 
+Serving never holds a second copy of the models: the switch unloads the window's own (saying so), the server
+loads them with the window's whole load settings, and the window chats through the server; stopping it loads
+them back in the window's engine.
+
 While connected, the picker lists the server's models (marked remote, with the server's host:port) after
 the local ones; choosing one makes the chat answer through the server (``RemoteChat``), and choosing a local
 model, or disconnecting, brings it back to the window's own engine. The switch waits for an answer being
@@ -16,6 +20,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QDockWidget, QFrame, QMainWindow, QMenu, QScrollArea
 
 from app.events import EngineError, Finished, Token
+from app.params import LoadSettings
 from app.remote.client import RemoteEngine, RemoteInfo, RemoteModel, remote_models
 from ui.bridge import EngineBridge
 from ui.chat.panel import ChatPanel
@@ -34,8 +39,14 @@ class RemoteSide(QObject):
         self.picker = picker
         self.chat = chat
         self.local_engine = chat.bridge  # the window's own engine, which the chat goes back to
-        if isinstance(chat.bridge, EngineBridge):
-            picker.tune_engine = chat.bridge  # Tune measures on the window's engine, never a second one
+        self.bridge = chat.bridge if isinstance(chat.bridge, EngineBridge) else None
+        picker.tune_engine = self.bridge  # Tune measures on the window's engine, never a second one
+        self._served_load: LoadSettings | None = None  # the window's load while the server holds it
+        self._serve_when_unloaded: LoadSettings | None = None  # the server starts once the window's copy is gone
+        if self.bridge is not None:
+            self.bridge.model_unloaded.connect(self._on_bridge_model_unloaded)
+            self.bridge.engine_crashed.connect(self._on_bridge_engine_crashed)
+            self.bridge.model_loaded.connect(self._on_bridge_model_loaded)
         self.route: RemoteChat | None = None  # the chat's engine while a remote model is chosen
         self._wanted: RemoteModel | None = None  # the picker's remote choice, applied between answers
         self._key: str | None = None
@@ -94,7 +105,10 @@ class RemoteSide(QObject):
         self.connect_action.setEnabled(True)
         self.disconnect_action.setEnabled(True)
         self.dashboard.watch(engine, info)
-        self.picker.set_remote_models(remote_models(info))
+        models = remote_models(info)
+        self.picker.set_remote_models(models)
+        if self.switch.running and info.base_url == self.switch.last_url and models:
+            self.picker.select_remote(models[0])  # the window's own server: the chat answers through it
         if self.dock.isHidden() and not self.window.tabifiedDockWidgets(self.dock):
             # A tab beside the dashboard: a third column squeezed the chat to a sliver at 1366×768.
             dashboard = getattr(self.window, "dashboard_dock", None)
@@ -131,7 +145,8 @@ class RemoteSide(QObject):
         if model is not None:
             info = self.dashboard.info
             n_ctx = info.n_ctx if info is not None and info.base_url == model.base_url else None
-            self.route = RemoteChat(model, self._key, n_ctx, self)
+            # The window's own server is told not to save what the window's chat saves itself.
+            self.route = RemoteChat(model, self._key, n_ctx, self, headers=self.switch.own_headers(model.base_url))
             self.route.engine_error.connect(self._on_route_engine_error)
             self.route.generation_started.connect(self._on_route_generation_started)
             self.route.token_received.connect(self._on_route_token_received)
@@ -168,15 +183,45 @@ class RemoteSide(QObject):
     @Slot(bool)
     def _on_serve_action_toggled(self, on: bool) -> None:
         if on and not self.switch.running:
-            self.switch.start(self.last_load())
+            self._serve()
         elif not on and self.switch.running:
             self.switch.stop()
-            self.notifier.info("The server is stopped.")
+
+    def _serve(self) -> None:
+        """Hand the window's load to the server: unloaded here first, so the models are held once."""
+        settings = self.last_load()
+        if settings is not None and self.chat.generating:
+            self._on_switch_failed("An answer is being written; serve when it has finished.")
+            return
+        if settings is not None and self.bridge is not None and self.bridge.tuning:
+            self._on_switch_failed("Tune is measuring on the loaded model; serve when it has finished.")
+            return
+        if settings is not None and self.bridge is not None and self.bridge.worker_pid is not None:
+            self._served_load = self._serve_when_unloaded = settings
+            self.bridge.unload()  # the worker's Unloaded reply starts the server (_on_bridge_model_unloaded)
+            return
+        self.switch.start(settings)
+
+    @Slot()
+    def _on_bridge_model_unloaded(self) -> None:
+        settings, self._serve_when_unloaded = self._serve_when_unloaded, None
+        if settings is not None and self.serve_action.isChecked():
+            self.switch.start(settings)
+
+    @Slot(object)
+    def _on_bridge_engine_crashed(self, _event: object) -> None:
+        self._on_bridge_model_unloaded()  # a worker that died while unloading holds nothing either
+
+    @Slot(object)
+    def _on_bridge_model_loaded(self, _event: object) -> None:
+        if self.switch.running and self._serve_when_unloaded is None:
+            self._served_load = None  # the window loaded a model of its own: stopping the server keeps that one
 
     @Slot(str)
     def _on_switch_started(self, url: str) -> None:
-        self.notifier.info(f"Serving the loaded model at {url}/v1 (OpenAI API; /metrics for Prometheus). "
-                           "It runs its own engine with the same model and settings.")
+        handed = (" The window unloaded its own copy and now chats through the server."
+                  if self._served_load is not None else "")
+        self.notifier.info(f"Serving the loaded model at {url}/v1 (OpenAI API; /metrics for Prometheus).{handed}")
         self.connect_to(url)
 
     @Slot(EngineError)
@@ -189,6 +234,16 @@ class RemoteSide(QObject):
         info = self.dashboard.info
         if info is not None and self.switch.last_url == info.base_url:
             self.disconnect_server()  # the dock was watching the server that just stopped
+        self._load_back("The server is stopped; the window loads its model again.")
+
+    def _load_back(self, sentence: str) -> None:
+        """The window's load, which the server held, back in the window's engine."""
+        settings, self._served_load = self._served_load, None
+        if settings is None or self.bridge is None:
+            self.notifier.info("The server is stopped.")
+            return
+        self.notifier.info(sentence)
+        self.bridge.load(settings)
 
     @Slot(str)
     def _on_switch_failed(self, message: str) -> None:
@@ -196,6 +251,8 @@ class RemoteSide(QObject):
         self.serve_action.setChecked(False)
         self.serve_action.blockSignals(False)
         self.notifier.error(message)
+        if self._served_load is not None:  # the server did not start: the window's model comes back
+            self._load_back("The window loads its model again.")
 
     def shutdown(self) -> None:
         self.dashboard.stop()
@@ -203,4 +260,5 @@ class RemoteSide(QObject):
             self.chat.use_engine(self.local_engine)
             self.route.close()
             self.route = None
+        self._served_load = self._serve_when_unloaded = None  # the window is closing: nothing to load back
         self.switch.stop()
