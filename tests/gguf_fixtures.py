@@ -433,7 +433,8 @@ def _make_bigram(weights: dict[str, np.ndarray], *, n_layer: int, mtp_layers: in
                  seed: int) -> None:
     """Zero every block's writes to the residual stream; MTP blocks take the normed token embedding as is."""
     for name, tensor in weights.items():
-        if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+        if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight",
+                          "ssm_out.weight")):
             weights[name] = np.zeros_like(tensor)
     rng = np.random.default_rng(seed + 7)
     for il in range(n_layer, n_layer + mtp_layers):
@@ -737,3 +738,133 @@ def save(writer: Any) -> None:
         writer.write_tensors_to_file()
     finally:
         writer.close()
+
+
+# Targets with one MTP block in the shapes llama.cpp's loaders give them (src/models/glm4-moe.cpp, deepseek2.cpp):
+# tiny MoE layers (2 experts, 1 used, 1 shared), attention in GLM-4.5's form or DeepSeek's multi-head latent
+# attention (MLA, as GLM-4.7-Flash ships), each followed by ``blk.{n_layer}.nextn.*``.
+MTP_FIXTURE_ARCHS = ("glm4moe", "deepseek2")
+_N_EXPERT, _N_EXPERT_USED, _N_EXPERT_SHARED = 2, 1, 1
+_MLA_Q_LORA, _MLA_KV_LORA, _MLA_ROPE, _MLA_NOPE, _MLA_V = 32, 32, 8, 8, 16
+
+
+def _moe_ffn(p: str, linear: Callable[..., np.ndarray], *, n_embd: int, n_ff_exp: int) -> dict[str, np.ndarray]:
+    """A routed-experts FFN with one shared expert (ggml shapes reversed into numpy's)."""
+    def experts(n_out: int, n_in: int) -> np.ndarray:
+        return np.stack([linear(n_out, n_in) for _ in range(_N_EXPERT)])
+
+    return {
+        p + "ffn_norm.weight": _ones(n_embd),
+        p + "ffn_gate_inp.weight": linear(_N_EXPERT, n_embd),
+        p + "exp_probs_b.bias": np.zeros(_N_EXPERT, dtype=np.float32),
+        p + "ffn_gate_exps.weight": experts(n_ff_exp, n_embd),
+        p + "ffn_up_exps.weight": experts(n_ff_exp, n_embd),
+        p + "ffn_down_exps.weight": experts(n_embd, n_ff_exp),
+        p + "ffn_gate_shexp.weight": linear(n_ff_exp * _N_EXPERT_SHARED, n_embd),
+        p + "ffn_up_shexp.weight": linear(n_ff_exp * _N_EXPERT_SHARED, n_embd),
+        p + "ffn_down_shexp.weight": linear(n_embd, n_ff_exp * _N_EXPERT_SHARED),
+    }
+
+
+def _nextn(p: str, linear: Callable[..., np.ndarray], n_embd: int) -> dict[str, np.ndarray]:
+    return {p + "nextn.eh_proj.weight": linear(n_embd, 2 * n_embd), p + "nextn.enorm.weight": _ones(n_embd),
+            p + "nextn.hnorm.weight": _ones(n_embd)}
+
+
+def _glm4moe_block(p: str, linear: Callable[..., np.ndarray], *, n_embd: int, n_head: int,
+                   n_head_kv: int) -> dict[str, np.ndarray]:
+    head_dim = n_embd // n_head
+    return {
+        p + "attn_norm.weight": _ones(n_embd),
+        p + "attn_q.weight": linear(n_embd, n_embd),
+        p + "attn_k.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_v.weight": linear(head_dim * n_head_kv, n_embd),
+        p + "attn_output.weight": linear(n_embd, n_embd),
+        p + "post_attention_norm.weight": _ones(n_embd),
+    }
+
+
+def _mla_block(p: str, linear: Callable[..., np.ndarray], *, n_embd: int, n_head: int) -> dict[str, np.ndarray]:
+    """DeepSeek's multi-head latent attention, split as MLA GGUFs store it (attn_k_b, attn_v_b)."""
+    k_b = np.stack([linear(_MLA_KV_LORA, _MLA_NOPE) for _ in range(n_head)])
+    v_b = np.stack([linear(_MLA_V, _MLA_KV_LORA) for _ in range(n_head)])
+    return {
+        p + "attn_norm.weight": _ones(n_embd),
+        p + "attn_q_a_norm.weight": _ones(_MLA_Q_LORA),
+        p + "attn_kv_a_norm.weight": _ones(_MLA_KV_LORA),
+        p + "attn_q_a.weight": linear(_MLA_Q_LORA, n_embd),
+        p + "attn_q_b.weight": linear(n_head * (_MLA_NOPE + _MLA_ROPE), _MLA_Q_LORA),
+        p + "attn_kv_a_mqa.weight": linear(_MLA_KV_LORA + _MLA_ROPE, n_embd),
+        p + "attn_k_b.weight": k_b,
+        p + "attn_v_b.weight": v_b,
+        p + "attn_output.weight": linear(n_embd, n_head * _MLA_V),
+    }
+
+
+def write_tiny_mtp_target(path: Path, arch: str, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2,
+                          n_head: int = 4, n_head_kv: int = 2, n_ff: int = 64, name: str = "tiny-mtp",
+                          mtp_layers: int = 1, bigram: bool = False, mtp_noise: float = 0.0) -> Path:
+    """A tiny random ``arch`` target (one of MTP_FIXTURE_ARCHS) with ``mtp_layers`` MTP blocks after its trunk,
+    in the byte vocabulary; ``mtp_layers=0`` writes the trunk alone. ``bigram`` and ``mtp_noise`` as for
+    ``write_tiny_model``: MTP blocks that predict what the target predicts, by construction."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    if arch not in MTP_FIXTURE_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(MTP_FIXTURE_ARCHS)}")
+    voc = _vocab("bytes")
+    n_vocab = len(voc.tokens)
+    rng = np.random.default_rng(seed)
+    linear = functools.partial(_linear, rng)
+    n_total = n_layer + mtp_layers
+    w: dict[str, np.ndarray] = {"token_embd.weight": rng.standard_normal((n_vocab, n_embd)).astype(np.float32)}
+    for il in range(n_total):
+        p = f"blk.{il}."
+        if arch == "glm4moe":
+            w.update(_glm4moe_block(p, linear, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv))
+        else:
+            w.update(_mla_block(p, linear, n_embd=n_embd, n_head=n_head))
+        w.update(_moe_ffn(p, linear, n_embd=n_embd, n_ff_exp=n_ff))
+        if arch == "glm4moe":
+            del w[p + "ffn_norm.weight"]  # GLM-4.5 norms after attention (post_attention_norm) instead
+        if il >= n_layer:
+            w.update(_nextn(p, linear, n_embd))
+    if bigram:
+        _make_bigram(w, n_layer=n_layer, mtp_layers=mtp_layers, n_embd=n_embd, noise=mtp_noise, seed=seed)
+    w["output_norm.weight"] = _ones(n_embd)
+    w["output.weight"] = (linear(n_vocab, n_embd) * np.float32(_LOGIT_STD) * voc.row_scale[:, None]
+                          ).astype(np.float32)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_total)
+    if mtp_layers:
+        writer.add_nextn_predict_layers(mtp_layers)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_expert_feed_forward_length(n_ff)
+    writer.add_expert_count(_N_EXPERT)
+    writer.add_expert_used_count(_N_EXPERT_USED)
+    writer.add_expert_shared_count(_N_EXPERT_SHARED)
+    writer.add_leading_dense_block_count(0)
+    writer.add_head_count(n_head)
+    writer.add_rope_freq_base(10000.0)
+    if arch == "glm4moe":
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(n_embd // n_head)
+    else:
+        writer.add_head_count_kv(1)  # MLA: one latent KV head
+        writer.add_q_lora_rank(_MLA_Q_LORA)
+        writer.add_kv_lora_rank(_MLA_KV_LORA)
+        writer.add_key_length(_MLA_KV_LORA + _MLA_ROPE)
+        writer.add_value_length(_MLA_KV_LORA)
+        writer.add_key_length_mla(_MLA_NOPE + _MLA_ROPE)
+        writer.add_value_length_mla(_MLA_V)
+        writer.add_rope_dimension_count(_MLA_ROPE)
+    _add_vocab(writer, voc, DEFAULT_TEMPLATE)
+    return _save_weights(writer, w, path)

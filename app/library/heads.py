@@ -27,9 +27,13 @@ OWN_MTP_HEADS = "the model's own MTP heads"
 LAYER_INPUT_ARCHS = frozenset(("llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "gpt-oss",
                                "nemotron_h"))
 
-# Architectures whose MTP graph the vendored llama.cpp runs with a single block (src/models/*.cpp, graph_mtp).
-# Qwen3.5's graph asserts one block: a file claiming more would abort the process, so it is refused first.
-MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next"))
+# Architectures whose MTP graph the vendored llama.cpp runs with a single block (src/models/*.cpp, graph_mtp),
+# all driven alike: an MTP context reading (token, h_nextn row) pairs, its own h_nextn the next step's row.
+# Each graph (Qwen3.5, GLM-4.5's glm4moe, deepseek2 with MLA as GLM-4.7-Flash ships) asserts one block: a file
+# claiming more would abort the process, so it is refused first. Not here: nemotron_h, whose loader reads the
+# NextN tensors but whose graph has no MTP variant (only nemotron_h_moe's has); deepseek2 without MLA, whose
+# MTP graph asserts MLA (mtp_refusal reads it from the header).
+MTP_ARCHS = frozenset(("qwen35", "qwen35moe", "qwen3next", "glm4moe", "deepseek2"))
 MAX_MTP_BLOCKS = 1
 
 # What llama.cpp's EAGLE-3 and DFlash loaders read from a head's header (src/llama-model.cpp): the target layer ids
@@ -52,6 +56,43 @@ def mtp_refusal(info: GGUFInfo) -> str | None:
     if info.mtp_layers > MAX_MTP_BLOCKS:
         return (f"{name} has {info.mtp_layers} MTP heads, but llama.cpp runs the {info.architecture} MTP graph "
                 f"with exactly {MAX_MTP_BLOCKS}.")
+    if info.architecture in _MOE_MTP_ARCHS:
+        return _moe_mtp_refusal(info, name)
+    return None
+
+
+_MOE_MTP_ARCHS = frozenset(("glm4moe", "deepseek2"))
+
+
+def _moe_mtp_refusal(info: GGUFInfo, name: str) -> str | None:
+    """What the glm4moe and deepseek2 MTP graphs assert of the header (src/models/glm4-moe.cpp, deepseek2.cpp),
+    where a miss aborts the process: a MoE MTP block; for deepseek2 MLA with a query LoRA and no attention
+    temperature."""
+    arch = info.architecture
+    try:
+        header, _ = read_header(Path(info.path), collect_tokens=False)
+    except GGUFError as exc:
+        return f"{name}'s MTP heads cannot draft: {str(exc).rstrip('.')}."
+
+    def num(key: str) -> float:
+        value = header.kv.get(f"{arch}.{key}", 0)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    if num("leading_dense_block_count") > info.n_layer - info.mtp_layers:
+        return f"{name}'s MTP block has a dense FFN, but llama.cpp's {arch} MTP graph runs only a MoE one."
+    if arch == "glm4moe":
+        if info.head_dim_k != info.head_dim_v:
+            return (f"{name}'s key and value heads differ in width ({info.head_dim_k} and {info.head_dim_v}), "
+                    "which llama.cpp's glm4moe MTP graph does not run.")
+        return None
+    if not num("attention.key_length_mla") or not num("attention.value_length_mla"):
+        return (f"{name} stores its attention without MLA (no {arch}.attention.key_length_mla), but llama.cpp's "
+                f"{arch} MTP graph runs only MLA.")
+    if not num("attention.q_lora_rank"):
+        return (f"{name} has no query LoRA ({arch}.attention.q_lora_rank, as in DeepSeek-V2-Lite), which "
+                f"llama.cpp's {arch} MTP graph requires.")
+    if num("attention.temperature_scale"):
+        return f"{name} scales its attention temperature, which llama.cpp's {arch} MTP graph does not run."
     return None
 
 

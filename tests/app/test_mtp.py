@@ -2,7 +2,8 @@
 
 A tiny Qwen3.5 (Gated DeltaNet beside gated attention) with one MTP block, written with ``gguf``: random
 weights (drafts seldom accepted), and a "bigram" variant whose MTP block predicts what the target predicts
-after the same token, by construction (every draft accepted; with noise on its input, about half).
+after the same token, by construction (every draft accepted; with noise on its input, about half). The same
+for GLM-4.5 (glm4moe) and for deepseek2 with MLA (GLM-4.7-Flash), whose MTP graphs llama.cpp drives alike.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +32,7 @@ from app.events import Finished, Token
 from app.library.gguf_reader import read_gguf_info
 from app.library.heads import mtp_refusal
 from app.params import DraftSettings, LoadSettings, SamplingSettings
-from tests.gguf_fixtures import write_tiny_model
+from tests.gguf_fixtures import MTP_FIXTURE_ARCHS, write_small_gguf, write_tiny_model, write_tiny_mtp_target
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_threads=1, rs_snapshots=8)
@@ -38,21 +40,50 @@ GREEDY = SamplingSettings(temperature=0.0, max_tokens=60)
 PROMPTS = ("Hello there, the quick brown fox jumps over the lazy dog.",
            "one two three, one two three, one two three, one two")
 N_LAYER = 4
+ARCHS = ("qwen35", *MTP_FIXTURE_ARCHS)
 
 
 @pytest.fixture(scope="session")
-def mtp_models(tiny_models_dir: Path) -> dict[str, Path]:
-    def write(name: str, **kw: object) -> Path:
-        return write_tiny_model(tiny_models_dir / f"tiny-qwen35-{name}.gguf", arch="qwen35", n_layer=N_LAYER,
-                                name=f"tiny-qwen35-{name}", **kw)  # type: ignore[arg-type]
+def mtp_files(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Path]]:
+    """Each architecture's fixtures, written once: random, bigram (exact, noisy), no MTP block, two blocks (the
+    other architectures' in a folder of their own, which the folder scans of other tests do not see)."""
+    written: dict[str, dict[str, Path]] = {}
 
-    return {
-        "random": write("mtp", mtp_layers=1),
-        "exact": write("mtp-bigram", mtp_layers=1, bigram=True),
-        "noisy": write("mtp-bigram-noisy", mtp_layers=1, bigram=True, mtp_noise=0.3),
-        "none": write("no-mtp"),
-        "two": write("mtp2", mtp_layers=2),
-    }
+    def models(arch: str) -> dict[str, Path]:
+        if arch in written:
+            return written[arch]
+        folder = tiny_models_dir if arch == "qwen35" else tmp_path_factory.mktemp(f"tiny-{arch}")
+
+        def write(name: str, **kw: object) -> Path:
+            path, label = folder / f"tiny-{arch}-{name}.gguf", f"tiny-{arch}-{name}"
+            if arch == "qwen35":
+                return write_tiny_model(path, arch="qwen35", n_layer=N_LAYER, name=label,
+                                        **kw)  # type: ignore[arg-type]
+            return write_tiny_mtp_target(path, arch, n_layer=N_LAYER, name=label,
+                                         mtp_layers=kw.pop("mtp_layers", 0), **kw)  # type: ignore[arg-type]
+
+        written[arch] = {
+            "random": write("mtp", mtp_layers=1),
+            "exact": write("mtp-bigram", mtp_layers=1, bigram=True),
+            "noisy": write("mtp-bigram-noisy", mtp_layers=1, bigram=True, mtp_noise=0.3),
+            "none": write("no-mtp"),
+            "two": write("mtp2", mtp_layers=2),
+        }
+        return written[arch]
+
+    return models
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def mtp_models(request: pytest.FixtureRequest, mtp_files: Callable[[str], dict[str, Path]]) -> dict[str, Path]:
+    """One architecture's fixtures: the tests that take them run for each."""
+    return mtp_files(request.param)
+
+
+@pytest.fixture(scope="session")
+def qwen35_models(mtp_files: Callable[[str], dict[str, Path]]) -> dict[str, Path]:
+    """Qwen3.5's alone, for what does not depend on the graph (sampling, the CLI)."""
+    return mtp_files("qwen35")
 
 
 class Loaded:
@@ -97,9 +128,14 @@ def run(decoder: SpeculativeDecoder, prompt: list[int],
 def test_the_fixture_is_what_it_claims(mtp_models: dict[str, Path]) -> None:
     info = read_gguf_info(mtp_models["random"])
     assert (info.n_layer, info.mtp_layers) == (N_LAYER + 1, 1)  # block_count counts the MTP block
-    # The trunk alternates Gated DeltaNet and attention; the MTP block keeps no KV in the target's context.
-    assert info.kv_layers == (False, True, False, True, False)
-    assert info.recurrent_layers == 2
+    # Qwen3.5's trunk alternates Gated DeltaNet and attention (the others' is attention alone); the MTP block
+    # keeps no KV in the target's context.
+    if info.architecture == "qwen35":
+        assert info.kv_layers == (False, True, False, True, False)
+        assert info.recurrent_layers == 2
+    else:
+        assert info.kv_layers == (True,) * N_LAYER + (False,)
+        assert info.recurrent_layers == 0
     assert mtp_refusal(info) is None
     assert mtp_weight_bytes(info) > 0
     init_backend(None)
@@ -202,12 +238,12 @@ class SamplingModels:
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["lossless", "broken-rule-caught"])
-def test_sampled_mtp_drafts_keep_the_target_distribution(mtp_models: dict[str, Path], broken: bool) -> None:
+def test_sampled_mtp_drafts_keep_the_target_distribution(qwen35_models: dict[str, Path], broken: bool) -> None:
     """Drafts sampled from the MTP heads' q at depth 3 (the noisy bigram: about half accepted, so second and
     third positions are verified too), rejection sampling; the control accepts every draft and must fail."""
     from tests.app.test_engine_sampling import ALPHA, AcceptEverything, exact_bins, goodness_of_fit, sample_answers
 
-    lm = Loaded(mtp_models["noisy"])
+    lm = Loaded(qwen35_models["noisy"])
     try:
         prompt = lm.model.tokenize("Hello there, the quick brown fox", add_special=True)
         bins = exact_bins(SamplingModels(lm), prompt, N_SAMPLED)  # type: ignore[arg-type]
@@ -264,7 +300,11 @@ def test_a_session_drafts_with_the_mtp_heads_and_counts_their_memory(mtp_models:
         logged = [float(m.group(1)) for m in re.finditer(
             r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*\d+ cells,\s*1 layers", "".join(lines))]
         assert logged
-        assert abs(logged[-1] - predicted / 2**20) < 0.01
+        if info.architecture == "deepseek2":
+            # MLA caches K alone (V is a view of it), but the KV estimate still counts a V: an overestimate.
+            assert logged[-1] < predicted / 2**20
+        else:
+            assert abs(logged[-1] - predicted / 2**20) < 0.01
     finally:
         session.close()
 
@@ -291,12 +331,54 @@ def test_wrong_pairings_are_refused_in_one_sentence(mtp_models: dict[str, Path],
         assert "\n" not in message
 
 
+_MLA = {"key_length_mla": 16, "value_length_mla": 16}
+
+
+@pytest.mark.parametrize(("arch", "keys", "words"), [
+    ("deepseek2", {}, "without MLA"),
+    ("deepseek2", _MLA, "no query LoRA"),
+    ("deepseek2", {**_MLA, "q_lora_rank": 8, "temperature_scale": 0.5}, "temperature"),
+    ("deepseek2", {**_MLA, "q_lora_rank": 8, "leading_dense_block_count": 5}, "dense FFN"),
+    ("glm4moe", {"key_length": 16, "value_length": 8}, "differ in width"),
+    ("deepseek2", {**_MLA, "q_lora_rank": 8}, None),
+    ("glm4moe", {}, None),
+], ids=["deepseek2-mha", "deepseek2-lite", "deepseek2-temperature", "dense-mtp-block", "glm4moe-k-v", "mla",
+        "glm4moe"])
+def test_headers_the_moe_mtp_graphs_assert_against_are_refused_first(
+        tmp_path: Path, arch: str, keys: dict[str, float], words: str | None) -> None:
+    """llama.cpp's glm4moe and deepseek2 MTP graphs abort the process on these headers: refused from the header."""
+    def prepare(writer: object) -> None:
+        w: Any = writer
+        w.add_name(f"tiny-{arch}")
+        w.add_block_count(5)
+        w.add_nextn_predict_layers(1)
+        w.add_embedding_length(8)
+        w.add_head_count(1)
+        w.add_head_count_kv(1)
+        for key, value in keys.items():
+            where = "" if key == "leading_dense_block_count" else "attention."
+            if isinstance(value, float):
+                w.add_float32(f"{arch}.{where}{key}", value)
+            else:
+                w.add_uint32(f"{arch}.{where}{key}", value)
+
+    refusal = mtp_refusal(read_gguf_info(write_small_gguf(tmp_path / f"{arch}.gguf", arch, prepare)))
+    if words is None:
+        assert refusal is None
+        return
+    assert refusal is not None
+    assert words in refusal
+    assert refusal.count(". ") == 0
+    assert refusal.endswith(".")
+    assert "\n" not in refusal
+
+
 @pytest.mark.process
-def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_path: Path) -> None:
+def test_bench_json_reports_the_mtp_step_cost(qwen35_models: dict[str, Path], tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "one two three, one two"}]}) + "\n")
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "app", "bench", "--target", str(mtp_models["exact"]), "--mtp", "--k", "3",
+    cmd = [sys.executable, "-m", "app", "bench", "--target", str(qwen35_models["exact"]), "--mtp", "--k", "3",
            "--prompts", str(prompts), "--max-tokens", "40", "--threads", "1", "--baseline", "--json", str(out)]
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -311,14 +393,14 @@ def test_bench_json_reports_the_mtp_step_cost(mtp_models: dict[str, Path], tmp_p
 
 
 @pytest.mark.process
-def test_doctor_and_models_name_the_mtp_heads(mtp_models: dict[str, Path], tmp_path: Path) -> None:
+def test_doctor_and_models_name_the_mtp_heads(qwen35_models: dict[str, Path], tmp_path: Path) -> None:
     env = dict(os.environ, SPECDECK_HOME=str(tmp_path / "home"))
-    doctor = subprocess.run([sys.executable, "-m", "app", "doctor", "--model", str(mtp_models["random"])],
+    doctor = subprocess.run([sys.executable, "-m", "app", "doctor", "--model", str(qwen35_models["random"])],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert doctor.returncode == 0, doctor.stderr[-2000:]
     assert "MTP heads: 1 (" in doctor.stdout
     assert "--mtp" in doctor.stdout
-    models = subprocess.run([sys.executable, "-m", "app", "models", "--folder", str(mtp_models["random"].parent)],
+    models = subprocess.run([sys.executable, "-m", "app", "models", "--folder", str(qwen35_models["random"].parent)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert models.returncode == 0, models.stderr[-2000:]
     line = next(ln for ln in models.stdout.splitlines() if "tiny-qwen35-mtp " in ln or "tiny-qwen35-mtp.gguf" in ln)
