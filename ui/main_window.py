@@ -204,7 +204,7 @@ class MainWindow(QMainWindow):
         dock_layout.setContentsMargins(0, 0, 0, 0)
         dock_layout.setSpacing(0)
         dock_layout.addWidget(scroll, 1)
-        dock_layout.addWidget(self.picker.take_load_row())
+        dock_layout.addWidget(self.picker.load_box.take_load_row())
         self.models_dock = QDockWidget("Models and settings", self)
         self.models_dock.setObjectName("models_dock")
         self.models_dock.setWidget(dock_body)
@@ -241,10 +241,10 @@ class MainWindow(QMainWindow):
         self.load_bar.setMaximumWidth(320)
         self.load_bar.setVisible(False)
         self.statusBar().addPermanentWidget(self.load_bar)
-        self.picker.progress_bars.append(self.load_bar)
+        self.picker.load_box.progress_bars.append(self.load_bar)
         self.chat.model_loading = lambda: self.picker.loading
         self.chat.load_for_send = self._load_for_send
-        self.chat.overflow_policy = lambda: str(self.picker.overflow_combo.currentData() or "stop")
+        self.chat.overflow_policy = lambda: str(self.picker.load_box.overflow_combo.currentData() or "stop")
 
     def _action(self, menu: QMenu, text: str, slot: Callable[[], object],
                 keys: QKeySequence | QKeySequence.StandardKey | str | None = None) -> QAction:
@@ -304,7 +304,7 @@ class MainWindow(QMainWindow):
         b.engine_restarting.connect(self._on_bridge_engine_restarting)
         b.prompt_processed.connect(self._on_bridge_prompt_processed)
         b.devices_listed.connect(self.picker.show_devices)
-        self.picker.device_choice.devices_wanted.connect(self._on_device_choice_devices_wanted)
+        self.picker.load_box.device_choice.devices_wanted.connect(self._on_device_choice_devices_wanted)
         self.picker.load_requested.connect(self._on_picker_load_requested)
         self.picker.cancel_load_requested.connect(self._on_picker_cancel_load_requested)
         self.picker.library_changed.connect(self._on_picker_library_changed)
@@ -476,7 +476,7 @@ class MainWindow(QMainWindow):
 
     @Slot(LoadProgress)
     def _on_bridge_load_progress(self, event: LoadProgress) -> None:
-        self.picker.show_progress(event)
+        self.picker.load_box.show_progress(event)
 
     @Slot()
     def _on_bridge_load_cancelled(self) -> None:

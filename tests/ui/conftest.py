@@ -82,15 +82,15 @@ def choose_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | 
     picker.ngram_check.setChecked(ngram > 0)
     if ngram:
         picker.ngram_spin.setValue(ngram)
-    picker.threads_spin.setValue(1)  # llama.cpp threads spin; this machine has two shared cores
-    picker.ctx_spin.setValue(1024)
+    picker.load_box.threads_spin.setValue(1)  # llama.cpp threads spin; this machine has two shared cores
+    picker.load_box.ctx_spin.setValue(1024)
 
 
 def load_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | None = None,
               ngram: int = 0) -> None:
     choose_pair(qtbot, window, target, drafter, ngram)
     with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        assert window.picker.request_load(), window.picker.status_label.text()
+        assert window.picker.request_load(), window.picker.load_box.status_label.text()
 
 
 def set_sampling(window: MainWindow, **values: object) -> None:

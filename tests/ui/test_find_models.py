@@ -191,8 +191,8 @@ def test_download_lists_in_the_picker_and_loads(qtbot: QtBot, make_window: objec
     hub.add_file(REPO, Q8, tiny)
     hub.add_file(REPO, "Tiny-F16.gguf", tiny)
     window = make_window()  # type: ignore[operator]
-    window.picker.threads_spin.setValue(1)  # this machine has two shared cores
-    window.picker.ctx_spin.setValue(512)
+    window.picker.load_box.threads_spin.setValue(1)  # this machine has two shared cores
+    window.picker.load_box.ctx_spin.setValue(512)
     dialog = open_view(window)
     assert dialog.ctx_spin.value() == 512  # the picker's context
     search(qtbot, dialog, "")  # nothing typed: the most downloaded

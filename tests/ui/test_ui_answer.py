@@ -25,7 +25,7 @@ def test_focus_follow_stop_reason_and_strip_totals(
     qtbot.waitActive(window)
     window.sampling_form.spins["temperature"].setFocus()
     choose_pair(qtbot, window, tiny_target, tiny_drafter_same)
-    window.picker.ctx_spin.setValue(4096)  # room for several answers
+    window.picker.load_box.ctx_spin.setValue(4096)  # room for several answers
     with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
         assert window.picker.request_load()
     chat = window.chat

@@ -18,7 +18,7 @@ ANSWER_TIMEOUT_MS = 60_000
 
 def _small_context(qtbot: QtBot, window, target: Path) -> None:  # type: ignore[no-untyped-def]
     choose_pair(qtbot, window, target)
-    window.picker.ctx_spin.setValue(256)  # the smallest: a few long questions fill it
+    window.picker.load_box.ctx_spin.setValue(256)  # the smallest: a few long questions fill it
     with qtbot.waitSignal(window.bridge.model_loaded, timeout=LOAD_TIMEOUT_MS):
         assert window.picker.request_load()
     set_sampling(window, temperature=0, max_tokens=4)
@@ -33,7 +33,7 @@ def test_stop_is_the_default_and_leaves_no_empty_answer(
 ) -> None:
     assert AppSettings().context_overflow == "stop"
     window = make_window(folders=(tiny_target.parent,))
-    assert window.picker.overflow_combo.currentData() == "stop"
+    assert window.picker.load_box.overflow_combo.currentData() == "stop"
     _small_context(qtbot, window, tiny_target)
     chat = window.chat
     errors: list[str] = []
@@ -70,7 +70,7 @@ def test_leaving_out_the_oldest_messages_keeps_the_chat_going(
     qtbot: QtBot, make_window, tiny_target: Path  # type: ignore[no-untyped-def]
 ) -> None:
     window = make_window(folders=(tiny_target.parent,))
-    window.picker.overflow_combo.setCurrentIndex(window.picker.overflow_combo.findData("drop_oldest"))
+    window.picker.load_box.overflow_combo.setCurrentIndex(window.picker.load_box.overflow_combo.findData("drop_oldest"))
     assert window.picker.update_settings(AppSettings()).context_overflow == "drop_oldest"
     _small_context(qtbot, window, tiny_target)
     chat = window.chat

@@ -101,7 +101,7 @@ def test_a_saved_gpu_that_is_gone_falls_back_to_all_and_says_so(qtbot: QtBot) ->
 
 def test_the_window_shows_the_devices_the_worker_reports(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
     window = make_window()
-    choice = window.picker.device_choice
+    choice = window.picker.load_box.device_choice
     qtbot.waitUntil(lambda: choice.devices() is not None, timeout=60_000)
     devices = choice.devices()
     assert devices is not None
@@ -116,19 +116,19 @@ def test_the_choice_is_saved_and_restored(qtbot: QtBot, make_window) -> None:  #
     picker = window.picker
     assert picker.shown_values()["load.main_gpu"] == 1
     picker.show_devices(Devices(0, (CPU, SMALL, BIG), "vulkan", True, False))
-    assert picker.device_choice.gpu_combo.currentText().startswith("GPU 1: Vulkan2")
-    picker.device_choice.gpu_combo.setCurrentIndex(1)
-    picker.device_choice.show_rpc_servers(("10.0.0.2:50052",))
+    assert picker.load_box.device_choice.gpu_combo.currentText().startswith("GPU 1: Vulkan2")
+    picker.load_box.device_choice.gpu_combo.setCurrentIndex(1)
+    picker.load_box.device_choice.show_rpc_servers(("10.0.0.2:50052",))
     window.close()
     saved, warning = load_settings()
     assert warning is None
     assert saved.load.rpc_servers == ("10.0.0.2:50052",)
     assert saved.load.main_gpu is None  # servers and one GPU do not go together: the servers share every GPU
     window = make_window(start_engine=False)
-    assert window.picker.device_choice.rpc_edit.text() == "10.0.0.2:50052"
-    window.picker.device_choice.show_rpc_servers(())
+    assert window.picker.load_box.device_choice.rpc_edit.text() == "10.0.0.2:50052"
+    window.picker.load_box.device_choice.show_rpc_servers(())
     window.picker.show_devices(Devices(0, (CPU, SMALL, BIG), "vulkan", True, False))
-    window.picker.device_choice.gpu_combo.setCurrentIndex(1)
+    window.picker.load_box.device_choice.gpu_combo.setCurrentIndex(1)
     window.close()
     assert load_settings()[0].load.main_gpu == 0
 
@@ -140,12 +140,14 @@ def test_the_fit_counts_flash_attention_as_the_load_runs_it(
     picker = window.picker
     choose_pair(qtbot, window, tiny_target, tiny_drafter_same)
 
+    box = picker.load_box
+
     def fit(backend: str, flash: str) -> str:
-        picker.flash_combo.setCurrentText(flash)
+        box.flash_combo.setCurrentText(flash)
         picker.show_devices(Devices(0, (CPU, BIG), backend, True, False))
-        qtbot.waitUntil(lambda: "needs" in picker.fit_label.text() and picker._fit_shown == picker._fit_wanted[0],
+        qtbot.waitUntil(lambda: "needs" in box.fit_label.text() and box._fit_shown == box._fit_wanted[0],
                         timeout=10_000)
-        text = picker.fit_label.text()
+        text = box.fit_label.text()
         assert "Vulkan2 (AMD Radeon RX 7900 XTX) needs" in text
         return text[text.rindex("(weights"):]  # weights, KV and compute per device (not the RAM free just now)
 

@@ -26,8 +26,8 @@ def _boxes(window: MainWindow) -> list[str]:
 def _choose(qtbot: QtBot, window: MainWindow, target: Path) -> None:
     """The target chosen in the picker, as a user would; the picker's other settings as they are."""
     picker = window.picker
-    picker.threads_spin.setValue(1)  # this machine's cores are shared
-    picker.ctx_spin.setValue(1024)
+    picker.load_box.threads_spin.setValue(1)  # this machine's cores are shared
+    picker.load_box.ctx_spin.setValue(1024)
     with qtbot.waitSignal(picker.drafters_ranked, timeout=30_000):
         assert picker.select_target(target)
 
@@ -62,8 +62,8 @@ def test_send_while_the_drafters_are_ranked_loads_the_drafter_load_would(
 ) -> None:
     window = make_window(folders=(tiny_target.parent,))
     picker = window.picker
-    picker.threads_spin.setValue(1)
-    picker.ctx_spin.setValue(1024)
+    picker.load_box.threads_spin.setValue(1)
+    picker.load_box.ctx_spin.setValue(1024)
     set_sampling(window, max_tokens=4)
     picker.target_combo.setCurrentIndex(-1)
     assert picker.select_target(tiny_target)
@@ -97,10 +97,10 @@ def test_a_failed_load_keeps_the_message_and_says_what_load_would(
     assert window.chat.input.toPlainText() == "hello"
     assert window.chat.messages == []
     assert not window.chat.send_waiting
-    window.picker.load_button.click()  # what Load says for the same choice
+    window.picker.load_box.load_button.click()  # what Load says for the same choice
     qtbot.waitUntil(lambda: not window.picker.loading, timeout=LOAD_TIMEOUT_MS)
     assert sent_error == window.notifier.last_message
-    assert window.picker.status_label.text() == sent_error
+    assert window.picker.load_box.status_label.text() == sent_error
 
 
 def test_send_with_no_target_says_to_choose_one_without_a_box(qtbot: QtBot, make_window) -> None:  # type: ignore[no-untyped-def]
@@ -127,7 +127,7 @@ def test_unload_says_so_and_is_off_while_nothing_is_loaded(qtbot: QtBot, make_wi
         assert "Load" in message
         assert not window.unload_action.isEnabled()
     assert not window.unload_action.isEnabled()
-    assert window.picker.status_label.text() == message
+    assert window.picker.load_box.status_label.text() == message
 
 
 @pytest.mark.parametrize(("width", "height"), [(1366, 768), (1024, 700)])
@@ -140,7 +140,7 @@ def test_load_is_in_view_without_scrolling_on_a_first_start(
     qtbot.waitExposed(window)
     QApplication.processEvents()
     assert (window.width(), window.height()) == (width, height)
-    button = window.picker.load_button
+    button = window.picker.load_box.load_button
     assert button.isVisible()
     rect = QRect(button.mapTo(window, QPoint(0, 0)), button.size())
     assert window.rect().contains(rect), f"Load at {rect} in a {width}×{height} window"

@@ -9,7 +9,7 @@ from app.ceiling.backend import BackendDevice
 from app.library.gguf_reader import GGUFInfo, read_gguf_info
 from app.params import ALL_GPU_LAYERS, AUTO_GPU_LAYERS
 from tests.setup.test_device_fit import gpu_check_module
-from ui.models.picker import GpuLayersSpin, fit_text
+from ui.models.load_box import GpuLayersSpin, fit_text
 
 GIB = 1 << 30
 CPU = BackendDevice("CPU", "AMD EPYC", "cpu", "CPU", 60 * GIB, 64 * GIB)

@@ -48,7 +48,7 @@ def test_nothing_is_clipped_at_small_screen_sizes(qtbot: QtBot, make_window: obj
     long = "Prompt processed: 12,345 tokens in 67.8 s; SmolLM2-135M-Instruct.Q4_1.gguf with n-gram (3)"
     window.chat.progress_label.setText(long)
     window.chat.progress_label.show()
-    window.picker.status_label.setText(long)
+    window.picker.load_box.status_label.setText(long)
     window.dashboard.mem_label.setText(long)
     window.statusBar().showMessage(long)
     window.resize(width, height)

@@ -20,11 +20,11 @@ def test_each_phase_has_one_monotonic_bar_whose_text_agrees(make_window) -> None
     seen: list[tuple[int, str]] = []
     for stage, fraction in (("target", 0.5), ("target", 0.3), ("target", 1.0), ("drafter", 0.2),
                             ("drafter", 0.9), ("timing", 0.4)):
-        picker.show_progress(LoadProgress(stage, fraction))
-        for bar in (picker.progress, window.load_bar):
-            assert bar.text() == picker.status_label.text()  # the bar's text is the status line
+        picker.load_box.show_progress(LoadProgress(stage, fraction))
+        for bar in (picker.load_box.progress, window.load_bar):
+            assert bar.text() == picker.load_box.status_label.text()  # the bar's text is the status line
             assert bar.text().endswith(f"{bar.value()}%")  # and says the bar's own value
-        seen.append((picker.progress.value(), picker.status_label.text()))
+        seen.append((picker.load_box.progress.value(), picker.load_box.status_label.text()))
     assert [v for v, _ in seen] == [50, 50, 100, 20, 90, 40]  # back to 0 only at a new phase
     assert seen[3][1] == "Loading the drafter… 20%"
     picker.set_loading(False)

@@ -25,7 +25,7 @@ def test_incompatible_drafter_shows_reason_and_load_refuses(
     badge = picker.compat_badge.text()
     assert "Incompatible" in badge
     assert "token" in badge  # the reason names the failing check
-    assert not picker.load_button.isEnabled()
+    assert not picker.load_box.load_button.isEnabled()
     loads: list[object] = []
     picker.load_requested.connect(loads.append)
     assert not picker.request_load()
@@ -36,9 +36,10 @@ def test_incompatible_drafter_shows_reason_and_load_refuses(
     # The same target with a matching drafter is fine, and the fit estimate is shown before loading.
     assert picker.select_drafter(tiny_drafter_same)
     assert picker.compat_badge.text().startswith("✓")
-    assert picker.load_button.isEnabled()
-    qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)  # worked out off the GUI thread
-    assert "KV" in picker.fit_label.text()
+    assert picker.load_box.load_button.isEnabled()
+    # worked out off the GUI thread
+    qtbot.waitUntil(lambda: "needs" in picker.load_box.fit_label.text(), timeout=10_000)
+    assert "KV" in picker.load_box.fit_label.text()
     settings = picker.load_settings()
     assert settings.draft.drafter_path == str(tiny_drafter_same)
     assert settings.n_threads == 1
@@ -81,12 +82,12 @@ def test_gpu_layers_on_a_cpu_only_build_says_nothing_is_offloaded(
 ) -> None:
     window = make_window(start_engine=False)
     picker = window.picker
-    assert picker.gpu_note.isHidden()  # not known yet: nothing said
+    assert picker.load_box.gpu_note.isHidden()  # not known yet: nothing said
     picker.set_gpu_offload_available(False)  # what the build probe reports on a CPU-only llama.cpp
-    assert not picker.gpu_note.isHidden()
-    assert "no layer will be offloaded" in picker.gpu_note.text()
+    assert not picker.load_box.gpu_note.isHidden()
+    assert "no layer will be offloaded" in picker.load_box.gpu_note.text()
     picker.set_gpu_offload_available(True)
-    assert picker.gpu_note.isHidden()
+    assert picker.load_box.gpu_note.isHidden()
 
 
 def test_fit_estimate_reads_the_model_off_the_gui_thread_and_drops_an_earlier_choice(
@@ -96,9 +97,9 @@ def test_fit_estimate_reads_the_model_off_the_gui_thread_and_drops_an_earlier_ch
     """The fit estimate parses the model's tensor table. Here each estimate is held until the test lets it go:
     choosing another model meanwhile goes on at once, and the held estimate, for the earlier model, is never
     shown."""
-    import ui.models.picker as picker_module
+    import ui.models.load_box as load_box_module
 
-    real_fit_text = picker_module.fit_text
+    real_fit_text = load_box_module.fit_text
     gates: dict[str, threading.Event] = {}  # the models whose estimate is held, until their event is set
     asked: list[tuple[str, threading.Thread]] = []
 
@@ -109,27 +110,27 @@ def test_fit_estimate_reads_the_model_off_the_gui_thread_and_drops_an_earlier_ch
             gate.wait(timeout=10)
         return real_fit_text(target, *args, **kwargs)
 
-    monkeypatch.setattr(picker_module, "fit_text", held_fit_text)
+    monkeypatch.setattr(load_box_module, "fit_text", held_fit_text)
     window = make_window(start_engine=False, folders=(tiny_target.parent,))
     picker = window.picker
-    qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)  # the start-up choice's
+    qtbot.waitUntil(lambda: "needs" in picker.load_box.fit_label.text(), timeout=10_000)  # the start-up choice's
     first, second = ((tiny_target, tiny_drafter_same) if picker.target_path() != str(tiny_target)
                      else (tiny_drafter_same, tiny_target))
     gates.update({str(first): threading.Event(), str(second): threading.Event()})
     try:
         assert picker.select_target(first)
         qtbot.waitUntil(lambda: asked[-1][0] == str(first), timeout=10_000)
-        assert picker.fit_label.text() == picker_module.FIT_READING
+        assert picker.load_box.fit_label.text() == load_box_module.FIT_READING
         # The first model's estimate is still held: choosing another one does not wait for it.
         assert picker.select_target(second)
         assert picker.target_path() == str(second)
-        assert picker.fit_label.text() == picker_module.FIT_READING
+        assert picker.load_box.fit_label.text() == load_box_module.FIT_READING
         gates[str(first)].set()
         # The second estimate starts only once the first has come back (one at a time), which was dropped.
         qtbot.waitUntil(lambda: asked[-1][0] == str(second), timeout=10_000)
-        assert picker.fit_label.text() == picker_module.FIT_READING
+        assert picker.load_box.fit_label.text() == load_box_module.FIT_READING
         gates[str(second)].set()
-        qtbot.waitUntil(lambda: "needs" in picker.fit_label.text(), timeout=10_000)
+        qtbot.waitUntil(lambda: "needs" in picker.load_box.fit_label.text(), timeout=10_000)
         assert all(thread is not threading.main_thread() for _, thread in asked), asked
     finally:
         for gate in gates.values():
@@ -166,7 +167,7 @@ def test_trained_heads_are_offered_as_drafters_for_their_target_with_the_reason_
     assert "trained on a target 32 wide" in tip
     assert picker.select_drafter(narrow)
     assert "trained on a target 32 wide" in picker.compat_badge.text()
-    assert not picker.load_button.isEnabled()
+    assert not picker.load_box.load_button.isEnabled()
     assert picker.select_drafter(dflash)
     assert picker.compat_badge.text().startswith("✓")
     assert picker.load_settings().draft.drafter_path == str(dflash)

@@ -62,9 +62,9 @@ def test_remote_models_in_the_picker_chat_through_the_server(qtbot: QtBot, make_
     for label_widget in (picker.remote_note, picker.target_info):
         assert label_widget.textFormat() == label_widget.textFormat().PlainText  # server text is untrusted
     assert where in picker.target_info.text()
-    assert not picker.load_button.isEnabled()
+    assert not picker.load_box.load_button.isEnabled()
     assert not picker.request_load()  # nothing to load: it says so
-    assert "server" in picker.status_label.text()
+    assert "server" in picker.load_box.status_label.text()
     assert side.route is not None
     assert chat.bridge is side.route
     with qtbot.waitSignal(picker.library_changed, timeout=30_000):

@@ -106,8 +106,9 @@ def test_every_label_with_file_derived_text_is_plain_text(
     picker = window.picker
     plain = {
         "target_info": picker.target_info, "drafter_info": picker.drafter_info,
-        "compat_badge": picker.compat_badge, "fit_label": picker.fit_label, "gpu_note": picker.gpu_note,
-        "status_label": picker.status_label, "crash_headline": window.banner.headline,
+        "compat_badge": picker.compat_badge, "fit_label": picker.load_box.fit_label,
+        "gpu_note": picker.load_box.gpu_note, "status_label": picker.load_box.status_label,
+        "crash_headline": window.banner.headline,
     }
     for name, label in plain.items():
         assert label.textFormat() == Qt.TextFormat.PlainText, name

@@ -30,7 +30,7 @@ def test_tune_measures_on_the_windows_engine_with_its_whole_load(
     # A load unlike the defaults in fields the old Tune dropped (batch size, flash attention).
     save_settings(with_settings(AppSettings(), {"load.n_batch": 128, "load.flash_attn": "off"}))
     window = make_window(folders=(tiny_target.parent,))
-    window.picker.flash_combo.setCurrentText("off")
+    window.picker.load_box.flash_combo.setCurrentText("off")
     load_pair(qtbot, window, tiny_target)
     bridge = window.bridge
     load = bridge.last_load

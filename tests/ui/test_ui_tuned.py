@@ -171,7 +171,8 @@ def test_picker_tunes_the_loaded_pair(
     assert picker.tune_button.isEnabled()
     dialog = picker.open_tune()
     assert dialog is not None
-    assert dialog.pair == TunePair(LoadSettings(str(tiny_target), n_ctx=512, n_threads=picker.threads_spin.value()))
+    threads = picker.load_box.threads_spin.value()
+    assert dialog.pair == TunePair(LoadSettings(str(tiny_target), n_ctx=512, n_threads=threads))
     tuned = DraftSettings(ngram=4, adaptive=True, k=4, k_max=16)
     dialog.use_settings.emit(tuned)
     draft = picker.shown_values()

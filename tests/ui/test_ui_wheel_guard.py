@@ -22,7 +22,7 @@ def test_the_wheel_never_changes_an_unfocused_setting(qtbot: QtBot, make_window)
     window.show()
     qtbot.waitExposed(window)
     picker = window.picker
-    kv, ctx = picker.kv_combo, picker.ctx_spin
+    kv, ctx = picker.load_box.kv_combo, picker.load_box.ctx_spin
     assert kv.findText("bf16") >= 0
     assert kv.currentIndex() + 1 < kv.count()
     guarded = window.findChildren(QComboBox) + window.findChildren(QAbstractSpinBox)

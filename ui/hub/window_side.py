@@ -53,7 +53,7 @@ class FindModelsSide(QObject):
 
     def open(self) -> FindModelsDialog:
         if self.dialog is None:
-            self.dialog = FindModelsDialog(self.window, context=self.picker.ctx_spin.value(),
+            self.dialog = FindModelsDialog(self.window, context=self.picker.load_box.ctx_spin.value(),
                                            library=lambda: self.picker.entries)
             self.dialog.download_finished.connect(self._on_dialog_download_finished)
             self.dialog.load_requested.connect(self.load)
@@ -61,7 +61,8 @@ class FindModelsSide(QObject):
             w, h = self.window.width(), self.window.height()
             self.dialog.resize(min(VIEW_MAX[0], int(w * VIEW_SHARE)), min(VIEW_MAX[1], int(h * VIEW_SHARE)))
         elif self.dialog.isHidden():
-            self.dialog.ctx_spin.setValue(self.picker.ctx_spin.value())  # the context the picker loads with now
+            # the context the picker loads with now
+            self.dialog.ctx_spin.setValue(self.picker.load_box.ctx_spin.value())
         self.dialog.show()
         self.dialog.raise_()
         self.dialog.activateWindow()

@@ -1,7 +1,8 @@
-"""The model picker: targets and drafters from the library, compatibility, draft and load settings, the
-fit estimate, and Load / Cancel with progress. Disk scans and downloads run on a worker thread.
-Over 450 lines: three groups of controls whose state depends on each other (target, drafter ranking,
-compatibility, load), kept in one widget so that dependency is in one place."""
+"""The model picker: targets and drafters from the library (local and a connected server's), the drafter
+ranking and compatibility, the drafting settings and Tune, and the Loading group (``ui.models.load_box``: the
+load settings, the fit estimate, Load / Cancel and progress). Disk scans and downloads run on a worker thread.
+Over 450 lines: the target, the drafter ranking and the settings Load sends depend on each other, and that
+dependency is kept in one place."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QStandardItemModel, QValidator
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -21,34 +22,26 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from app.ceiling.backend import BackendDevice
 from app.engine.chat_template import fallback_name
-from app.engine_limits import DEPTH_CAP, KV_TYPES
+from app.engine_limits import DEPTH_CAP
 from app.errors import AppError, IncompatibleDrafterError, SettingsError
-from app.events import Devices, Loaded, LoadProgress, drafted_by
+from app.events import Devices, Loaded, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import OWN_MTP_HEADS
 from app.measure.recommend import DrafterReport, Recommendation, drafters_for
 from app.params import (
-    ALL_GPU_LAYERS,
-    AUTO_GPU_LAYERS,
-    GPU_LAYER_WORDS,
     HISTORY_TOKENS,
-    MAX_CTX,
-    MAX_GPU_LAYERS,
     NGRAM_KEY_LENGTH,
     DraftSettings,
     LoadSettings,
-    fit_flash_attention,
 )
 from app.remote.client import RemoteModel
 from app.storage.pair_stats import load_measured, measured_start
@@ -57,7 +50,7 @@ from app.storage.tuned import TunedSettings, load_tuned
 from app.units import format_bytes, format_count
 from ui.dashboard.sweep import TuneDialog, TunePair
 from ui.flow_layout import FlowLayout
-from ui.models.devices import DeviceChoice
+from ui.models.load_box import LoadBox, show_note
 from ui.plain_text import plain_tooltip
 from ui.tasks import TaskRunner
 
@@ -68,12 +61,6 @@ NO_DRAFTER = "(no drafter model)"
 TOOLTIP_ROLE = Qt.ItemDataRole.ToolTipRole
 REMOTE_NOTE = ("Speculation on a remote server is the server's own, configured there; SpecDeck shows what it "
                "reports.")
-
-
-FIT_READING = "Reading the model file for a fit estimate…"
-# What a fit estimate is asked for: target and drafter paths, then context, KV type, GPU layers, flash attention,
-# and the devices the worker listed (None: not yet; the machine is probed instead), the GPU and the RPC servers.
-FitAsk = tuple[str, str | None, int, str, int, bool, tuple[BackendDevice, ...] | None, int | None, tuple[str, ...]]
 
 
 def base_model_note(architecture: str) -> str:
@@ -89,72 +76,6 @@ def describe_model(info: GGUFInfo) -> str:
             f"{format_bytes(info.file_size)}, ctx {info.context_length}")
     return line if info.has_chat_template else f"{line}\n{base_model_note(info.architecture)}"
 
-
-def fit_text(target: GGUFInfo, drafter: GGUFInfo | None, n_ctx: int, kv_type: str, n_gpu_layers: int,
-             flash_attn: bool, devices: Sequence[BackendDevice] | None = None, main_gpu: int | None = None,
-             rpc_servers: Sequence[str] = ()) -> str:
-    """The ceiling package's fit estimate (weights + KV + compute buffers per device) in words. ``devices``:
-    llama.cpp's devices as the engine worker listed them (the fit then names each GPU and RPC server with its
-    free memory); None: this machine's devices as the hardware probe sees them."""
-    from app.ceiling.builder import pair_fit
-    from app.ceiling.device_fit import choose_gpu_layers, fit_devices
-
-    chosen = ""
-    if n_gpu_layers == AUTO_GPU_LAYERS:
-        if devices is None:
-            n_gpu_layers = ALL_GPU_LAYERS  # no device list yet: the estimate for every layer offloaded
-        else:  # the engine's own choice on these devices, before it loads
-            layers = choose_gpu_layers(target, n_gpu_layers, n_ctx, devices, kv_type=kv_type, drafter=drafter,
-                                       main_gpu=main_gpu, rpc_servers=rpc_servers)
-            if layers.error:
-                return layers.error
-            n_gpu_layers, chosen = layers.n_gpu_layers, layers.note
-    try:
-        estimate = pair_fit(target, drafter, n_ctx, kv_type=kv_type, n_gpu_layers=n_gpu_layers,
-                            flash_attn=flash_attn,
-                            devices=fit_devices(devices, main_gpu, rpc_servers) if devices is not None else None)
-    except (ValueError, ZeroDivisionError) as exc:
-        return f"No fit estimate: {exc}"
-    parts = "; ".join(
-        f"weights {format_bytes(d.weights)}, KV {format_bytes(d.kv)}, compute {format_bytes(d.compute)}"
-        for d in estimate.devices
-    )
-    return f"{chosen}\n{estimate.message} ({parts})" if chosen else f"{estimate.message} ({parts})"
-
-
-class GpuLayersSpin(QSpinBox):
-    """GPU layers: "auto" (as many as fit, the default), "all", or a count."""
-
-    WORDS: ClassVar[dict[int, str]] = GPU_LAYER_WORDS
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setRange(AUTO_GPU_LAYERS, MAX_GPU_LAYERS)
-        self.setValue(AUTO_GPU_LAYERS)
-
-    def textFromValue(self, value: int) -> str:
-        return self.WORDS.get(value, str(value))
-
-    def valueFromText(self, text: str) -> int:
-        word = text.strip().lower()
-        for value, name in self.WORDS.items():
-            if word == name:
-                return value
-        return int(word) if word.lstrip("-").isdigit() else AUTO_GPU_LAYERS
-
-    def validate(self, text: str, pos: int) -> tuple[QValidator.State, str, int]:
-        word = text.strip().lower()
-        if any(name.startswith(word) for name in self.WORDS.values()) and word:
-            state = QValidator.State.Acceptable if word in self.WORDS.values() else QValidator.State.Intermediate
-            return state, text, pos
-        return super().validate(text, pos)
-
-
-
-def show_note(label: QLabel, text: str) -> None:
-    """A note row shows only while it has something to say: an empty one would still take a row's height."""
-    label.setText(text)
-    label.setVisible(bool(text))
 
 class ModelPicker(QWidget):
     load_requested = Signal(LoadSettings)
@@ -185,15 +106,8 @@ class ModelPicker(QWidget):
         self.ranking = False  # the drafters for the chosen target are being ranked (drafters_ranked ends it)
         self.loading = False
         self.gpu_offload_available: bool | None = None  # None: not known yet
-        self.backend = "cpu"  # llama.cpp's backend, from the worker's device list: the fit's flash attention
         self.remote_models: tuple[RemoteModel, ...] = ()  # a connected server's, listed after the local ones
         self._chosen_remote: RemoteModel | None = None
-        # The fit estimate parses the model's tensor table (a second or more for a large file on a busy
-        # machine): it runs on its own worker, one at a time, so no scan or download queues it.
-        self._fit_tasks = TaskRunner(self, max_threads=1)
-        self._fit_wanted: tuple[FitAsk, GGUFInfo, GGUFInfo | None] | None = None
-        self._fit_shown: FitAsk | None = None
-        self._fit_running = False
         self._build()
 
     # --- layout -------------------------------------------------------------------------------------
@@ -296,100 +210,36 @@ class ModelPicker(QWidget):
         dform.addRow(tune_row)
         outer.addWidget(draft)
 
-        load = QGroupBox("Loading", self)
-        lform = QFormLayout(load)
-        self.gpu_layers_spin = GpuLayersSpin(load)
-        self.ctx_spin = QSpinBox(load)
-        self.ctx_spin.setRange(256, MAX_CTX)
-        self.ctx_spin.setSingleStep(1024)
-        self.kv_combo = QComboBox(load)
-        self.kv_combo.addItems(list(KV_TYPES))
-        self.flash_combo = QComboBox(load)
-        self.flash_combo.addItems(["auto", "on", "off"])
-        self.threads_spin = QSpinBox(load)
-        self.threads_spin.setRange(0, 1024)
-        self.threads_spin.setSpecialValueText("auto")
-        self.fit_label = QLabel(load)
-        self.fit_label.setWordWrap(True)
-        self.overflow_combo = QComboBox(load)
-        self.overflow_combo.addItem("Stop, offer a new chat", "stop")
-        self.overflow_combo.addItem("Leave out the oldest messages", "drop_oldest")
-        self.overflow_combo.setToolTip(
-            "When a chat grows past the context: stop and offer to go on in a new chat with the last message, or "
-            "leave the oldest messages out of what the model reads (they stay in the chat)")
-        self.reload_check = QCheckBox("Load these on start", load)
-        self.reload_check.setToolTip("Load these models when SpecDeck starts")
-        self.gpu_note = QLabel(load)
-        self.gpu_note.setWordWrap(True)
-        self.gpu_note.setVisible(False)
-        self.device_choice = DeviceChoice(load)
-        self.device_choice.choice_changed.connect(self._on_setting_changed)
-        lform.addRow("GPU layers", self.gpu_layers_spin)
-        lform.addRow(self.gpu_note)
-        lform.addRow(self.device_choice)
-        lform.addRow("Context size", self.ctx_spin)
-        lform.addRow("KV cache type", self.kv_combo)
-        lform.addRow("Flash attention", self.flash_combo)
-        lform.addRow("CPU threads", self.threads_spin)
-        lform.addRow("Chat past the context", self.overflow_combo)
-        lform.addRow(self.fit_label)
-        lform.addRow(self.reload_check)
-        self.load_row = QWidget(load)
-        buttons = QHBoxLayout(self.load_row)
-        buttons.setContentsMargins(0, 0, 0, 0)
-        self.load_button = QPushButton("Load", self.load_row)
-        self.load_button.clicked.connect(self._on_load_button_clicked)
-        self.cancel_button = QPushButton("Cancel", self.load_row)
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
-        buttons.addWidget(self.load_button)
-        buttons.addWidget(self.cancel_button)
-        lform.addRow(self.load_row)
-        self._load_form, self._load_row_layout = lform, buttons
-        self.progress = QProgressBar(load)
-        self.progress.setRange(0, 100)
-        self.progress.setVisible(False)
-        # Every bar that shows the load: this one, and the window's status bar (always in view, whatever the
-        # dock's height). One bar per phase (target, drafter, timing), each from 0 to 100 % with its own text.
-        self.progress_bars: list[QProgressBar] = [self.progress]
-        self._progress_stage = ""
-        self.status_label = QLabel("No model loaded.", load)
-        self.status_label.setWordWrap(True)
-        for label in (self.fit_label, self.gpu_note, self.status_label):
-            label.setTextFormat(Qt.TextFormat.PlainText)  # they name model files and quote their errors
-        lform.addRow(self.progress)
-        lform.addRow(self.status_label)
-        outer.addWidget(load)
+        self.load_box = LoadBox(self)
+        box = self.load_box
+        box.device_choice.choice_changed.connect(self._on_setting_changed)
+        box.load_button.clicked.connect(self._on_load_button_clicked)
+        box.cancel_button.clicked.connect(self._on_cancel_button_clicked)
+        outer.addWidget(box)
         outer.addStretch(1)
         for combo in (self.target_combo, self.drafter_combo):
             # Long file names must not widen the dock: the combo shows what fits, the list shows all.
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(12)
-        for f in (form, dform, lform):
+        for f in (form, dform):
             f.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
 
-        for spin in (self.ctx_spin, self.gpu_layers_spin):
+        for spin in (box.ctx_spin, box.gpu_layers_spin):
             spin.valueChanged.connect(self._on_setting_changed)
-        self.kv_combo.currentIndexChanged.connect(self._on_setting_changed)
-        self.flash_combo.currentIndexChanged.connect(self._on_setting_changed)
+        box.kv_combo.currentIndexChanged.connect(self._on_setting_changed)
+        box.flash_combo.currentIndexChanged.connect(self._on_setting_changed)
         # The defaults live in AppSettings alone: a fresh home shows them, a saved file replaces them.
         defaults = AppSettings()
         for name, (_read, show) in self._bindings().items():
             show(setting(defaults, name))
         self._on_adaptive_check_toggled(self.adaptive_check.isChecked())
 
-    def take_load_row(self) -> QWidget:
-        """Load and Cancel, out of the form, for the window to keep in view below the scrolling settings."""
-        self._load_form.takeRow(self.load_row)
-        self.load_row.setParent(None)
-        self._load_row_layout.setContentsMargins(9, 6, 9, 6)
-        return self.load_row
-
     # --- settings in and out ------------------------------------------------------------------------
 
     def _bindings(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
         """Each saved setting the picker shows, by its path in AppSettings: how to read it from its widgets and
         how to show it. The one map between widgets and settings (saving, restoring and Load all go through it)."""
+        box = self.load_box
         return {
             "load.draft.ngram": (lambda: self.ngram_spin.value() if self.ngram_check.isChecked() else 0,
                                  self._show_ngram),
@@ -398,19 +248,19 @@ class ModelPicker(QWidget):
             "load.draft.adaptive": (self.adaptive_check.isChecked, self.adaptive_check.setChecked),
             "load.draft.k": (self.k_spin.value, self.k_spin.setValue),
             "load.draft.k_max": (self.k_max_spin.value, self.k_max_spin.setValue),
-            "load.n_gpu_layers": (self.gpu_layers_spin.value, self.gpu_layers_spin.setValue),
-            "load.n_ctx": (self.ctx_spin.value, lambda v: self.ctx_spin.setValue(max(self.ctx_spin.minimum(), v))),
-            "load.kv_type": (self.kv_combo.currentText, self.kv_combo.setCurrentText),
-            "load.flash_attn": (self.flash_combo.currentText, self.flash_combo.setCurrentText),
-            "load.n_threads": (self.threads_spin.value, self.threads_spin.setValue),
-            "load.main_gpu": (self.device_choice.main_gpu, self.device_choice.show_main_gpu),
-            "load.rpc_servers": (self.device_choice.saved_rpc_servers, self.device_choice.show_rpc_servers),
-            "reload_last_pair_on_start": (self.reload_check.isChecked, self.reload_check.setChecked),
-            "context_overflow": (self.overflow_combo.currentData, self._show_overflow),
+            "load.n_gpu_layers": (box.gpu_layers_spin.value, box.gpu_layers_spin.setValue),
+            "load.n_ctx": (box.ctx_spin.value, lambda v: box.ctx_spin.setValue(max(box.ctx_spin.minimum(), v))),
+            "load.kv_type": (box.kv_combo.currentText, box.kv_combo.setCurrentText),
+            "load.flash_attn": (box.flash_combo.currentText, box.flash_combo.setCurrentText),
+            "load.n_threads": (box.threads_spin.value, box.threads_spin.setValue),
+            "load.main_gpu": (box.device_choice.main_gpu, box.device_choice.show_main_gpu),
+            "load.rpc_servers": (box.device_choice.saved_rpc_servers, box.device_choice.show_rpc_servers),
+            "reload_last_pair_on_start": (box.reload_check.isChecked, box.reload_check.setChecked),
+            "context_overflow": (box.overflow_combo.currentData, self._show_overflow),
         }
 
     def _show_overflow(self, policy: str) -> None:
-        self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(policy)))
+        self.load_box.overflow_combo.setCurrentIndex(max(0, self.load_box.overflow_combo.findData(policy)))
 
     def _show_ngram(self, ngram: int) -> None:
         self.ngram_check.setChecked(ngram > 0)
@@ -528,7 +378,7 @@ class ModelPicker(QWidget):
         serial = self._scan_serial
         folders = self.folders
         self.scanning = True
-        self.status_label.setText("Looking for models…")
+        self.load_box.status_label.setText("Looking for models…")
         self._tasks.run(lambda: discover(folders), lambda r: self._on_scan_done(serial, r),
                         self._on_task_failed)
 
@@ -553,7 +403,7 @@ class ModelPicker(QWidget):
         if broken:
             files = f"{len(broken)} file{'s' if len(broken) != 1 else ''}"
             note += f"; {files} could not be used: {broken[0].error}"
-        self.status_label.setText(note + ".")
+        self.load_box.status_label.setText(note + ".")
         self._offer_demo_models()
         index = self.target_combo.findData(wanted) if wanted else -1
         if index < 0 and self.target_combo.count():
@@ -800,53 +650,11 @@ class ModelPicker(QWidget):
             show_note(self.compat_badge, "✓ Compatible with the target.")
         else:
             show_note(self.compat_badge, f"✗ Incompatible: {result.reason}. Load refuses this pair.")
-        self._ask_fit(target, drafter)
+        local = self.remote_model() is None
+        self.load_box.ask_fit((target.path, target.info) if local and target and target.info else None,
+                              (drafter.path, drafter.info) if drafter and drafter.info else None)
         can_load = target is not None and (drafter_path is None or bool(result and result.ok))
-        self.load_button.setEnabled(can_load and not self.loading)
-
-    def _ask_fit(self, target: LibraryEntry | None, drafter: LibraryEntry | None) -> None:
-        """Show the fit estimate for the current choice: worked out on the fit worker, "reading…" until it
-        comes; an estimate that arrives for an earlier choice is dropped."""
-        if target is None or target.info is None or self.remote_model() is not None:
-            self._fit_wanted = self._fit_shown = None
-            self.fit_label.setText("")
-            return
-        if drafter is None or drafter.info is None:
-            drafter = None
-        layers, kv_type = self.gpu_layers_spin.value(), self.kv_combo.currentText()
-        choice = self.device_choice
-        ask: FitAsk = (target.path, drafter.path if drafter else None, self.ctx_spin.value(), kv_type, layers,
-                       fit_flash_attention(self.flash_combo.currentText(), self.backend, layers, kv_type),
-                       choice.devices(), choice.main_gpu(), choice.saved_rpc_servers())
-        if self._fit_wanted is not None and self._fit_wanted[0] == ask:
-            return
-        self._fit_wanted = (ask, target.info, drafter.info if drafter else None)
-        if self._fit_shown is None or self._fit_shown[:2] != ask[:2]:
-            self._fit_shown = None
-            self.fit_label.setText(FIT_READING)  # another pair's estimate would mislead; a new setting keeps it
-        if not self._fit_running:
-            self._start_fit()
-
-    def _start_fit(self) -> None:
-        if self._fit_wanted is None:
-            return
-        ask, target, drafter = self._fit_wanted
-        n_ctx, kv_type, n_gpu_layers, flash_attn, devices, main_gpu, servers = ask[2:]
-        self._fit_running = True
-        self._fit_tasks.run(lambda: fit_text(target, drafter, n_ctx, kv_type, n_gpu_layers, flash_attn, devices,
-                                             main_gpu, servers),
-                            lambda text: self._on_fit_done(ask, text),
-                            lambda exc: self._on_fit_done(ask, f"No fit estimate: {exc}"))
-
-    def _on_fit_done(self, ask: FitAsk, text: str) -> None:
-        self._fit_running = False
-        if self._fit_wanted is None:
-            return
-        if self._fit_wanted[0] != ask:
-            self._start_fit()  # the choice changed meanwhile: only the latest one is worked out
-            return
-        self._fit_shown = ask
-        self.fit_label.setText(text)
+        self.load_box.load_button.setEnabled(can_load and not self.loading)
 
     # --- loading ------------------------------------------------------------------------------------
 
@@ -858,7 +666,7 @@ class ModelPicker(QWidget):
         try:
             settings = self.load_settings()
         except AppError as exc:
-            self.status_label.setText(str(exc))
+            self.load_box.status_label.setText(str(exc))
             self.error_raised.emit(str(exc))
             return False
         self.load_requested.emit(settings)
@@ -870,41 +678,20 @@ class ModelPicker(QWidget):
 
     def set_loading(self, loading: bool, text: str = "") -> None:
         self.loading = loading
-        self.cancel_button.setEnabled(loading)
-        self._progress_stage = ""
-        for bar in self.progress_bars:
-            bar.setVisible(loading)
-            bar.setValue(0)
-            bar.setFormat("Starting the load…")
-        if text:
-            self.status_label.setText(text)
+        self.load_box.set_loading(loading, text)
         self._refresh()
-
-    def show_progress(self, event: LoadProgress) -> None:
-        """The phase's own progress: the bar starts again at each phase and never goes back within one, and
-        its text and the status line say the same."""
-        percent = int(100 * max(0.0, min(1.0, event.fraction)))
-        if event.stage == self._progress_stage:
-            percent = max(percent, self.progress.value())
-        self._progress_stage = event.stage
-        what = "Timing a pass of each draft width" if event.stage == "timing" else f"Loading the {event.stage}"
-        text = f"{what}… {percent}%"
-        for bar in self.progress_bars:
-            bar.setValue(percent)
-            bar.setFormat(text)
-        self.status_label.setText(text)
 
     def show_loaded(self, event: Loaded) -> None:
         self.set_loading(False)
         engine_load = self.tune_engine.last_load if self.tune_engine is not None else None
         self._loaded_pair = TunePair(engine_load if engine_load is not None else LoadSettings(
             event.target.path, DraftSettings(drafter_path=event.drafter.path if event.drafter else None),
-            n_ctx=event.n_ctx, n_threads=self.threads_spin.value()))
+            n_ctx=event.n_ctx, n_threads=self.load_box.threads_spin.value()))
         self.tune_button.setEnabled(True)
         if not event.gpu_offload:
             self.set_gpu_offload_available(False)
         drafts = drafted_by(event)
-        self.status_label.setText(
+        self.load_box.status_label.setText(
             f"Loaded {Path(event.target.path).name}"
             + (f" with {Path(drafts).name}" if drafts else " (no drafter)")
             + f" on {event.backend}, context {event.n_ctx}, in {event.load_seconds:.1f} s."
@@ -913,15 +700,14 @@ class ModelPicker(QWidget):
     def show_devices(self, event: Devices) -> None:
         """llama.cpp's devices as the engine worker listed them: the GPU choice, the RPC servers' memory, and
         the backend whose flash-attention rule the fit follows."""
-        self.backend = event.backend
+        self.load_box.backend = event.backend
         self.set_gpu_offload_available(event.gpu_offload)
-        self.device_choice.show_devices(event.devices, event.error)
+        self.load_box.device_choice.show_devices(event.devices, event.error)
 
     def set_gpu_offload_available(self, available: bool) -> None:
         """On a CPU-only llama.cpp build, say that "GPU layers" offloads nothing."""
         self.gpu_offload_available = available
-        show_note(self.gpu_note, "" if available else
-                  "This llama.cpp build is CPU-only: no layer will be offloaded to a GPU.")
+        self.load_box.set_gpu_offload_available(available)
 
     # --- folders and demo models --------------------------------------------------------------------
 
@@ -943,7 +729,7 @@ class ModelPicker(QWidget):
         from app.library.demo_install import install_demo_models
 
         self.demo_button.setEnabled(False)
-        self.status_label.setText("Installing the demo models (about 350 MB)…")
+        self.load_box.status_label.setText("Installing the demo models (about 350 MB)…")
         self._tasks.run(install_demo_models, self._on_demo_done, self._on_demo_failed)
 
     def _on_demo_done(self, paths: Sequence[Path]) -> None:
@@ -955,12 +741,12 @@ class ModelPicker(QWidget):
 
     def _on_demo_failed(self, exc: Exception) -> None:
         self.demo_button.setEnabled(True)
-        self.status_label.setText(str(exc))
+        self.load_box.status_label.setText(str(exc))
         self.error_raised.emit(str(exc))
         self.demo_install_finished.emit(False)
 
     def _on_task_failed(self, exc: Exception) -> None:
         self.scanning = False
         self.ranking = False  # a failed ranking: Load goes without a drafter model
-        self.status_label.setText(str(exc))
+        self.load_box.status_label.setText(str(exc))
         self.error_raised.emit(str(exc) if isinstance(exc, AppError) else f"{type(exc).__name__}: {exc}")

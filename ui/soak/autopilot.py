@@ -117,11 +117,11 @@ class Autopilot(QObject):
         picker.ngram_check.setChecked(ngram > 0)
         if ngram > 0:
             picker.ngram_spin.setValue(ngram)
-        picker.threads_spin.setValue(int(spec.get("threads", 0)))
-        picker.ctx_spin.setValue(int(spec.get("n_ctx", 4096)))
+        picker.load_box.threads_spin.setValue(int(spec.get("threads", 0)))
+        picker.load_box.ctx_spin.setValue(int(spec.get("n_ctx", 4096)))
         say(f"loading {target}")
         if not picker.request_load():
-            say(f"load refused: {picker.status_label.text()}")
+            say(f"load refused: {picker.load_box.status_label.text()}")
             self.window.close()
 
     @Slot()
