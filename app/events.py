@@ -530,7 +530,7 @@ def add_counts(a: Sequence[int], b: Sequence[int], length: int | None = None) ->
 @dataclass(frozen=True)
 class Finished:
     request_id: int
-    reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error", "stop" (a stop sequence, served)
+    reason: str  # "eog", "max_tokens", "cancelled", "context_full", "error", "stop" (a stop sequence)
     stats: MessageStats
     text: str
     stop_sequence: str | None = None  # reason "stop": the sequence that ended the answer

@@ -52,6 +52,8 @@ MAX_RESPONSE_FORMAT_CHARS = 64 << 10  # a JSON schema; the grammar made from it 
 MAX_LOGIT_BIAS = 1024  # tokens given a bias in one request
 MAX_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+MAX_STOP_LENGTH = 256  # characters in one stop sequence (the window's and the API's)
+MAX_STOPS = 16  # the window's stop strings; the API takes OpenAI's 4
 
 
 MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS
@@ -106,6 +108,8 @@ class SamplingSettings:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: bool = False  # each emitted token's log probability under the target (app.events.TokenLogprob)
     top_logprobs: int = 0  # and the most likely tokens at its position, up to MAX_TOP_LOGPROBS
+    # The window's stop strings: the answer ends before the first (app.engine.stops); the API's are Job.stops.
+    stops: tuple[str, ...] = ()
 
     def validate(self) -> SamplingSettings:
         _number("Temperature", self.temperature, 0.0, 5.0)
@@ -128,6 +132,7 @@ class SamplingSettings:
         _number("Top log probabilities", self.top_logprobs, 0, MAX_TOP_LOGPROBS, integer=True)
         if self.top_logprobs and not self.logprobs:
             raise SettingsError("Top log probabilities need log probabilities turned on.")
+        _stops(self.stops)
         return self
 
     @property
@@ -157,6 +162,38 @@ def _logit_bias(value: object) -> None:
         if token in seen:
             raise SettingsError(f"Logit bias lists token {token} twice.")
         seen.add(token)
+
+
+def _stops(value: object) -> None:
+    if not isinstance(value, tuple | list) or not all(isinstance(s, str) for s in value):
+        raise SettingsError(f"Stop strings must be a list of text, not {reprlib.repr(value)}.")
+    if len(value) > MAX_STOPS:
+        raise SettingsError(f"At most {MAX_STOPS} stop strings are taken; {len(value)} are given.")
+    seen: set[str] = set()
+    for s in value:
+        if not s:
+            raise SettingsError("A stop string cannot be empty.")
+        if len(s) > MAX_STOP_LENGTH:
+            raise SettingsError(f"A stop string is at most {MAX_STOP_LENGTH} characters; "
+                                f"“{stops_text([s[:20]])}…” has {len(s)}.")
+        if s in seen:
+            raise SettingsError(f"The stop string “{stops_text([s])}” is listed twice.")
+        seen.add(s)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+_UNESCAPE = re.compile(r"\\([nt\\])")
+
+
+def parse_stops(text: str) -> tuple[str, ...]:
+    """The window's stop strings field: one per line, spaces kept; ``\\n`` is a new line, ``\\t`` a tab and
+    ``\\\\`` a backslash (a line cannot hold a new line itself). Empty lines are skipped."""
+    return tuple(_UNESCAPE.sub(lambda m: _ESCAPES[m.group(1)], line) for line in text.split("\n") if line)
+
+
+def stops_text(stops: Iterable[str]) -> str:
+    """``parse_stops``'s inverse: the stop strings as the field shows them."""
+    return "\n".join(s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") for s in stops)
 
 
 NGRAM_KEY_LENGTH = 3  # the suffix drafter's shortest match where none is chosen (window, chat, serve, tune, bench)

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.params import MAX_STOP_LENGTH
 from app.serve.api_error import ApiError
-from app.serve.protocol import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_SEQUENCES, Limits
+from app.serve.protocol import MAX_MESSAGES, MAX_STOP_SEQUENCES, Limits
 
 # Fields that change what the answer says; each is honoured or refused below.
 _HONOURED = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",

@@ -20,14 +20,13 @@ from app.engine.schema_limits import check_schema
 from app.engine.tool_calls import ToolCall
 from app.errors import SettingsError
 from app.events import MessageStats, TokenLogprob
-from app.params import JSON_OBJECT, SamplingSettings
+from app.params import JSON_OBJECT, MAX_STOP_LENGTH, SamplingSettings
 from app.serve.api_error import ApiError
 from app.serve.json_schema import unsupported_in_schema
 from app.serve.tools import ToolRequest, parse_message_tools, parse_tools, tool_call_json
 
 DEFAULT_BODY_LIMIT = 4 << 20  # bytes; a chat that fills a 128k context is about 0.5 MB of text
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
-MAX_STOP_LENGTH = 256
 ROLE_ALIASES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Each message is a history row and a template turn; a 4 MB body of empty messages is 100k of them, which
 # held the server 80 s. A 128k context holds at most a few thousand real turns.
@@ -353,44 +352,6 @@ def _logprobs(body: dict[str, Any], chat: bool) -> tuple[bool, int]:
     if top and value is not True:
         raise ApiError(400, "'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
     return value is True, top
-
-
-# --- stop sequences -------------------------------------------------------------------------------
-
-
-@dataclass
-class StopMatcher:
-    """Cuts the answer at the first stop sequence; holds back text that may be the start of one."""
-
-    stops: tuple[str, ...]
-    _held: str = ""
-    stopped: bool = False
-    matched: str | None = None  # the stop sequence that ended the answer
-
-    def feed(self, text: str) -> str:
-        if self.stopped:
-            return ""
-        if not self.stops:
-            return text
-        buffer = self._held + text
-        hits = [(at, s) for at, s in ((buffer.find(s), s) for s in self.stops) if at >= 0]
-        if hits:
-            at, self.matched = min(hits)
-            self.stopped = True
-            self._held = ""
-            return buffer[:at]
-        keep = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buffer)), 0, -1):
-                if buffer.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        self._held = buffer[len(buffer) - keep:] if keep else ""
-        return buffer[: len(buffer) - keep]
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return "" if self.stopped else held
 
 
 # --- responses ------------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.engine.client import EngineClient
+from app.engine.stops import StopCut
 from app.engine.tool_calls import plain_history
 from app.errors import AppError
 from app.events import (
@@ -41,7 +42,6 @@ from app.events import (
 )
 from app.params import LoadSettings, SamplingSettings
 from app.serve.metrics import ServeMetrics
-from app.serve.protocol import StopMatcher
 from app.storage.measured import keep_loaded_answer
 
 if TYPE_CHECKING:
@@ -87,17 +87,6 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the event loop is closed: the server is going down
             self.cancel()
-
-
-def _token_starts(event: Token, offset: int) -> list[int]:
-    """Where each of the event's tokens starts in the answer's text, ``offset`` being where the event starts."""
-    if not event.pieces:
-        return [offset] * len(event.token_ids)
-    out, at = [], offset
-    for piece in event.pieces:
-        out.append(min(at, offset + len(event.text)))  # a split character's text comes with a later token
-        at += len(piece)
-    return out
 
 
 class EngineRunner:
@@ -293,17 +282,13 @@ class EngineRunner:
         answer_id: int | None = None
         # The stop sequences are matched here, on the thread that writes the history, so that the client and
         # the history get the same cut answer whatever the HTTP side is doing.
-        matcher = StopMatcher(job.stops)
+        cut = StopCut(job.stops)
         text: list[str] = []
-        # Where each generated token starts in the uncut text: past a stop sequence the engine runs on until it
-        # hears the cancel, and only the tokens of the text returned are the answer's (its usage).
-        starts: list[int] = []
-        generated = 0
         last_flush = time.monotonic()
         sent_cancel = False
         try:
             while True:
-                if (job.cancelled.is_set() or matcher.stopped) and not sent_cancel:
+                if (job.cancelled.is_set() or cut.stopped) and not sent_cancel:
                     client.cancel(request_id)
                     sent_cancel = True
                 event = client.poll(0.05)
@@ -317,19 +302,13 @@ class EngineRunner:
                         self._warned.add(event.warning)
                         self.log(event.warning)
                 if isinstance(event, Token):
-                    starts += _token_starts(event, generated)
-                    generated += len(event.text)
-                    event = replace(event, text=matcher.feed(event.text))
+                    event = cut.token(event)
                 elif isinstance(event, Finished):
-                    tail = matcher.flush()
+                    tail = cut.tail()
                     if tail:
                         job.put(Token(request_id, tail, (), ()))
                         text.append(tail)
-                    if matcher.stopped:
-                        kept = "".join(text)
-                        counted = sum(1 for start in starts if start < len(kept))
-                        event = replace(event, reason="stop", text=kept, stop_sequence=matcher.matched,
-                                        stats=replace(event.stats, completion_tokens=counted))
+                    event = cut.finished(event, "".join(text))
                 self._observe(event)
                 # An answer's last save is queued before the client hears the end (it does not wait for it), so
                 # whoever waits for the history's queued writes after the answer finds the turn saved.
@@ -341,12 +320,12 @@ class EngineRunner:
                     return
                 if isinstance(event, EngineError):
                     self.metrics.on_ended("error")
-                    self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "error")
+                    self._history_finish(answer_id, "".join(text) + cut.tail(), "error", None, "error")
                     job.put(event)
                     return
                 if isinstance(event, EngineCrashed):
                     self.metrics.on_ended("crashed")
-                    self._history_finish(answer_id, "".join(text) + matcher.flush(), "error", None, "crashed")
+                    self._history_finish(answer_id, "".join(text) + cut.tail(), "error", None, "crashed")
                     job.put(event)
                     self._restart(client, f"the engine died: {event.message}; restarting it")
                     return

@@ -15,6 +15,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from app.engine.stops import StopMatcher
 from app.serve import protocol
 from app.serve.anthropic import (
     ERROR_TYPES,
@@ -32,7 +33,7 @@ from app.serve.anthropic import (
     stop_reason_for,
 )
 from app.serve.api_error import ApiError
-from app.serve.protocol import Limits, StopMatcher
+from app.serve.protocol import Limits
 
 LIMITS = Limits(max_tokens=512)
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

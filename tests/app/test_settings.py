@@ -40,7 +40,7 @@ def _custom() -> AppSettings:
     return AppSettings(
         load=load,
         sampling=SamplingSettings(temperature=0.7, top_k=50, top_p=0.9, min_p=0.0, repeat_penalty=1.1,
-                                  repeat_last_n=128, seed=42, max_tokens=1000),
+                                  repeat_last_n=128, seed=42, max_tokens=1000, stops=("\nUser:", "END")),
         system_prompt="Be brief. ✓",
         model_folders=("/a", "/b"),
         reload_last_pair_on_start=True,
@@ -436,6 +436,25 @@ def test_a_huge_system_prompt_is_refused_with_a_warning(tmp_path: Path) -> None:
     assert "The system prompt is 15,728,640 characters long" in warning
     assert loaded == replace(_custom(), system_prompt="")  # everything else kept
     assert len(_bad_copies(tmp_path)) == 1  # the file with the prompt is kept for the user
+
+
+@pytest.mark.parametrize(("stops", "sentence"), [
+    ([""], "A stop string cannot be empty."),
+    (["x" * 257], "A stop string is at most 256 characters; “xxxxxxxxxxxxxxxxxxxx…” has 257."),
+    ([str(n) for n in range(17)], "At most 16 stop strings are taken; 17 are given."),
+    (["END", "\n", "END"], "The stop string “END” is listed twice."),
+])
+def test_bad_stop_strings_fall_back_with_one_sentence(tmp_path: Path, stops: list[str], sentence: str) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({**settings_module.to_json_dict(_custom()),
+                                "sampling": {**settings_module.to_json_dict(_custom())["sampling"], "stops": stops}}))
+    loaded, warning = load_settings(path)
+    assert warning is not None
+    assert sentence in warning
+    assert loaded == with_settings(_custom(), {"sampling.stops": ()})  # everything else kept
+    with pytest.raises(SettingsError) as refused:
+        save_settings(with_settings(_custom(), {"sampling.stops": tuple(stops)}), tmp_path / "other.json")
+    assert str(refused.value) == sentence
 
 
 def test_the_unused_theme_setting_is_gone(tmp_path: Path) -> None:

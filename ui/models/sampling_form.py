@@ -1,15 +1,24 @@
 """Sampling settings as spin boxes whose ranges are the ones ``SamplingSettings.validate`` accepts: a value
-out of range cannot be typed, and the range is in each field's tooltip."""
+out of range cannot be typed, and the range is in each field's tooltip. Below them the stop strings, one per
+line (``app.params.parse_stops``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QFormLayout, QLabel, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QWidget,
+)
 
 from app.errors import SettingsError
-from app.params import MAX_CTX, SamplingSettings
+from app.params import MAX_CTX, MAX_STOPS, SamplingSettings, parse_stops, stops_text
 
 INT_MAX = 2**31 - 1  # a QSpinBox holds a C int
 
@@ -62,6 +71,16 @@ class SamplingForm(QWidget):
             spin.valueChanged.connect(self._on_spin_value_changed)
             layout.addRow(f.label, spin)
             self.spins[name] = spin
+        self.stops_edit = QPlainTextEdit(self)
+        self.stops_edit.setObjectName("sampling_stops")
+        self.stops_edit.setPlaceholderText("One per line; \\n for a new line")
+        self.stops_edit.setToolTip(f"The answer ends before the first of these (up to {MAX_STOPS}, one per "
+                                   "line, spaces kept); write \\n for a new line, \\t for a tab, \\\\ for \\.")
+        self.stops_edit.setTabChangesFocus(True)
+        lines = self.stops_edit.fontMetrics().lineSpacing()
+        self.stops_edit.setFixedHeight(3 * lines + 12)  # three lines show; more scroll
+        self.stops_edit.textChanged.connect(self._on_stops_edit_text_changed)
+        layout.addRow("Stop strings", self.stops_edit)
         self.error_label = QLabel(self)
         self.error_label.setWordWrap(True)
         self.error_label.setObjectName("sampling_error")
@@ -76,6 +95,10 @@ class SamplingForm(QWidget):
             spin.blockSignals(True)
             spin.setValue(getattr(settings, name))
             spin.blockSignals(False)
+        if parse_stops(self.stops_edit.toPlainText()) != settings.stops:  # the user's own spelling stays
+            self.stops_edit.blockSignals(True)
+            self.stops_edit.setPlainText(stops_text(settings.stops))
+            self.stops_edit.blockSignals(False)
         self._check()
 
     def set_value(self, name: str, value: float) -> None:
@@ -84,7 +107,8 @@ class SamplingForm(QWidget):
 
     def settings(self) -> SamplingSettings:
         """The settings shown; raises SettingsError with the reason when validation refuses them."""
-        values = {name: spin.value() for name, spin in self.spins.items()}
+        values: dict[str, object] = {name: spin.value() for name, spin in self.spins.items()}
+        values["stops"] = parse_stops(self.stops_edit.toPlainText())
         kept = {f.name: getattr(self._extra, f.name) for f in fields(SamplingSettings) if f.name not in values}
         return replace(SamplingSettings(**kept), **values).validate()  # type: ignore[arg-type]
 
@@ -100,7 +124,16 @@ class SamplingForm(QWidget):
         self.error_label.setText(problem or "")
         self.error_label.setVisible(problem is not None)
 
+    def set_stops(self, stops: tuple[str, ...]) -> None:
+        """Set the stop strings as a user would type them."""
+        self.stops_edit.setPlainText(stops_text(stops))
+
     @Slot()
     def _on_spin_value_changed(self, *_args: object) -> None:
+        self._check()
+        self.changed.emit()
+
+    @Slot()
+    def _on_stops_edit_text_changed(self) -> None:
         self._check()
         self.changed.emit()
