@@ -49,6 +49,8 @@ WRITES: dict[str, Callable[..., Any]] = {
     "rename_chat": HistoryStore.rename_chat,
     "set_mode": HistoryStore.set_mode,
     "set_system_prompt": HistoryStore.set_system_prompt,
+    "keep_alternative": HistoryStore.keep_alternative,
+    "choose_alternative": HistoryStore.choose_alternative,
     "delete_chat": HistoryStore.delete_chat,
     "delete_message": HistoryStore.delete_message,
     "truncate_after": HistoryStore.truncate_after,
@@ -217,6 +219,12 @@ class BufferedHistory:
     def delete_message(self, message_id: int) -> None:
         self._write("delete_message", message_id)
 
+    def keep_alternative(self, question_id: int, message_id: int) -> None:
+        self._write("keep_alternative", question_id, message_id)
+
+    def choose_alternative(self, question_id: int, message_id: int, position: int) -> None:
+        self._write("choose_alternative", question_id, message_id, position)
+
     def truncate_after(self, chat_id: int, message_id: int, *, inclusive: bool = False) -> int:
         return int(self._write("truncate_after", chat_id, message_id, inclusive=inclusive))
 
@@ -265,6 +273,8 @@ class BufferedHistory:
                         drafted=tuple(tuple(s) for s in w.kwargs.get("drafted") or ()))
             elif w.method == "delete_message":
                 out.pop(w.args[0], None)
+            elif w.method == "keep_alternative":
+                out.pop(w.args[1], None)
         return list(out.values())
 
     def list_chats(self) -> list[ChatSummary]:

@@ -40,6 +40,7 @@ from app.storage.history_rows import (
     STATUSES,
     ChatSummary,
     StoredMessage,
+    answer_position,
     chat_json,
     chat_markdown,
     clean_text,
@@ -349,7 +350,14 @@ class HistoryStore:
             " FROM messages WHERE chat_id=? ORDER BY id",
             (chat_id,),
         ).fetchall()
-        return [self._message(row) for row in rows]
+        kept: dict[int, list[int]] = {}
+        for question_id, position in self._conn.execute(
+            "SELECT a.question_id, a.position FROM alternatives a JOIN messages m ON m.id = a.question_id"
+            " WHERE m.chat_id=? ORDER BY a.position",
+            (chat_id,),
+        ):
+            kept.setdefault(question_id, []).append(position)
+        return [self._message(row, tuple(kept.get(row[0], ()))) for row in rows]
 
     def recent_answers(self, max_chars: int) -> list[str]:
         """The newest complete answers, oldest first, up to ``max_chars`` characters in all (the suffix
@@ -378,11 +386,11 @@ class HistoryStore:
         return self._message(row)
 
     @staticmethod
-    def _message(row: Sequence[Any]) -> StoredMessage:
+    def _message(row: Sequence[Any], alternatives: tuple[int, ...] = ()) -> StoredMessage:
         return StoredMessage(
             id=row[0], chat_id=row[1], role=row[2], text=row[3], status=row[4], target_model=row[5],
             drafter=row[6], sampling=from_json(row[7]), stats=from_json(row[8]), created=row[9],
-            updated=row[10], stop_reason=row[11], drafted=read_spans(row[12]),
+            updated=row[10], stop_reason=row[11], drafted=read_spans(row[12]), alternatives=alternatives,
         )
 
     def add_message(
@@ -475,6 +483,52 @@ class HistoryStore:
             if cur.rowcount:
                 self._touch(conn, chat_id)
         return cur.rowcount
+
+    # --- alternatives of an answer ------------------------------------------------------------------
+
+    _ANSWER_FIELDS = "text, status, target_model, drafter, sampling, stats, stop_reason, drafted"
+
+    def _answer_and_positions(self, conn: sqlite3.Connection, question_id: int,
+                              message_id: int) -> tuple[tuple[Any, ...], list[int]]:
+        row = conn.execute(f"SELECT {self._ANSWER_FIELDS}, chat_id FROM messages WHERE id=? AND role='assistant'",
+                           (message_id,)).fetchone()
+        question = conn.execute("SELECT chat_id FROM messages WHERE id=?", (question_id,)).fetchone()
+        if row is None or question is None or question[0] != row[-1]:
+            raise KeyError(f"There is no answer {message_id} to message {question_id}.")
+        positions = [p for (p,) in conn.execute("SELECT position FROM alternatives WHERE question_id=?",
+                                                (question_id,))]
+        answer = row[:-1]
+        if answer[1] == "streaming":
+            answer = (answer[0], "interrupted", *answer[2:])
+        return answer, positions
+
+    def _keep(self, conn: sqlite3.Connection, question_id: int, position: int, answer: Sequence[Any]) -> None:
+        conn.execute(f"INSERT INTO alternatives (question_id, position, {self._ANSWER_FIELDS})"
+                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (question_id, position, *answer))
+
+    def keep_alternative(self, question_id: int, message_id: int) -> None:
+        """Regenerate of the last answer: the answer leaves the chat and is kept as an alternative of its
+        question (the new answer takes the next position). KeyError when either message is gone."""
+        with self._write() as conn:
+            answer, positions = self._answer_and_positions(conn, question_id, message_id)
+            self._keep(conn, question_id, answer_position(positions)[0], answer)
+            chat_id = conn.execute("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()[0]
+            conn.execute("DELETE FROM messages WHERE id=?", (message_id,))
+            self._touch(conn, chat_id)
+
+    def choose_alternative(self, question_id: int, message_id: int, position: int) -> None:
+        """Show the alternative at ``position`` as the answer (the next question continues from it); the
+        answer shown until now is kept at its own position. Not activity: the chat keeps its place."""
+        with self._write() as conn:
+            answer, positions = self._answer_and_positions(conn, question_id, message_id)
+            chosen = conn.execute(f"SELECT id, {self._ANSWER_FIELDS} FROM alternatives"
+                                  " WHERE question_id=? AND position=?", (question_id, position)).fetchone()
+            if chosen is None:
+                raise KeyError(f"Message {question_id} has no alternative {position}.")
+            self._keep(conn, question_id, answer_position(positions)[0], answer)
+            conn.execute("DELETE FROM alternatives WHERE id=?", (chosen[0],))
+            conn.execute("UPDATE messages SET text=?, status=?, target_model=?, drafter=?, sampling=?, stats=?,"
+                         " stop_reason=?, drafted=?, updated=? WHERE id=?", (*chosen[1:], time.time(), message_id))
 
     # --- checks and export --------------------------------------------------------------------------
 

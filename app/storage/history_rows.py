@@ -68,6 +68,24 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ("ALTER TABLE chats ADD COLUMN version_of INTEGER",),
     # How the chat was written (MODES): chat turns or raw completion; NULL: the model's own default.
     ("ALTER TABLE chats ADD COLUMN mode TEXT",),
+    # The answers a regenerate of the last answer replaced, kept under their question as alternatives
+    # (1-based positions; the answer in the chat holds the one position missing here).
+    (
+        """CREATE TABLE alternatives (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            question_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            status TEXT NOT NULL,
+            target_model TEXT,
+            drafter TEXT,
+            sampling TEXT,
+            stats TEXT,
+            stop_reason TEXT,
+            drafted TEXT
+        )""",
+        "CREATE INDEX alternatives_by_question ON alternatives(question_id, position)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -100,6 +118,14 @@ class StoredMessage:
     updated: float
     stop_reason: str | None = None
     drafted: tuple[tuple[int, int, str], ...] = ()  # drafted character spans (start, end, source)
+    alternatives: tuple[int, ...] = ()  # a question's kept earlier answers, by position (see MIGRATIONS)
+
+
+def answer_position(alternatives: Sequence[int]) -> tuple[int, int]:
+    """(position, count) of the answer in the chat among its question's alternatives: the position missing."""
+    count = len(alternatives) + 1
+    taken = set(alternatives)
+    return next((p for p in range(1, count + 1) if p not in taken), count), count
 
 
 def spans_json(spans: Sequence[Sequence[Any]] | None) -> str | None:

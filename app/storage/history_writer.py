@@ -195,6 +195,12 @@ class HistoryThread:
     def delete_message(self, message_id: int) -> None:
         self._post(self._store.delete_message, message_id)
 
+    def keep_alternative(self, question_id: int, message_id: int) -> None:
+        self._post(self._store.keep_alternative, question_id, message_id)
+
+    def choose_alternative(self, question_id: int, message_id: int, position: int) -> None:
+        self._post(self._store.choose_alternative, question_id, message_id, position)
+
     def truncate_after(self, chat_id: int, message_id: int, *, inclusive: bool = False) -> None:
         self._post(self._store.truncate_after, chat_id, message_id, inclusive=inclusive)
 

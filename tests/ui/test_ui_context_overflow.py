@@ -38,17 +38,22 @@ def test_stop_is_the_default_and_leaves_no_empty_answer(
     chat = window.chat
     errors: list[str] = []
     chat.error_raised.connect(errors.append)
+    notices: list[str] = []
+    chat.notice_raised.connect(notices.append)
     shown: list[str] = []
-    window.notifier.error = lambda message, *a, **k: shown.append(message)  # what the window would show
+    window.notifier.error = lambda message, *a, **k: shown.append(message)  # a message box, in the window
     for i in range(8):
         with qtbot.waitSignal(chat.generation_state_changed, timeout=ANSWER_TIMEOUT_MS,
                               check_params_cb=lambda on: not on):
             assert chat.send(_question(i))
-        if errors:
+        if notices:
             break
-    assert errors, "the chat never outgrew a 256-token context"
-    assert "Continue in a new chat" in errors[-1]
-    assert shown == errors[-1:]  # one message shown, the chat's, not the engine's too
+    assert notices, "the chat never outgrew a 256-token context"
+    assert "Continue in a new chat" in notices[-1]
+    assert (errors, shown) == ([], [])  # nothing was lost: no message box, the engine's error not shown either
+    assert chat.progress_label.isVisibleTo(chat)
+    assert chat.progress_label.text() == notices[-1]  # said beside the button
+    assert window.notifier.last_message == notices[-1]
     assert chat.messages[-1].role == "user"
     assert chat.messages[-1].text == _question(i)
     assert all(m.text for m in chat.messages if m.role == "assistant")  # no empty "failed" turn
@@ -58,12 +63,23 @@ def test_stop_is_the_default_and_leaves_no_empty_answer(
     assert chat.new_chat_with_last_button.isVisibleTo(chat)
 
     first = chat.chat_id
-    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS):
+    earlier = [(m.role, m.text) for m in chat.messages[:-1]]
+    with qtbot.waitSignal(window.bridge.generation_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
         qtbot.mouseClick(chat.new_chat_with_last_button, Qt.MouseButton.LeftButton)
+    assert finished.args[0].reason != "error"
     assert chat.chat_id != first
-    assert [m.role for m in chat.messages] == ["user", "assistant"]
-    assert chat.messages[0].text == _question(i)
     assert not chat.new_chat_with_last_button.isVisibleTo(chat)
+    assert errors == []
+    # The question and the latest turns before it that fit: a tail of the old chat, whole turns, in order.
+    carried = [(m.role, m.text) for m in chat.messages[:-2]]
+    assert [(m.role, m.text) for m in chat.messages[-2:-1]] == [("user", _question(i))]
+    assert chat.messages[-1].role == "assistant" and chat.messages[-1].status == "complete"
+    assert carried == earlier[len(earlier) - len(carried):]
+    assert not carried or carried[0][0] == "user"
+    assert len(carried) >= 2, "a turn before the question fits beside it in 256 tokens"
+    stored = window.store.messages(chat.chat_id)
+    assert [(m.role, m.text) for m in stored] == [(m.role, m.text) for m in chat.messages]
+    assert len(window.store.messages(first)) == len(earlier) + 1  # the old chat is kept as it was
 
 
 def test_leaving_out_the_oldest_messages_keeps_the_chat_going(

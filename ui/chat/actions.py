@@ -182,12 +182,18 @@ class MessageActions(QObject):
                                       version_of=panel.chat_id)
         if copy is None:
             return
-        for m in messages:
-            panel.history.add_message(copy, m.role, m.text, "interrupted" if m.status == "streaming" else m.status,
-                                      model=m.model, drafter=m.drafter, stats=m.stats, stop_reason=m.stop_reason,
-                                      drafted=drafted_spans(m.pieces, len(m.text)) or None)
+        self.copy_messages(copy, messages)
         panel.chat_list.add_version(copy, panel.chat_id)
         panel.refresh_history()
+
+    def copy_messages(self, chat_id: int, messages: list[ChatMessage]) -> list[int | None]:
+        """Save copies of ``messages`` into the chat ``chat_id``, with their figures; the copies' store ids."""
+        return [self.panel.history.add_message(chat_id, m.role, m.text,
+                                               "interrupted" if m.status == "streaming" else m.status,
+                                               model=m.model, drafter=m.drafter, stats=m.stats,
+                                               stop_reason=m.stop_reason,
+                                               drafted=drafted_spans(m.pieces, len(m.text)) or None)
+                for m in messages]
 
     def switch_version(self) -> bool:
         """Open the open chat's previous version, or from a previous version the chat it came from (shown when

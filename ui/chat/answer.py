@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, SignalInstance, Slot
 
+from app.engine.stops import StopCut
 from app.errors import AppError
 from app.events import (
     EngineCrashed,
@@ -46,7 +47,11 @@ class AnswerWriter(QObject):
         self._request_id: int | None = None
         self._awaiting_start = False
         self._left_out = 0  # turns (question and answer) left out of the prompt to fit the context
+        # The first answer of a chat continued from one that outgrew the context: its carried turns are left
+        # out, oldest first, until the prompt fits, and the chat keeps the ones the model read.
+        self.carrying = False
         self._request: tuple[SamplingSettings, bool] | None = None  # the answer's sampling and "continue"
+        self._cut = StopCut(())  # the request's stop strings, matched here for either engine
         self.overflowed_request: int | None = None  # the request whose "too long" the chat reported itself
         self._resumed_text = ""  # Continue: the partial answer the engine goes on from
         self._resumed_stats: MessageStats | None = None  # and its figures, which the footer adds to
@@ -106,6 +111,7 @@ class AnswerWriter(QObject):
                                                          model=loaded.target.path if loaded else None,
                                                          drafter=answer.drafter, sampling=sampling)
         self._request = (sampling, resume is not None)
+        self._cut = StopCut(sampling.stops)
         try:
             panel.bridge.generate(messages, sampling, continue_answer=resume is not None, raw=panel.completion_mode)
         except AppError as exc:
@@ -160,8 +166,11 @@ class AnswerWriter(QObject):
 
     @Slot(Token)
     def _on_bridge_token_received(self, event: Token) -> None:
-        if not self._mine(event.request_id) or self.answer is None:
-            return
+        if not self._mine(event.request_id) or self.answer is None or self._cut.stopped:
+            return  # past a stop string the engine runs on until it hears the cancel
+        event = self._cut.token(event)
+        if self._cut.stopped:
+            self.panel.bridge.cancel()
         self.answer.text += event.text
         pieces = event.pieces or ((event.text,) if len(event.sources) <= 1 else ())
         self.answer.pieces.extend(zip(pieces, event.sources, strict=False))
@@ -175,10 +184,13 @@ class AnswerWriter(QObject):
         if self.answer is None or not (self._mine(event.request_id) or failed_to_send):
             return
         answer = self.answer
+        answer.text += self._cut.tail()
+        event = self._cut.finished(event, answer.text[len(self._resumed_text):])
         if event.text or event.reason != "error":
             answer.text = self._resumed_text + event.text if event.text else answer.text
         answer.status = FINAL_STATUS.get(event.reason, "complete")
         answer.stop_reason = event.reason
+        answer.stop_sequence = event.stop_sequence
         answer.stats = self._answer_stats(event) if event.reason != "error" else self._resumed_stats
         self._end(answer)
 
@@ -210,7 +222,7 @@ class AnswerWriter(QObject):
         if answer is None or answer.text or self._request is None:
             return False
         self.overflowed_request = event.request_id
-        if panel.overflow_policy() == "drop_oldest" and self._can_leave_out_more():
+        if (panel.overflow_policy() == "drop_oldest" or self.carrying) and self._can_leave_out_more():
             self._left_out += 1
             sampling, resumed = self._request
             messages = self.engine_messages()
@@ -218,6 +230,7 @@ class AnswerWriter(QObject):
                 messages.append({"role": "assistant", "content": answer.text})
             self._request_id = None
             self._awaiting_start = True
+            self._cut = StopCut(sampling.stops)
             panel.progress_label.setText(f"The chat is longer than the context: asking again without the oldest "
                                          f"{self._left_out} question{'s' if self._left_out > 1 else ''} and "
                                          "answers…")
@@ -227,15 +240,22 @@ class AnswerWriter(QObject):
                 panel.error_raised.emit(str(exc))
             else:
                 return True
-        # Stop: the empty answer goes; the question stays, and a new chat can take it.
+        # Stop: the empty answer goes; the question stays, and a new chat can take it. Nothing is lost, so the
+        # reason is said beside the button (and on the status bar), not in a message box.
         self._leave()
+        self._left_out = 0
+        self.carrying = False
         if answer.store_id is not None and panel.store is not None:
             panel.history.call(panel.store.delete_message, answer.store_id)
         panel.view.show_messages(panel.messages)
         panel.set_generating(False)
-        panel.new_chat_with_last_button.setVisible(any(m.role == "user" for m in panel.messages))
-        panel.error_raised.emit(f"{event.message} Or press “Continue in a new chat” to send your last message "
-                                "there.")
+        offer = any(m.role == "user" for m in panel.messages)
+        panel.new_chat_with_last_button.setVisible(offer)
+        notice = (f"{event.message} “Continue in a new chat” sends your last message there, with the latest turns "
+                  "that fit." if offer else event.message)
+        panel.progress_label.setText(notice)
+        panel.progress_label.setVisible(True)
+        panel.notice_raised.emit(notice)
         return True
 
     @Slot(EngineCrashed)
@@ -256,7 +276,7 @@ class AnswerWriter(QObject):
 
     def _end(self, answer: ChatMessage) -> None:
         panel = self.panel
-        self._left_out = 0
+        left_out, self._left_out = self._left_out, 0
         self._leave()
         if answer.store_id is not None and panel.store is not None:
             panel.history.call(panel.store.finish_answer, answer.store_id, answer.text, answer.status,
@@ -264,9 +284,27 @@ class AnswerWriter(QObject):
                                drafted=drafted_spans(answer.pieces, len(answer.text)))
         panel.messages.append(answer)
         panel.view.finish_answer(answer)
+        if self.carrying:
+            self.carrying = False
+            self._drop_carried(left_out)
+        panel.view.show_alternatives(panel.messages)
         panel.set_generating(False)
         panel.refresh_history()
         panel.answer_finished.emit(answer)
+
+    def _drop_carried(self, left_out: int) -> None:
+        """A continued chat keeps the carried turns the model read: the ``left_out`` oldest questions, with
+        their answers, leave it."""
+        panel = self.panel
+        starts = [i for i, m in enumerate(panel.messages) if m.role == "user"]
+        if not left_out or len(starts) < 2:
+            return
+        cut = starts[min(left_out, len(starts) - 1)]
+        for message in panel.messages[:cut]:
+            if message.store_id is not None and panel.store is not None:
+                panel.history.call(panel.store.delete_message, message.store_id)
+        del panel.messages[:cut]
+        panel.view.show_messages(panel.messages)
 
     @Slot()
     def _on_flush_timer_timeout(self) -> None:

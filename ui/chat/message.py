@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app.events import MessageStats
+from app.params import stops_text
 from ui.figures import acceptance_text, decode_text, prefill_text, speedup_text, tau_text
 
 STATUS_NOTES = {
@@ -38,6 +39,8 @@ class ChatMessage:
     stop_reason: str | None = None  # Finished.reason, "crashed", or None (user messages, older answers)
     model: str | None = None  # the target model's path, for answers
     drafter: str | None = None  # the drafter model's path, when one drafted
+    stop_sequence: str | None = None  # stop_reason "stop": the stop string that ended it, this session
+    alternatives: tuple[int, ...] = ()  # a question's kept earlier answers, by position (history_rows)
 
 
 def _stat(stats: MessageStats | Mapping[str, Any], name: str) -> float:
@@ -84,6 +87,8 @@ def footer_text(message: ChatMessage) -> str:
     note = STATUS_NOTES.get(message.status, "")
     if message.stop_reason and message.status not in ("streaming", "interrupted"):
         note = STOP_NOTES.get(message.stop_reason, message.stop_reason)
+        if message.stop_reason == "stop" and message.stop_sequence:
+            note = f"stopped at “{stops_text([message.stop_sequence])}”"  # \n as typed in the field
     parts = [p for p in (note, describe_writer(message)) if p]
     if message.stats:
         parts.append(format_stats(message.stats))

@@ -11,6 +11,7 @@ it is the one place the parts meet, and the chat's API for the window and the te
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -31,7 +32,7 @@ from PySide6.QtWidgets import (
 from app.errors import SettingsError, StorageError
 from app.events import pieces_from_spans
 from app.storage.chat_store import ChatStore
-from app.storage.history_rows import ChatSummary, StoredMessage
+from app.storage.history_rows import ChatSummary, StoredMessage, answer_position
 from ui.chat.actions import MessageActions
 from ui.chat.answer import AnswerWriter
 from ui.chat.chat_list import ChatList
@@ -169,6 +170,7 @@ class ChatPanel(QWidget):
         self.undo_shortcut.setContext(Qt.ShortcutContext.WindowShortcut)
         self.undo_shortcut.activated.connect(self._on_undo_shortcut_activated)
         self.view.message_action.connect(self.message_actions.on_view_message_action)
+        self.view.alternative_chosen.connect(self._on_view_alternative_chosen)
 
     # --- the parts' state, as the window and the tests read it -------------------------------------------
 
@@ -261,11 +263,12 @@ class ChatPanel(QWidget):
         self.system_prompt.setText(chat.system_prompt)
         self.messages = [
             ChatMessage(m.role, m.text, m.status, m.stats, m.id, stop_reason=m.stop_reason,
-                        model=m.target_model, drafter=m.drafter,
+                        model=m.target_model, drafter=m.drafter, alternatives=m.alternatives,
                         pieces=pieces_from_spans(m.text, m.drafted) if m.role == "assistant" else [])
             for m in stored if m.role != "system"
         ]
         self.view.show_messages(self.messages)
+        self.progress_label.setVisible(False)  # a notice about the chat left
         self.chat_list.select(self.chat_id)
         self.update_buttons()
         self.chat_opened.emit(chat_id)
@@ -278,6 +281,8 @@ class ChatPanel(QWidget):
         self.chat_id = None
         self.messages = []
         self.view.show_messages([])
+        if not self.generating:
+            self.progress_label.setVisible(False)  # a notice about the chat left
 
     def reopen(self, chat_id: int) -> None:
         """Open a chat from an earlier session, if it is still there (quietly nothing otherwise)."""
@@ -314,10 +319,7 @@ class ChatPanel(QWidget):
         self.message_actions.commit_message_delete()
         self._open_requests += 1  # a chat still being read is not shown over the one written in
         if self.chat_id is None and self.store is not None:
-            self.chat_id = self.history.new_chat(title_from(text), self.system_prompt.text())
-            if self.chat_id is not None:
-                self.history.call(self.store.set_mode, self.chat_id,
-                                  "completion" if self.completion_mode else "chat")
+            self._begin_chat(text)
         elif self.chat_id is not None and self.store is not None:
             self.history.call(self.store.set_system_prompt, self.chat_id, self.system_prompt.text())
         message = ChatMessage("user", text)
@@ -403,13 +405,40 @@ class ChatPanel(QWidget):
             return False
         if self.messages[-1].role == "assistant":
             old = self.messages.pop()
+            question = self.messages[-1] if self.messages else None
             if old.store_id is not None and self.store is not None:
-                self.history.call(self.store.delete_message, old.store_id)
+                if question is not None and question.role == "user" and question.store_id is not None:
+                    # Kept under its question as an alternative ("‹ 1/2 ›"); the new answer takes the next place.
+                    self.history.call(self.store.keep_alternative, question.store_id, old.store_id)
+                    question.alternatives = tuple(sorted(
+                        (*question.alternatives, answer_position(question.alternatives)[0])))
+                else:
+                    self.history.call(self.store.delete_message, old.store_id)
         if not self.messages or self.messages[-1].role != "user":
             return False
         self.view.show_messages(self.messages)
         self.answers.start(sampling)
         return True
+
+    def choose_alternative(self, position: int) -> bool:
+        """Show the last question's answer at ``position`` (1-based) in place of the one shown; the one shown is
+        kept among the alternatives. The chat is read again once the change is written."""
+        if self.generating or len(self.messages) < 2 or self.store is None or self.chat_id is None:
+            return False
+        question, answer = self.messages[-2], self.messages[-1]
+        shown, count = answer_position(question.alternatives)
+        if (question.role != "user" or answer.role != "assistant" or question.store_id is None
+                or answer.store_id is None or position == shown or not 1 <= position <= count):
+            return False
+        self.message_actions.commit_edit()
+        self.message_actions.commit_message_delete()
+        self.history.call(self.store.choose_alternative, question.store_id, answer.store_id, position)
+        self.open_chat(self.chat_id)
+        return True
+
+    @Slot(int)
+    def _on_view_alternative_chosen(self, position: int) -> None:
+        self.choose_alternative(position)
 
     def continue_answer(self) -> bool:
         """After an answer cut at Max tokens: the model goes on from where it stopped, in the same answer."""
@@ -430,12 +459,34 @@ class ChatPanel(QWidget):
         return True
 
     def continue_in_new_chat(self) -> bool:
-        """The chat outgrew the context: a new chat gets the last question, sent at once."""
-        question = next((m.text for m in reversed(self.messages) if m.role == "user"), None)
-        if question is None or self.generating:
+        """The chat outgrew the context: a new chat takes the last question, sent at once, with the latest
+        turns before it that fit the context (the code the question refers to comes along). The model reads as
+        many of them as fit, the oldest left out first, and the new chat keeps just those."""
+        last = next((i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].role == "user"), None)
+        if last is None or self.generating or self.bridge.loaded is None:
             return False
+        question = self.messages[last].text
+        carried = [replace(m, store_id=None, alternatives=()) for m in self.messages[:last]
+                   if m.role in ("user", "assistant")]
         self.new_chat()
+        if carried:
+            self._begin_chat(question)
+            if self.chat_id is not None:
+                for message, store_id in zip(carried, self.message_actions.copy_messages(self.chat_id, carried),
+                                             strict=True):
+                    message.store_id = store_id
+            self.messages = carried
+            self.view.show_messages(self.messages)
+            self.answers.carrying = True
         return self.send(question)
+
+    def _begin_chat(self, first_question: str) -> None:
+        """A new chat in the history for the open transcript, titled after its first question."""
+        if self.store is None:
+            return
+        self.chat_id = self.history.new_chat(title_from(first_question), self.system_prompt.text())
+        if self.chat_id is not None:
+            self.history.call(self.store.set_mode, self.chat_id, "completion" if self.completion_mode else "chat")
 
     # --- the message actions (``message_actions``) ----------------------------------------------------
 

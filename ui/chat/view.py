@@ -38,6 +38,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
 from app.events import FROM_MODEL, FROM_NGRAM, TRAINED_DRAFTERS
+from app.storage.history_rows import answer_position
 from ui.chat.colours import code_background, source_colours
 from ui.chat.message import ChatMessage, footer_text
 from ui.chat.rendering import (
@@ -56,12 +57,16 @@ CHUNK_LIMIT_CHARS = 20_000  # a block rendered once, when it is complete
 PLAIN_PARAGRAPH_CHARS = 2_000  # plain text is cut into paragraphs this long, so relayout stays small
 
 
+ALTERNATIVE_SCHEME = "specdeck-alternative"
+
+
 class ChatView(QTextBrowser):
     """One document for the whole chat; only the streaming answer's last block is rewritten as it grows."""
 
     link_hovered = Signal(str)
     code_copied = Signal(str)
     message_action = Signal(str, int)  # one of MESSAGE_ACTIONS, the message's index in the chat
+    alternative_chosen = Signal(int)  # the last answer's alternative (1-based) the navigator asked for
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -108,6 +113,9 @@ class ChatView(QTextBrowser):
 
     @Slot(QUrl)
     def _on_self_anchor_clicked(self, url: QUrl) -> None:
+        if url.scheme() == ALTERNATIVE_SCHEME and url.path().isdigit():
+            self.alternative_chosen.emit(int(url.path()))
+            return
         if url.scheme() != COPY_SCHEME:
             return
         try:
@@ -151,9 +159,44 @@ class ChatView(QTextBrowser):
         self._message_roles.clear()
         for message in messages:
             self.append_message(message)
+        self.show_alternatives(messages)
         self.follow_end()
 
+    def show_alternatives(self, messages: Sequence[ChatMessage]) -> None:
+        """"‹ 2/3 ›" under the last answer when its question keeps other answers; ‹ and › link to them."""
+        self._drop_alternatives()
+        if len(messages) < 2 or messages[-1].role != "assistant" or not messages[-2].alternatives:
+            return
+        position, count = answer_position(messages[-2].alternatives)
+        cursor = self._new_block()
+        fmt = self._small_format()
+        fmt.setProperty(QTextFormat.Property.UserProperty, "alternatives")
+        fmt.setToolTip("Answers this question had before Regenerate; ‹ and › show another")
+        for label, target in (("\u2039", position - 1), (f" {position}/{count} ", 0), ("\u203a", position + 1)):
+            part = QTextCharFormat(fmt)
+            if target and 1 <= target <= count:
+                part.setAnchor(True)
+                part.setAnchorHref(f"{ALTERNATIVE_SCHEME}:{target}")
+                part.setForeground(self.palette().color(QPalette.ColorRole.Link))
+            cursor.insertText(label, part)
+
+    def alternatives_line(self) -> str:
+        """The navigator's text ("‹ 2/3 ›"), or "" when none is shown (for tests and accessibility)."""
+        lines = self._blocks_with("alternatives")
+        return lines[-1] if lines else ""
+
+    def _drop_alternatives(self) -> None:
+        """The navigator belongs under the last answer only: it goes when anything is written after it."""
+        last = self.document().lastBlock()
+        if _block_marker(last) != "alternatives":
+            return
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(max(0, last.position() - 1))  # the new line before it too
+        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+
     def append_message(self, message: ChatMessage) -> None:
+        self._drop_alternatives()
         self._mark_message(message.role)
         self._heading(ROLE_TITLES.get(message.role, message.role.capitalize()))
         cursor = self._new_block()
@@ -165,6 +208,7 @@ class ChatView(QTextBrowser):
         self._footer(message)
 
     def begin_answer(self) -> None:
+        self._drop_alternatives()
         self._mark_message("assistant")
         self._heading(ROLE_TITLES["assistant"])
         cursor = self._new_block()
@@ -461,13 +505,18 @@ class ChatView(QTextBrowser):
         if not text:
             return
         cursor = self._new_block()
+        fmt = self._small_format()
+        fmt.setProperty(QTextFormat.Property.UserProperty, "stats")
+        cursor.insertText(text, fmt)
+
+    def _small_format(self) -> QTextCharFormat:
+        """The footer's look: smaller, in the placeholder colour."""
         fmt = QTextCharFormat()
         fmt.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
         small = QFont(self.font())
         small.setPointSizeF(max(6.0, self.font().pointSizeF() * 0.85))
         fmt.setFont(small)
-        fmt.setProperty(QTextFormat.Property.UserProperty, "stats")
-        cursor.insertText(text, fmt)
+        return fmt
 
     def stats_lines(self) -> list[str]:
         """The stats/status lines in the document, top to bottom (what tests and accessibility read)."""
