@@ -191,8 +191,7 @@ def draft_step(draft: Draft, row: npt.NDArray[np.float32], settings: SamplingSet
     """
     recent = np.array(history[-settings.repeat_last_n :], dtype=np.int64) if history else None
     dist = sampling.distribution(row, settings, recent)
-    conf = _top_prob(row) if settings.greedy else float(dist.probs.max())
-    if conf < p_min:
+    if p_min > 0 and (_top_prob(row) if settings.greedy else float(dist.probs.max())) < p_min:
         return None
     tok = dist.top if settings.greedy else dist.sample(rng)
     draft.tokens.append(tok)
@@ -203,5 +202,8 @@ def draft_step(draft: Draft, row: npt.NDArray[np.float32], settings: SamplingSet
 
 
 def _top_prob(row: npt.NDArray[np.float32]) -> float:
-    m = float(row.max())
-    return float(1.0 / np.exp(row - m, dtype=np.float32).sum(dtype=np.float64))
+    """The softmax's largest probability. In place on one scratch array, summed in float32 (numpy's pairwise
+    sum, about 1e-7 relative): half the time of the float64 sum over temporaries, once per drafted token."""
+    shifted = np.subtract(row, row.max(), dtype=np.float32)
+    np.exp(shifted, out=shifted)
+    return float(1.0 / shifted.sum())
