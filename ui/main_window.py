@@ -223,6 +223,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.banner)
         self.chat = ChatPanel(self.bridge, self.sampling_form, self.store, central)
         self.chat.system_prompt.setText(self.settings.system_prompt)
+        self.chat.presets.set_presets(self.settings.system_prompt_presets)
         self.first_run = FirstRunPanel(central)
         self.stack = QStackedWidget(central)
         self.stack.addWidget(self.chat)
@@ -314,6 +315,7 @@ class MainWindow(QMainWindow):
         self.picker.demo_install_finished.connect(self._on_picker_demo_install_finished)
         self.chat.error_raised.connect(self._on_chat_error_raised)
         self.chat.notice_raised.connect(self.notifier.info)
+        self.chat.presets.changed.connect(self.save_app_settings)
         b.model_unloaded.connect(self._update_unload_action)
         self.chat.answer_finished.connect(self._on_chat_answer_finished)
         self.chat.chat_opened.connect(self._on_chat_chat_opened)
@@ -332,7 +334,8 @@ class MainWindow(QMainWindow):
             sampling = self.sampling_form.settings()
         except SettingsError:
             sampling = self.settings.sampling  # keep the last valid values
-        settings = replace(settings, sampling=sampling, system_prompt=self.chat.system_prompt.text())
+        settings = replace(settings, sampling=sampling, system_prompt=self.chat.system_prompt.text(),
+                           system_prompt_presets=self.chat.presets.presets)
         self.settings = settings
         self.writes.run(lambda: save_settings(settings), self._on_write_done, self._on_settings_save_failed)
 

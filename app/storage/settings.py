@@ -45,6 +45,8 @@ from app.storage.atomic import atomic_write_json
 SCHEMA_VERSION = 2
 FILE_NAME = "settings.json"
 MAX_SYSTEM_PROMPT_CHARS = 1_000_000  # about 250k tokens: more than any context SpecDeck loads
+MAX_PRESETS = 100  # system-prompt presets: a menu longer than this is no longer a menu
+MAX_PRESET_NAME = 80
 MAX_FILE_BYTES = 16 * 1024 * 1024  # far above any real settings file; a bigger one is not ours
 MAX_BANDWIDTH_GBPS = 100_000.0
 OVERFLOW_POLICIES = ("stop", "drop_oldest")
@@ -77,6 +79,8 @@ class AppSettings:
     load: LoadSettings = field(default_factory=fresh_load)  # the last pair and how it loads ("" target: none yet)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     system_prompt: str = ""
+    # Named system prompts (name, text), in the order the menu shows them.
+    system_prompt_presets: tuple[tuple[str, str], ...] = ()
     model_folders: tuple[str, ...] = ()  # extra folders the user added to model discovery
     reload_last_pair_on_start: bool = False
     bandwidth_override_gbps: float | None = None  # replaces the spec-sheet bandwidth when set
@@ -102,6 +106,7 @@ class AppSettings:
         if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
             raise SettingsError(f"The system prompt is {len(self.system_prompt):,} characters long; at most "
                                 f"{MAX_SYSTEM_PROMPT_CHARS:,} are accepted.")
+        check_presets(self.system_prompt_presets)
         _check_paths("Model folders must be a list of folder paths", self.model_folders)
         _check_paths("The models with a switched chat mode must be a list of file paths", self.switched_mode_models)
         if not isinstance(self.reload_last_pair_on_start, bool):
@@ -112,6 +117,26 @@ class AppSettings:
             raise SettingsError(f"context_overflow must be one of {', '.join(OVERFLOW_POLICIES)}, not "
                                 f"{_shown(self.context_overflow)}.")
         return self
+
+
+def check_presets(presets: object) -> None:
+    """Raises SettingsError naming what is wrong with a list of (name, text) system-prompt presets."""
+    if not isinstance(presets, tuple | list) or not all(
+            isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in presets):
+        raise SettingsError(f"System-prompt presets must be a list of [name, text] pairs, not {_shown(presets)}.")
+    if len(presets) > MAX_PRESETS:
+        raise SettingsError(f"At most {MAX_PRESETS} system-prompt presets are kept; {len(presets)} are given.")
+    names: set[str] = set()
+    for name, text in presets:
+        if not name.strip() or len(name) > MAX_PRESET_NAME or not name.isprintable():
+            raise SettingsError(f"A preset's name is one line of 1 to {MAX_PRESET_NAME} characters, not "
+                                f"{_shown(name)}.")
+        if name in names:
+            raise SettingsError(f"There are two presets named “{name}”.")
+        if len(text) > MAX_SYSTEM_PROMPT_CHARS:
+            raise SettingsError(f"The preset “{name}” is {len(text):,} characters long; at most "
+                                f"{MAX_SYSTEM_PROMPT_CHARS:,} are accepted.")
+        names.add(name)
 
 
 def _shown(value: object) -> str:

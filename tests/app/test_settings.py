@@ -42,6 +42,7 @@ def _custom() -> AppSettings:
         sampling=SamplingSettings(temperature=0.7, top_k=50, top_p=0.9, min_p=0.0, repeat_penalty=1.1,
                                   repeat_last_n=128, seed=42, max_tokens=1000, stops=("\nUser:", "END")),
         system_prompt="Be brief. ✓",
+        system_prompt_presets=(("Brief", "Be brief. ✓"), ("Code & tests", "Write the tests first.")),
         model_folders=("/a", "/b"),
         reload_last_pair_on_start=True,
         bandwidth_override_gbps=936.5,
@@ -108,7 +109,7 @@ def test_every_load_setting_survives_a_save(tmp_path: Path, custom: Any) -> None
         held = raw
         for group in groups:
             held = held[group]
-        assert held[leaf] == (list(value) if isinstance(value, tuple) else value), name
+        assert held[leaf] == json.loads(json.dumps(value)), name  # tuples as lists, nested too
 
 
 def test_what_is_not_saved_names_real_fields_and_stays_out_of_the_file(tmp_path: Path) -> None:
@@ -482,3 +483,22 @@ def test_drafting_from_the_chat_history_is_a_setting_that_reaches_the_engine(tmp
     assert "Earlier answers to draft from must be a number, not 'no'" in warning
     save_settings(with_settings(loaded, {"load.draft.history_tokens": 0}), path)
     assert load_settings(path)[0].load.draft.history_tokens == 0
+
+
+@pytest.mark.parametrize(("presets", "sentence"), [
+    ([["", "x"]], "A preset's name is one line of 1 to 80 characters, not ''."),
+    ([["a", "x"], ["a", "y"]], "There are two presets named “a”."),
+    ([["n" * 81, "x"]], "A preset's name is one line of 1 to 80 characters"),
+    ([["line\nbreak", "x"]], "A preset's name is one line of 1 to 80 characters"),
+    ([[f"p{n}", "x"] for n in range(101)], "At most 100 system-prompt presets are kept; 101 are given."),
+])
+def test_bad_presets_fall_back_with_one_sentence(tmp_path: Path, presets: list[list[str]], sentence: str) -> None:
+    path = tmp_path / "settings.json"
+    good = _custom()
+    save_settings(good, path)
+    assert load_settings(path) == (good, None)
+    path.write_text(json.dumps({**settings_module.to_json_dict(good), "system_prompt_presets": presets}))
+    loaded, warning = load_settings(path)
+    assert warning is not None
+    assert sentence in warning
+    assert loaded == with_settings(_custom(), {"system_prompt_presets": ()})  # everything else is kept

@@ -40,6 +40,7 @@ from ui.chat.colours import ColourKey
 from ui.chat.engine import ChatEngine
 from ui.chat.history_link import HistoryLink
 from ui.chat.message import ChatMessage
+from ui.chat.presets import PromptPresets
 from ui.chat.transcript import TranscriptPane
 from ui.chat.view import ChatView
 from ui.history_reads import ReadDelivery
@@ -121,6 +122,8 @@ class ChatPanel(QWidget):
         pane = TranscriptPane(splitter)
         self.transcript = pane
         self.system_prompt: QLineEdit = pane.system_prompt
+        self.presets = PromptPresets(pane.presets_button, self.system_prompt, self)
+        self.presets.error_raised.connect(self.error_raised)
         self.completion_check: QCheckBox = pane.completion_check
         self.view: ChatView = pane.view
         self.progress_label: QLabel = pane.progress_label

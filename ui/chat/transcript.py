@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -40,6 +41,10 @@ class TranscriptPane(QWidget):
         self.system_prompt = QLineEdit(self)
         self.system_prompt.setPlaceholderText("Optional instructions for the model")
         prompt_row.addWidget(self.system_prompt)
+        self.presets_button = QToolButton(self)
+        self.presets_button.setText("Presets")
+        self.presets_button.setToolTip("Named system prompts: choose one, or save the prompt shown as one")
+        prompt_row.addWidget(self.presets_button)
         self.completion_check = QCheckBox("Completion", self)
         self.completion_check.setToolTip("No chat template: the text you send is the raw prompt the model "
                                          "continues (for base models). Remembered per model.")
