@@ -73,7 +73,7 @@ def test_stop_is_the_default_and_leaves_no_empty_answer(
     # The question and the latest turns before it that fit: a tail of the old chat, whole turns, in order.
     carried = [(m.role, m.text) for m in chat.messages[:-2]]
     assert [(m.role, m.text) for m in chat.messages[-2:-1]] == [("user", _question(i))]
-    assert chat.messages[-1].role == "assistant" and chat.messages[-1].status == "complete"
+    assert (chat.messages[-1].role, chat.messages[-1].status) == ("assistant", "complete")
     assert carried == earlier[len(earlier) - len(carried):]
     assert not carried or carried[0][0] == "user"
     assert len(carried) >= 2, "a turn before the question fits beside it in 256 tokens"
