@@ -64,6 +64,7 @@ from ui.shortcuts import (
     SHORTCUTS_HTML,
 )
 from ui.tasks import TaskRunner
+from ui.theme import follow_colour_scheme
 from ui.wheel_guard import guard_wheel
 from ui.window_state import SIDE_DOCK_MIN_WIDTH, WindowState
 
@@ -105,6 +106,9 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__()
         self.setWindowTitle("SpecDeck")
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            follow_colour_scheme(app)  # before any widget reads the palette
         self.notifier = notifier if notifier is not None else Notifier(self)
         self.settings, warning = load_settings()
         self.bridge = bridge if bridge is not None else EngineBridge(parent=self)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
@@ -16,17 +16,31 @@ class ColourKey(QWidget):
         super().__init__(parent)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        colours = source_colours(self.palette())
         self.labels: dict[str, QLabel] = {}
         for source, text in SOURCE_NAMES.items():
             label = QLabel(text, self)
             label.setTextFormat(Qt.TextFormat.PlainText)
-            label.setStyleSheet(f"background: {colours[source].name()}; color: black; padding: 1px 4px")
             layout.addWidget(label)
             self.labels[source] = label
+        self._paint()
         rest = QLabel("plain: the target's own tokens", self)
         rest.setTextFormat(Qt.TextFormat.PlainText)
         layout.addWidget(rest)
+
+    def _paint(self) -> None:
+        colours = source_colours(self.palette())
+        for source, label in self.labels.items():
+            label.setStyleSheet(f"background: {colours[source].name()}; color: {_text_on(colours[source])}; "
+                                "padding: 1px 4px")
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self._paint()  # the tints for a light or a dark palette
+        super().changeEvent(event)
+
+
+def _text_on(background: QColor) -> str:
+    return "black" if background.lightness() >= 128 else "white"
 
 
 def code_background(palette: QPalette) -> QColor:

@@ -174,6 +174,7 @@ class ChatPanel(QWidget):
         self.undo_shortcut.activated.connect(self._on_undo_shortcut_activated)
         self.view.message_action.connect(self.message_actions.on_view_message_action)
         self.view.alternative_chosen.connect(self._on_view_alternative_chosen)
+        self.view.palette_changed.connect(self._on_view_palette_changed)
 
     # --- the parts' state, as the window and the tests read it -------------------------------------------
 
@@ -438,6 +439,11 @@ class ChatPanel(QWidget):
         self.history.call(self.store.choose_alternative, question.store_id, answer.store_id, position)
         self.open_chat(self.chat_id)
         return True
+
+    @Slot()
+    def _on_view_palette_changed(self) -> None:
+        if not self.generating:
+            self.view.show_messages(self.messages)  # code blocks and drafted tints are drawn in palette colours
 
     @Slot(int)
     def _on_view_alternative_chosen(self, position: int) -> None:

@@ -1,5 +1,5 @@
 """System-prompt presets: named system prompts, kept with the settings (``AppSettings.system_prompt_presets``)
-and chosen from a menu beside the system prompt field."""
+and chosen from the menu of the button beside the system prompt field."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class PromptPresets(QObject):
     @Slot()
     def _on_save_triggered(self) -> None:
         # Not QInputDialog.getText: its nested event loop would let engine events re-enter.
-        dialog = QInputDialog(self.button.window())
+        dialog = QInputDialog(self.field.window())
         dialog.setWindowTitle("Save as preset")
         dialog.setLabelText("Name of the preset (a preset with this name is replaced):")
         dialog.setTextValue(self.field.text().strip()[:MAX_PRESET_NAME])

@@ -3,6 +3,7 @@ prompt's progress, the message box and the buttons under it. The chat panel wire
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -37,13 +38,16 @@ class TranscriptPane(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         prompt_row = QHBoxLayout()
-        prompt_row.addWidget(QLabel("System prompt", self))
         self.system_prompt = QLineEdit(self)
-        self.system_prompt.setPlaceholderText("Optional instructions for the model")
+        # The placeholder names the field: a label beside it would widen the window's narrowest layout.
+        self.system_prompt.setPlaceholderText("System prompt: optional instructions for the model")
+        self.system_prompt.setAccessibleName("System prompt")
+        self.system_prompt.setToolTip("System prompt: instructions the model reads before the chat")
         prompt_row.addWidget(self.system_prompt)
         self.presets_button = QToolButton(self)
-        self.presets_button.setText("Presets")
-        self.presets_button.setToolTip("Named system prompts: choose one, or save the prompt shown as one")
+        self.presets_button.setArrowType(Qt.ArrowType.DownArrow)
+        self.presets_button.setAccessibleName("Presets")
+        self.presets_button.setToolTip("Presets: named system prompts; choose one, or save the prompt shown as one")
         prompt_row.addWidget(self.presets_button)
         self.completion_check = QCheckBox("Completion", self)
         self.completion_check.setToolTip("No chat template: the text you send is the raw prompt the model "

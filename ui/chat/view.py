@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import QPoint, QUrl, Signal, Slot
+from PySide6.QtCore import QEvent, QPoint, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QContextMenuEvent,
@@ -67,6 +67,7 @@ class ChatView(QTextBrowser):
     code_copied = Signal(str)
     message_action = Signal(str, int)  # one of MESSAGE_ACTIONS, the message's index in the chat
     alternative_chosen = Signal(int)  # the last answer's alternative (1-based) the navigator asked for
+    palette_changed = Signal()  # the colours the document was drawn in are no longer the palette's
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -585,6 +586,11 @@ class ChatView(QTextBrowser):
                 continue
             block = block.next()
         return blocks
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self.palette_changed.emit()
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
         menu = self.createStandardContextMenu(event.pos())

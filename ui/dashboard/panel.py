@@ -220,6 +220,7 @@ class DashboardPanel(QWidget):
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:
             self._apply_palette()
+            self._paint()  # the keys and labels drawn in the new colours now, not at the next reading
         super().changeEvent(event)
 
     # --- building ---------------------------------------------------------------------------------
