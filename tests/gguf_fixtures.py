@@ -473,8 +473,11 @@ def write_tiny_model(
     mtp_layers: int = 0,
     bigram: bool = False,
     mtp_noise: float = 0.0,
+    metadata: dict[str, str] | None = None,
 ) -> Path:
     """Write a tiny random model to `path` (a .gguf file) and return `path`.
+
+    ``metadata``: more string keys for the header (``general.license``, ...).
 
     ``arch``: "llama", or a recurrent or hybrid architecture of RECURRENT_ARCHS.
 
@@ -526,6 +529,8 @@ def write_tiny_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(path, arch)
     writer.add_name(name)
+    for key, value in (metadata or {}).items():
+        writer.add_string(key, value)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)

@@ -36,6 +36,7 @@ from app.ceiling.backend_modules import describe_modules
 from app.errors import AppError, SettingsError, StorageError
 from app.events import EngineCrashed, EngineError, Loaded, LoadProgress, MessageStats, PromptProcessed
 from app.library.discovery import LibraryEntry
+from app.library.model_details import model_details
 from app.params import LoadSettings, threads_beside_window
 from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
@@ -50,6 +51,7 @@ from ui.first_run import FirstRunPanel
 from ui.history_reads import ReadDelivery
 from ui.hub.window_side import FindModelsSide
 from ui.log_window import LogWindow
+from ui.models.details import ModelDetailsDialog
 from ui.models.picker import ModelPicker
 from ui.models.sampling_form import SamplingForm
 from ui.notifier import Notifier
@@ -290,6 +292,8 @@ class MainWindow(QMainWindow):
         model_menu = bar.addMenu("&Model")
         self.load_action = self._action(model_menu, "&Load", self._on_load_action_triggered)
         self.unload_action = self._action(model_menu, "&Unload", self._on_unload_action_triggered)
+        self.details_action = self._action(model_menu, "&Details of the target…", self._on_details_action_triggered)
+        self.details_dialog: ModelDetailsDialog | None = None
         self.connect_server_action = self._action(model_menu, "&Connect to server…",
                                                   self._on_connect_server_action_triggered)
         self.remote = RemoteSide(self, model_menu, self.connect_server_action, self.tasks, self.notifier,
@@ -601,6 +605,23 @@ class MainWindow(QMainWindow):
         self.picker.request_load()
 
     @Slot()
+    def _on_details_action_triggered(self) -> None:
+        entry = self.picker.target_entry()
+        if entry is None:
+            self.notifier.info("Choose a target model first: its details are those of a file in the library.")
+            return
+        switched = entry.path in self.settings.switched_mode_models
+        completion = None if entry.info is None else (not entry.info.has_chat_template) != switched
+        if self.details_dialog is not None:
+            self.details_dialog.close()
+        self.details_dialog = ModelDetailsDialog(model_details(entry, completion_mode=completion), self)
+        self.details_dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.details_dialog.destroyed.connect(self._on_details_dialog_destroyed)
+        self.details_dialog.open()
+
+    def _on_details_dialog_destroyed(self) -> None:
+        self.details_dialog = None
+
     def _on_unload_action_triggered(self) -> None:
         loaded = self.bridge.loaded
         if loaded is None:

@@ -334,6 +334,10 @@ class ModelPicker(QWidget):
     def own_mtp_heads_chosen(self) -> bool:
         return bool(self.drafter_combo.currentData() == OWN_MTP_HEADS)
 
+    def target_entry(self) -> LibraryEntry | None:
+        """The chosen target's library entry (None when none is chosen, or it is a remote model)."""
+        return self._entry(self.target_path())
+
     def _entry(self, path: str | None) -> LibraryEntry | None:
         return next((e for e in self.entries if e.path == path), None) if path else None
 
