@@ -66,6 +66,7 @@ class ModelShape:
     tied_output_bytes: int = 0  # no output matrix: llama.cpp copies the token embeddings to the output layer
     kv_layers: tuple[bool, ...] = ()  # per layer: keeps an attention KV cache; empty = every layer does
     state_bytes: int = 0  # one sequence's recurrent state (recurrent and hybrid models), read and written per pass
+    kv_has_v: bool = True  # False with multi-head latent attention: llama.cpp keeps K only (GGUFInfo.mla)
 
     @classmethod
     def from_gguf(cls, info: GGUFInfo) -> ModelShape:
@@ -93,6 +94,7 @@ class ModelShape:
             tied_output_bytes=split.tied_output_bytes if split else 0,
             kv_layers=tuple(info.kv_layers),
             state_bytes=info.recurrent_state_bytes,
+            kv_has_v=not info.mla,
         )
 
     def has_kv(self, layer: int) -> bool:
@@ -106,9 +108,9 @@ class ModelShape:
         return self.sliding_window > 0 and layer < len(self.swa_layers) and self.swa_layers[layer]
 
     def kv_layer_bytes_per_cell(self, type_k: str = "f16", type_v: str | None = None) -> int:
-        """K + V bytes one layer stores per context cell."""
+        """K + V bytes one layer stores per context cell (K alone with multi-head latent attention)."""
         k = kv_row_bytes(type_k, self.n_head_kv * self.head_dim_k)
-        v = kv_row_bytes(type_v or type_k, self.n_head_kv * self.head_dim_v)
+        v = kv_row_bytes(type_v or type_k, self.n_head_kv * self.head_dim_v) if self.kv_has_v else 0
         return k + v
 
 

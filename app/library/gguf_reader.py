@@ -121,6 +121,9 @@ class GGUFInfo:
     # Multi-token-prediction (NextN) blocks after the trunk ({arch}.nextn_predict_layers): ``n_layer`` counts
     # them too, as block_count does; the target's own context keeps no KV for them (an MTP context does).
     mtp_layers: int = 0
+    # Multi-head latent attention ({arch}.attention.key_length_mla and value_length_mla): llama.cpp keeps no V
+    # cache, V being read from the K cache's latent (llama-kv-cache.cpp, has_v = !is_mla).
+    mla: bool = False
 
     @property
     def recurrent_state_bytes(self) -> int:
@@ -403,6 +406,7 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
     per_head = n_embd // n_head if n_head else 0
     head_dim_k = hp("attention.key_length", per_head)
     head_dim_v = hp("attention.value_length", per_head)
+    mla = bool(hp("attention.key_length_mla", 0)) and bool(hp("attention.value_length_mla", 0))
     window = hp("attention.sliding_window", _SWA_DEFAULT_WINDOW.get(arch, 0))
     swa = _swa_layers(h, arch, n_layer, window, name)
 
@@ -464,7 +468,7 @@ def _interpret(h: Header, path: Path, size: int, follow_shards: bool) -> GGUFInf
         name=(_str_value(h, "general.name") or "")[:MAX_METADATA_STR] or path.stem,
         n_params=n_params, tensor_bytes=tensor_bytes, file_type=file_type, quantization=quant,
         context_length=hp("context_length"), n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-        n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, sliding_window=window,
+        n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, mla=mla, sliding_window=window,
         swa_layers=swa, vocab_type=vocab_model, n_vocab=n_vocab, bos_id=bos, eos_id=eos, add_bos=add_bos,
         add_eos=add_eos, token_fingerprint=fingerprint,
         has_chat_template=template is not None, chat_template=template_kept,

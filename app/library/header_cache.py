@@ -16,7 +16,7 @@ from app.paths import cache_dir
 from app.storage.atomic import atomic_write_bytes, read_regular_bytes
 
 CACHE_FILE = "gguf-headers.json"
-CACHE_VERSION = 2  # 2: Nemotron-H's MLP-only layers are no longer counted as recurrent
+CACHE_VERSION = 3  # 2: Nemotron-H's MLP-only layers are not recurrent; 3: MLA (no V cache) is read
 MAX_CACHE_BYTES = 256 << 20
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from app.ceiling.mtp_heads import mtp_kv_bytes, mtp_weight_bytes
+from app.ceiling.roofline import ModelShape, kv_cache_bytes
 from app.engine.adaptive import DepthController
 from app.engine.llama import Context, ContextParams, Model, init_backend
 from app.engine.mtp import MTPContext, MTPDrafter
@@ -300,11 +301,15 @@ def test_a_session_drafts_with_the_mtp_heads_and_counts_their_memory(mtp_models:
         logged = [float(m.group(1)) for m in re.finditer(
             r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*\d+ cells,\s*1 layers", "".join(lines))]
         assert logged
-        if info.architecture == "deepseek2":
-            # MLA caches K alone (V is a view of it), but the KV estimate still counts a V: an overestimate.
-            assert logged[-1] < predicted / 2**20
-        else:
-            assert abs(logged[-1] - predicted / 2**20) < 0.01
+        assert info.mla == (info.architecture == "deepseek2")  # MLA caches K alone (V is read from it)
+        assert abs(logged[-1] - predicted / 2**20) < 0.01
+        # And the target's own cache (its trunk's attention layers): the same count as the fit and doctor make.
+        shape = ModelShape.from_gguf(info)
+        main = [float(m.group(1)) for m in re.finditer(
+            rf"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*\d+ cells,\s*{shape.n_kv_layers} layers",
+            "".join(lines))]
+        assert main
+        assert abs(main[0] - kv_cache_bytes(shape, session.ctx.n_ctx) / 2**20) < 0.01
     finally:
         session.close()
 
