@@ -22,6 +22,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.engine.client import EngineClient
+from app.engine.supervisor import may_restart, restart_worker
 from app.errors import SettingsError
 from app.events import (
     Devices,
@@ -46,7 +47,6 @@ BUSY_TUNING = "The engine is busy tuning; send again when Tune has finished, or 
 
 DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
-MAX_LOAD_CRASHES = 3  # crashes during load in a row before automatic restarts stop
 # The window's engine worker runs at the user's own priority: the answer the user waits for must not yield to
 # a compile or a browser tab (at nice +10 it did, and its slowed passes misled the depth policy). The window stays
 # responsive by costing little per token instead: tokens and stats are drained under a time budget and merged,
@@ -205,6 +205,11 @@ class EngineBridge(QObject):
         self.loaded = None  # at once, as for load: nothing may be sent to the model being unloaded
         self._submit(self._do_unload)
 
+    @property
+    def restarts_after_crash(self) -> bool:
+        """Whether the latest crash is followed by a restart and a reload (app.engine.supervisor's rule)."""
+        return self.auto_restart and self._last_load is not None and may_restart(self.crashes_on_load)
+
     def restart(self) -> None:
         """A fresh worker, reloading the last models when there were any."""
         self._submit(self._do_restart, self._last_load)
@@ -286,11 +291,7 @@ class EngineBridge(QObject):
         self._push(event)
         if isinstance(event, EngineCrashed):
             self._current_request = None
-            if (
-                self.auto_restart
-                and self._last_load is not None
-                and self._client.crashes_on_load < MAX_LOAD_CRASHES
-            ):
+            if self.restarts_after_crash:
                 self._push(_Restarting())
                 self._call(self._do_restart, (self._last_load,))
 
@@ -330,9 +331,7 @@ class EngineBridge(QObject):
 
     def _do_restart(self, settings: LoadSettings | None) -> None:
         self._current_request = None
-        self._client.restart()
-        if settings is not None:
-            self._client.load(settings)
+        restart_worker(self._client, settings)
 
     # --- GUI thread: drain and emit -----------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from app.engine.supervisor import gave_up_sentence, may_restart
 from app.events import EngineCrashed
-from ui.bridge import MAX_LOAD_CRASHES
 
 
 class CrashBanner(QFrame):
@@ -42,9 +42,8 @@ class CrashBanner(QFrame):
         how = (f"killed by {event.signal_name}" if event.signal_name
                else f"exit status {event.exit_code}" if event.exit_code is not None else "unknown exit")
         text = f"The engine stopped ({how}, while {event.during}). {event.message}"
-        if crashes_on_load >= MAX_LOAD_CRASHES:
-            text += (f" It crashed {crashes_on_load} times in a row while loading, so it is not restarted "
-                     "automatically: check the model file and the load settings, then press Restart.")
+        if not may_restart(crashes_on_load):
+            text += f" {gave_up_sentence(crashes_on_load)} Then press Restart."
         elif restarting:
             text += " Restarting it and reloading the models…"
         self.headline.setText(text)

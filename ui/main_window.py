@@ -42,7 +42,7 @@ from app.storage.atomic import atomic_write_text
 from app.storage.history_writer import HistoryThread
 from app.storage.measured import keep_loaded_answer
 from app.storage.settings import load_settings, save_settings
-from ui.bridge import MAX_LOAD_CRASHES, EngineBridge
+from ui.bridge import EngineBridge
 from ui.chat.message import ChatMessage
 from ui.chat.panel import LOADING_MESSAGE, NEED_MODEL_MESSAGE, WAITING_MESSAGE, ChatPanel
 from ui.crash_banner import CrashBanner
@@ -660,9 +660,7 @@ class MainWindow(QMainWindow):
 
     @Slot(EngineCrashed)
     def _on_bridge_engine_crashed(self, event: EngineCrashed) -> None:
-        restarting = (self.bridge.auto_restart and self.bridge.last_load is not None
-                      and self.bridge.crashes_on_load < MAX_LOAD_CRASHES)
-        self.banner.show_crash(event, self.bridge.crashes_on_load, restarting)
+        self.banner.show_crash(event, self.bridge.crashes_on_load, self.bridge.restarts_after_crash)
         self._give_up_waiting_send()
         self._update_unload_action()
         self.picker.set_loading(False, "The engine stopped.")

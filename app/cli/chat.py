@@ -1,8 +1,8 @@
 """`specdeck chat`: a streaming chat in the terminal, through the same engine worker as the window.
 
 Everything the model or the model file says is printed through ``terminal_safe``. After an engine crash
-the worker is restarted and the model reloaded (the partial answer stays in the conversation, marked as
-cut); when that fails, the command says so and exits non-zero.
+the worker is restarted and the model reloaded, by ``app.engine.supervisor``'s rule (the partial answer stays
+in the conversation, marked as cut); when that fails, the command says so and exits non-zero.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from app.ceiling.memory import placement
 from app.cli.exit_codes import EXIT_ENGINE_CRASHED, EXIT_ERROR
 from app.cli.load_options import add_load_arguments, load_settings
 from app.engine.client import EngineClient
+from app.engine.supervisor import gave_up_sentence, may_restart, restart_worker
 from app.errors import AppError
 from app.events import EngineCrashed, EngineError, Finished, Loaded, PromptProcessed, Token
 from app.params import NGRAM_KEY_LENGTH, DraftSettings, LoadSettings, SamplingSettings
@@ -23,7 +24,6 @@ from app.safe_text import terminal_safe
 from app.storage.measured import keep_answer
 from app.storage.pair_stats import measured_start
 
-MAX_RESTARTS = 3  # crashes in a row (without an answer in between) before giving up
 CUT_MARK = "[answer cut off: the engine stopped]"
 
 
@@ -55,13 +55,15 @@ class TerminalChat:
         self.sampling = sampling
         self.stats = stats
         self.messages: list[dict[str, str]] = []
-        self.crashes_in_a_row = 0
+        self.load_crashed = False  # the last load ended in a crash (another try may do)
 
     def load(self) -> bool:
         self.client.load(self.settings)
+        self.load_crashed = False
         for event in self.client.events():
             if isinstance(event, EngineError | EngineCrashed):
                 say(event.message or "The engine stopped while loading the model.")
+                self.load_crashed = isinstance(event, EngineCrashed)
                 return False
             if isinstance(event, Loaded):
                 name = terminal_safe(event.target.name, one_line=True)
@@ -76,16 +78,16 @@ class TerminalChat:
     def recover(self, crash: EngineCrashed) -> bool:
         """Report a crash, then restart the worker and reload; False (and why) when that is not possible."""
         say(crash.message or "The engine stopped.")
-        self.crashes_in_a_row += 1
-        if self.crashes_in_a_row > MAX_RESTARTS:
-            say(f"The engine crashed {MAX_RESTARTS + 1} times in a row; giving up. Your conversation is above.")
-            return False
-        say("Restarting the engine and reloading the model…")
-        self.client.restart()
-        if not self.load():
-            say("The engine could not be restarted, so the chat cannot go on.")
-            return False
-        return True
+        while may_restart(self.client.crashes_on_load):
+            say("Restarting the engine and reloading the model…")
+            restart_worker(self.client, None)
+            if self.load():
+                return True
+            if not self.load_crashed:
+                say("The engine could not be restarted, so the chat cannot go on.")
+                return False
+        say(f"{gave_up_sentence(self.client.crashes_on_load)} Your conversation is above.")
+        return False
 
     def check_idle(self) -> bool:
         """A crash while waiting for the user is reported (and recovered) before the next message."""
@@ -110,7 +112,6 @@ class TerminalChat:
             elif isinstance(event, Finished):
                 print()
                 self.messages.append({"role": "assistant", "content": event.text})
-                self.crashes_in_a_row = 0
                 draft = self.settings.draft
                 keep_answer(self.settings.target_path, draft.drafter_path, draft.ngram, event.stats)
                 if self.stats:

@@ -14,6 +14,7 @@ writes in memory, in order, until it is free (or, at exit, in a side file the ne
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.client import EngineClient
 from app.engine.stops import StopCut
+from app.engine.supervisor import gave_up_sentence, may_restart, restart_worker
 from app.engine.tool_calls import plain_history
 from app.errors import AppError
 from app.events import (
@@ -50,7 +52,6 @@ if TYPE_CHECKING:
 HISTORY_FLUSH_SECONDS = 1.0  # an answer's text is saved this often while it streams; waiting writes are retried
 HISTORY_RETRY_SECONDS = 30.0
 API_TITLE_CHARS = 60
-MAX_LOAD_ATTEMPTS = 3  # a model that crashes the worker at every load is not retried for ever
 # Loading times every draft width without a word to the client; on a busy machine that took over the
 # client's default 120 s here, and a server that never comes up is worse than a hang noticed late.
 WATCHDOG_SECONDS = 600.0
@@ -234,7 +235,7 @@ class EngineRunner:
         self.state, self.loaded = "loading", None
         self.log(why)
         self.restarts += 1
-        client.restart()
+        restart_worker(client, None)
         self._load(client)
 
     def _not_ready_message(self) -> str:
@@ -243,7 +244,7 @@ class EngineRunner:
         return f"The model is not loaded: {self.message}"
 
     def _load(self, client: EngineClient) -> None:
-        for attempt in range(1, MAX_LOAD_ATTEMPTS + 1):
+        for attempt in itertools.count(1):
             self.state, self.loaded, self.load_fraction = "loading", None, 0.0
             try:
                 client.load(self.settings)
@@ -268,11 +269,16 @@ class EngineRunner:
                     self.log(f"could not load the model: {event.message}")
                     return
                 elif isinstance(event, EngineCrashed):
-                    self.message = event.message
                     self.log(f"the engine died while loading (attempt {attempt}): {event.message}")
-                    client.restart()
+                    if not may_restart(client.crashes_on_load):
+                        self.state = "error"
+                        self.message = f"{event.message} {gave_up_sentence(client.crashes_on_load)}"
+                        return
+                    restart_worker(client, None)
                     break
-        self.state = "error"
+            else:  # the events ended with no answer to the load
+                self.state, self.message = "error", "The engine did not answer the load."
+                return
 
     def _answer(self, client: EngineClient, job: Job) -> None:
         request_id = client.generate(list(job.messages), job.sampling, raw=job.raw, tools=job.tools)

@@ -15,11 +15,15 @@ import httpx
 import pytest
 
 from app.engine.client import EngineClient
+from app.engine.supervisor import MAX_LOAD_CRASHES, gave_up_sentence
 from app.events import EngineError, Loaded
 from app.params import DraftSettings, LoadSettings
 from app.serve import runner as runner_module
+from app.serve.metrics import ServeMetrics
+from app.serve.runner import EngineRunner
 from tests.app.test_serve import MESSAGES, start_server
 from tests.app.test_serve_cli import free_port, specdeck
+from tests.gguf_fixtures import write_tiny_model
 
 
 def _wait(predicate, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
@@ -197,3 +201,21 @@ def test_chat_and_bench_run_where_nothing_can_be_written(tmp_path: Path, tiny_ta
     assert "Traceback" not in bench.stderr
     assert "None" not in bench.stderr
     assert bench.returncode == 0, bench.stderr
+
+
+@pytest.mark.process
+def test_a_model_that_crashes_every_load_is_given_up_after_the_supervisors_limit(tmp_path: Path) -> None:
+    aborts = write_tiny_model(tmp_path / "aborts.gguf", name="aborts", aborting=True)
+    lines: list[str] = []
+    unusable: list[str] = []
+    runner = EngineRunner(LoadSettings(target_path=str(aborts), n_ctx=512, n_threads=1), ServeMetrics(),
+                          history_path=None, log=lines.append, on_unusable=unusable.append)
+    runner.start()
+    try:
+        _wait(lambda: runner.state == "error")
+        assert runner.message.endswith(gave_up_sentence(MAX_LOAD_CRASHES))
+        assert unusable == [runner.message]  # `specdeck serve` exits with this sentence
+        attempts = [line for line in lines if "the engine died while loading" in line]
+        assert len(attempts) == MAX_LOAD_CRASHES
+    finally:
+        runner.stop()

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from app.engine.supervisor import MAX_LOAD_CRASHES, gave_up_sentence
 from app.engine.template_status import template_status
 from app.events import EngineCrashed, Finished
 from tests.gguf_fixtures import write_tiny_model
@@ -291,3 +292,19 @@ def test_a_refused_template_is_announced_before_the_answer(tmp_path: Path) -> No
             assert time.monotonic() - started < 30.0  # not the 120 s watchdog, and no crash
     finally:
         client.close()
+
+
+def test_a_model_that_crashes_every_reload_is_given_up_after_the_supervisors_limit(
+        tmp_path: Path, tiny_target: Path, chat_factory: Callable[..., Chat]) -> None:
+    model = tmp_path / "turns-bad.gguf"
+    shutil.copy(tiny_target, model)
+    chat = chat_factory(model)
+    # The file becomes a model that aborts llama.cpp as its load is timed: every reload crashes the worker.
+    write_tiny_model(tmp_path / "aborts.gguf", name="aborts", aborting=True).replace(model)
+    chat.worker().kill()
+    chat.send("hello")
+    code = chat.finish()
+    assert code == 3
+    err = chat.stderr.decode()
+    assert err.count("Restarting the engine and reloading the model") == MAX_LOAD_CRASHES
+    assert gave_up_sentence(MAX_LOAD_CRASHES) in err

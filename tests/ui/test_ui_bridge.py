@@ -7,9 +7,10 @@ from typing import Any
 
 from pytestqt.qtbot import QtBot
 
+from app.engine.supervisor import MAX_LOAD_CRASHES
 from app.events import EngineCrashed, Finished, MessageStats, PassStats, Token
 from app.params import LoadSettings
-from ui.bridge import MAX_LOAD_CRASHES, EngineBridge, coalesce
+from ui.bridge import EngineBridge, coalesce
 
 
 def _stats(request_id: int) -> PassStats:
