@@ -12,14 +12,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Signal
 
 from app.engine.client import EngineClient
 from app.engine.supervisor import may_restart, restart_worker
@@ -41,11 +40,10 @@ from app.events import (
 )
 from app.params import LoadSettings, SamplingSettings
 from app.paths import logs_dir
+from ui.event_pump import EventPump
 
-PAINT_INTERVAL_MS = 33  # ~30 Hz
 BUSY_TUNING = "The engine is busy tuning; send again when Tune has finished, or cancel it."
 
-DRAIN_BUDGET_SECONDS = 0.015  # leave the rest of a backlog for the next tick, so input stays responsive
 POLL_SECONDS = 0.02  # how long the reader waits for an event before looking at the command queue again
 # The window's engine worker runs at the user's own priority: the answer the user waits for must not yield to
 # a compile or a browser tab (at nice +10 it did, and its slowed passes misled the depth policy). The window stays
@@ -66,34 +64,6 @@ class _LoadCancelled:
 @dataclass(frozen=True)
 class _Restarting:
     pass
-
-
-def merge_tokens(first: Token, second: Token) -> Token:
-    """Two Token events of one request as one (text, ids, sources and pieces concatenated)."""
-    return Token(
-        request_id=first.request_id,
-        text=first.text + second.text,
-        token_ids=first.token_ids + second.token_ids,
-        sources=first.sources + second.sources,
-        pieces=first.pieces + second.pieces,
-    )
-
-
-def coalesce(events: list[Any]) -> list[Any]:
-    """Tokens of one request merged into one, across the PassStats between them (those keep their order);
-    any other event (Finished, errors, ...) closes the run, so nothing moves past it."""
-    out: list[Any] = []
-    open_token: int | None = None  # index in out of the Token that later tokens merge into
-    for event in events:
-        if isinstance(event, Token):
-            if open_token is not None and out[open_token].request_id == event.request_id:
-                out[open_token] = merge_tokens(out[open_token], event)
-                continue
-            open_token = len(out)
-        elif not isinstance(event, PassStats):
-            open_token = None
-        out.append(event)
-    return out
 
 
 class EngineBridge(QObject):
@@ -126,8 +96,7 @@ class EngineBridge(QObject):
         self._client = client if client is not None else EngineClient(log_dir=logs_dir())
         self.auto_restart = auto_restart
         self._commands: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
-        self._pending: deque[Any] = deque()
-        self._pending_lock = threading.Lock()
+        self._pump = EventPump(self._emit, self)  # reader thread → GUI thread
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_load: LoadSettings | None = None
@@ -136,9 +105,6 @@ class EngineBridge(QObject):
         self.loaded: Loaded | None = None
         self.generating = False
         self.tuning = False  # set by Tune while it measures on this engine (GUI thread): answers wait for it
-        self._timer = QTimer(self)
-        self._timer.setInterval(PAINT_INTERVAL_MS)
-        self._timer.timeout.connect(self._on_timer_timeout)
 
     # --- lifecycle (GUI thread) ---------------------------------------------------------------------
 
@@ -147,12 +113,12 @@ class EngineBridge(QObject):
             return
         self._thread = threading.Thread(target=self._run, name="specdeck-engine-reader", daemon=True)
         self._thread.start()
-        self._timer.start()
+        self._pump.start()
         self._submit(self._do_start)
 
     def close(self, timeout: float = 10.0) -> None:
         """Shut the worker down and stop the reader thread; safe to call twice."""
-        self._timer.stop()
+        self._pump.stop()
         if self._thread is None:
             return
         self._submit(self._do_close)
@@ -296,8 +262,7 @@ class EngineBridge(QObject):
                 self._call(self._do_restart, (self._last_load,))
 
     def _push(self, item: Any) -> None:
-        with self._pending_lock:
-            self._pending.append(item)
+        self._pump.push(item)
 
     def _do_start(self) -> None:
         self._client.start()
@@ -336,24 +301,8 @@ class EngineBridge(QObject):
     # --- GUI thread: drain and emit -----------------------------------------------------------------
 
     def drain(self) -> None:
-        """Emit what the reader thread queued (normally called by the paint timer)."""
-        with self._pending_lock:
-            items = list(self._pending)
-            self._pending.clear()
-        if not items:
-            return
-        items = coalesce(items)
-        deadline = time.perf_counter() + DRAIN_BUDGET_SECONDS
-        for index, item in enumerate(items):
-            self._emit(item)
-            if time.perf_counter() > deadline and index + 1 < len(items):
-                with self._pending_lock:
-                    self._pending.extendleft(reversed(items[index + 1:]))
-                return
-
-    @Slot()
-    def _on_timer_timeout(self) -> None:
-        self.drain()
+        """Emit what the reader thread queued (normally called by the pump's timer)."""
+        self._pump.drain()
 
     def _emit(self, item: Any) -> None:
         if isinstance(item, Token):

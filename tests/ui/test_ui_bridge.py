@@ -10,7 +10,8 @@ from pytestqt.qtbot import QtBot
 from app.engine.supervisor import MAX_LOAD_CRASHES
 from app.events import EngineCrashed, Finished, MessageStats, PassStats, Token
 from app.params import LoadSettings
-from ui.bridge import EngineBridge, coalesce
+from ui.bridge import EngineBridge
+from ui.event_pump import coalesce
 
 
 def _stats(request_id: int) -> PassStats:

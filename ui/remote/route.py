@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.engine.chat_template import completion_text
 from app.errors import AppError
@@ -32,7 +31,7 @@ from app.events import (
 )
 from app.params import SamplingSettings
 from app.remote.client import RemoteEngine, RemoteModel, sampling_options
-from ui.bridge import PAINT_INTERVAL_MS, coalesce
+from ui.event_pump import EventPump
 
 CANCEL_GRACE_MS = 3000
 FIRST_REQUEST_ID = 1 << 30  # far from the local worker's ids, and within the 32-bit int a Qt signal carries
@@ -68,11 +67,7 @@ class RemoteChat(QObject):
         self._current: int | None = None
         self._cancelled: set[int] = set()
         self._threads: list[threading.Thread] = []
-        self._pending: deque[Any] = deque()
-        self._lock = threading.Lock()
-        self._timer = QTimer(self)
-        self._timer.setInterval(PAINT_INTERVAL_MS)
-        self._timer.timeout.connect(self._on_timer_timeout)
+        self._pump = EventPump(self._emit, self)  # the answer's thread → GUI thread, as the engine bridge's
 
     # --- requests (GUI thread) ----------------------------------------------------------------------
 
@@ -91,7 +86,7 @@ class RemoteChat(QObject):
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         self._push(request_id)  # started
         thread.start()
-        self._timer.start()
+        self._pump.start()
 
     def cancel(self) -> None:
         """Stop the answer: its stream is closed at the next chunk, and it ends "cancelled"."""
@@ -115,7 +110,7 @@ class RemoteChat(QObject):
             self._cancelled.add(self._current)
         for thread in self._threads:
             thread.join(timeout)
-        self._timer.stop()
+        self._pump.stop()
         self._engine.close()
 
     # --- answer thread ------------------------------------------------------------------------------
@@ -142,21 +137,12 @@ class RemoteChat(QObject):
             answer.close()
 
     def _push(self, item: Any) -> None:
-        with self._lock:
-            self._pending.append(item)
+        self._pump.push(item)
 
     # --- GUI thread ---------------------------------------------------------------------------------
 
-    @Slot()
-    def _on_timer_timeout(self) -> None:
-        self.drain()
-
     def drain(self) -> None:
-        with self._lock:
-            items = coalesce(list(self._pending))
-            self._pending.clear()
-        for item in items:
-            self._emit(item)
+        self._pump.drain()
 
     def _emit(self, item: Any) -> None:
         request_id = item if isinstance(item, int) else getattr(item, "request_id", None)
@@ -171,7 +157,7 @@ class RemoteChat(QObject):
         elif isinstance(item, Finished | EngineError):
             self._current = None
             self.generating = False
-            self._timer.stop()
+            self._pump.stop()
             if isinstance(item, Finished):
                 self.generation_finished.emit(item)
             else:
