@@ -34,6 +34,9 @@ Conversion goes through llama-cpp-python's converter with two repairs: local ref
 recursively, under rule names of their own; and patterns are turned into GBNF here (the converter leaves
 escapes such as ``\\.`` and ``\\d`` as GBNF escapes llama.cpp does not know, and writes characters a JSON
 string must escape as they are).
+
+Over 500 lines: the bounds and the GBNF written from a pattern are one simulation of what llama.cpp's parser
+will hold, so a limit sits beside the rule it bounds.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Greedy accepts a draft token while it equals the target's argmax at that positio
 with probability min(1, p(x) / q(x)) and on rejection samples from norm(max(0, p − q)); after a fully
 accepted draft the bonus token comes from p. The output distribution is the target's own; only the
 speed changes. k = 0 is plain decoding through the same code.
+
+Over 500 lines: drafting, the one verify pass, acceptance under every sampling rule, rollback and the
+figures of each pass share the pass's state; split up, each part would take the whole state as arguments.
 """
 
 from __future__ import annotations

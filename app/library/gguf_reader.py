@@ -3,6 +3,9 @@ vocabulary's BOS/EOS and add flags as llama.cpp resolves them, the token fingerp
 
 The bytes are parsed by ``app.library.gguf_format`` (bounded); this module only interprets the values.
 Whether a file may be given to llama.cpp at all is ``app.library.model_file``'s check.
+
+Over 500 lines: each architecture's reading of its keys (recurrent state, sliding windows, MTP blocks, MLA)
+is written where the shape is put together, so a key and its meaning are read in one place.
 """
 
 from __future__ import annotations

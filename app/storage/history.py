@@ -13,6 +13,9 @@
 Threads: a store belongs to the thread that opened it (sqlite3's ``check_same_thread`` stays on, so a
 call from another thread raises ``sqlite3.ProgrammingError`` instead of racing). The window uses it from
 one writer thread (``app/storage/history_writer.py``), never the GUI thread.
+
+Over 500 lines: every write is one transaction with its own checks on the same connection (the salvage of a
+damaged file, the migrations and the exports included); the rows and their cleaning live in history_rows.
 """
 
 from __future__ import annotations
