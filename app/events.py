@@ -272,6 +272,7 @@ class PassStats:
     verify_width: int  # tokens in the target decode
     overhead_seconds: float = 0.0  # Python work in the pass outside llama_decode (sampling, acceptance, bookkeeping)
     accept_seconds: float = 0.0  # the part of the overhead spent building distributions and accepting
+    t_emitted: float = 0.0  # perf_counter seconds when its tokens were emitted: the clock of RunCounts' decode window
     ended: bool = False  # the pass also yielded the end-of-turn token (not in ``emitted``: it has no text)
     drafted_ngram: int = 0  # the draft's first tokens that came from the n-gram drafter; the trained drafter's follow
 

@@ -449,6 +449,7 @@ class SpeculativeDecoder:
                 verify_width=len(draft) + 1,
                 overhead_seconds=overhead,
                 accept_seconds=t_accepted - t_verified,
+                t_emitted=now,
                 ended=stop_now,
                 drafted_ngram=n_ngram,
             )

@@ -2,12 +2,16 @@
 
 Names mirror llama-server's (``llamacpp:*``) and vLLM's (``vllm:spec_decode_*``) with the prefix
 ``specdeck:``, so a Grafana board built for either reads SpecDeck too. Counters only ever grow; rates are
-taken by the reader from their deltas. The speculation counters move per verify pass, so a scrape during an
-answer sees them; tokens and seconds predicted move when an answer ends, by its decode window (``RunCounts``),
-so their rate over whole answers is the decode rate the window and ``specdeck bench`` report.
+taken by the reader from their deltas. Every counter moves per verify pass, so a scrape during an answer sees
+it (the window's Remote dock reads another client's answer live). Tokens and seconds predicted cover the
+answer's decode window (``RunCounts``: from the end of its first pass to its last token), counted pass by pass
+and made whole when the answer ends, so their rate over whole answers is the decode rate the window and
+``specdeck bench`` report.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
@@ -15,6 +19,15 @@ from app.events import Finished, Loaded, PassStats, PromptProcessed
 
 PREFIX = "specdeck:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class _LiveDecode:
+    """One answer's decode window counted so far."""
+
+    end: float  # when the last emitting pass emitted its tokens (PassStats.t_emitted)
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 class ServeMetrics:
@@ -54,6 +67,7 @@ class ServeMetrics:
         self.plain_rate = Gauge(p + "plain_tokens_per_second",
                                 "Plain decoding's rate measured on the loaded model at load (one-token passes per "
                                 "second); the ceiling is the roofline's, not this", registry=r)
+        self._live: dict[int, _LiveDecode] = {}  # the answer being written (engine thread only)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -79,13 +93,33 @@ class ServeMetrics:
         if n_ctx > 0:
             self.kv_usage.set(min(p.context_tokens / n_ctx, 1.0))
         self.kv_bytes.set(p.kv_bytes_used)
+        self._count_decode(p)
+
+    def _count_decode(self, p: PassStats) -> None:
+        """A pass's share of the decode window: after the answer's first emitting pass, its tokens and the time
+        since the end of the pass before."""
+        if p.emitted <= 0:
+            return
+        end = p.t_emitted
+        live = self._live.get(p.request_id)
+        if live is None:
+            self._live = {p.request_id: _LiveDecode(end)}  # one answer at a time: an older one is over
+            return
+        self.tokens_predicted.inc(p.emitted)
+        self.tokens_predicted_seconds.inc(max(end - live.end, 0.0))
+        live.tokens += p.emitted
+        live.seconds += max(end - live.end, 0.0)
+        live.end = end
 
     def on_finished(self, event: Finished) -> None:
         counts = event.stats.counts
-        self.tokens_predicted.inc(counts.decode_tokens)
-        self.tokens_predicted_seconds.inc(max(counts.decode_seconds, 0.0))
+        live = self._live.pop(event.request_id, None) or _LiveDecode(0.0)
+        # What the passes left uncounted; never negative, counters only grow.
+        self.tokens_predicted.inc(max(counts.decode_tokens - live.tokens, 0))
+        self.tokens_predicted_seconds.inc(max(counts.decode_seconds - live.seconds, 0.0))
         self.requests.labels(reason=event.reason).inc()
 
     def on_ended(self, reason: str) -> None:
         """A request that ended without a Finished event (an engine error or crash)."""
+        self._live.clear()
         self.requests.labels(reason=reason).inc()

@@ -416,6 +416,35 @@ def test_remote_reader_sees_the_served_counts(served: tuple[Server, Path], tiny_
     assert "specdeck:tokens_predicted_total" in figures.sources["tokens_per_second"]
 
 
+def test_the_token_counters_move_while_an_answer_streams(served: tuple[Server, Path]) -> None:
+    """Another client's answer is read live (the window's Remote dock): tokens and seconds predicted move pass
+    by pass, not only when the answer ends; the whole answer's totals stay its decode window."""
+    from app.remote.client import RemoteEngine
+    from app.remote.scrape import rates
+
+    with RemoteEngine(served[0].base_url) as remote:
+        before = remote.scrape()
+        chunks = 0
+        mid = None
+        events = []
+        for event in remote.chat(MESSAGES, max_tokens=200, temperature=0):
+            events.append(event)
+            if isinstance(event, Token):
+                chunks += 1  # one verify pass's text each: 200 tokens are 12 passes or more (K_MAX + 1 a pass)
+                if mid is None and chunks == 8:
+                    mid = remote.scrape()  # the answer is still being written
+        after = remote.scrape()
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert mid is not None, f"the answer came in {chunks} chunks"
+    live = rates(before, mid)
+    assert live.tokens_per_second is not None
+    assert live.tokens_per_second > 0
+    assert before.counters["tokens"] < mid.counters["tokens"] <= after.counters["tokens"]
+    whole = rates(before, after)
+    assert whole.tokens_per_second == pytest.approx(finished.stats.decode_tps, rel=1e-9)
+
+
 def test_remote_client_stops_an_answer_and_the_server_goes_on(served: tuple[Server, Path]) -> None:
     """The window's Stop on a remote model: the stream is closed at the next chunk, the answer ends
     "cancelled" with the text that came, and the server serves the next request."""
