@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication, QStyleFactory
 _DARK = {
     QPalette.ColorRole.Window: (45, 45, 48),
     QPalette.ColorRole.WindowText: (222, 222, 222),
-    QPalette.ColorRole.Base: (30, 30, 32),
+    QPalette.ColorRole.Base: (28, 28, 30),
     QPalette.ColorRole.AlternateBase: (45, 45, 48),
     QPalette.ColorRole.ToolTipBase: (45, 45, 48),
     QPalette.ColorRole.ToolTipText: (222, 222, 222),

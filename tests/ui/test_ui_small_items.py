@@ -60,14 +60,14 @@ def test_a_chat_template_notice_is_no_dialog(qtbot: QtBot, make_window) -> None:
     assert not [box for box in window.findChildren(QMessageBox) if box.isVisible()]
 
 
-def test_the_empty_tune_chart_has_a_speedup_range() -> None:
+def test_the_empty_tune_chart_has_a_speedup_range(qtbot: QtBot) -> None:
     from ui.dashboard.sweep import SweepPlot
 
-    plot = SweepPlot()
+    plot = SweepPlot()  # a widget: the qtbot fixture gives it its QApplication (and the window marker)
+    qtbot.addWidget(plot)
     (x0, x1), (y0, y1) = plot.graph.getPlotItem().viewRange()
     assert (x0, x1) == (0.5, 1.5)
     assert (y0, y1) == (0.0, 2.0)
-    plot.deleteLater()
 
 
 def test_a_new_answer_starts_the_time_axis_and_another_chat_clears_the_strip(
