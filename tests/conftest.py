@@ -120,6 +120,9 @@ SLOW_TESTS = {
     "test_sampled_eagle3_drafts_keep_the_target_distribution",  # test_eagle3
     "test_sampled_mtp_drafts_keep_the_target_distribution",  # test_mtp
     "test_a_target_and_its_drafter_dropped_in_every_order",  # test_lifetimes
+    "test_sampled_speculation_keeps_the_target_distribution",  # test_recurrent: 22-52 s each
+    "test_speculation_keeps_the_adjusted_distribution",  # test_sampling_contract: about 10 s each
+    "test_a_measuring_read_probes_again_and_replaces_the_cache",  # test_probe_reader_cache: a probe each, 4 s
 }
 
 
