@@ -126,7 +126,7 @@ def test_menus_log_view_and_status_messages_that_clear(qtbot: QtBot, make_window
     assert menus["File"] == ["New chat", "Export chat…", "Quit"]
     assert menus["Edit"] == ["Undo delete or edit\tCtrl+Z", "Copy"]
     assert menus["View"][0] == "Log"
-    assert menus["Model"][:3] == ["Load", "Unload", "Connect to server…"]
+    assert menus["Model"][:4] == ["Load", "Unload", "Details of the target…", "Connect to server…"]
     assert menus["Help"] == ["Keyboard shortcuts", "About SpecDeck"]
 
     assert window.chat.colour_key.isHidden()
