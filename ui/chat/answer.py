@@ -37,6 +37,13 @@ FLUSH_INTERVAL_MS = 500  # well inside the one-second promise
 FINAL_STATUS = {"cancelled": "cancelled", "error": "error"}
 
 
+def _first_kept(turns: list[ChatMessage], left_out: int) -> int:
+    """Where the turns the model reads begin once the ``left_out`` oldest questions (with their answers) are
+    left out; the last question always stays."""
+    starts = [i for i, m in enumerate(turns) if m.role == "user"]
+    return starts[min(left_out, len(starts) - 1)] if left_out and starts else 0
+
+
 class AnswerWriter(QObject):
     """The panel's answer in progress (one at a time); the panel holds the chat, its widgets and its history."""
 
@@ -79,12 +86,7 @@ class AnswerWriter(QObject):
         if panel.system_prompt.text().strip():
             out.append({"role": "system", "content": panel.system_prompt.text().strip()})
         turns = [m for m in panel.messages if m.role in ("user", "assistant")]
-        if self._left_out:
-            # Whole turns from the start; the last question always stays.
-            starts = [i for i, m in enumerate(turns) if m.role == "user"]
-            cut = starts[min(self._left_out, len(starts) - 1)] if starts else 0
-            turns = turns[cut:]
-        out += [{"role": m.role, "content": m.text} for m in turns]
+        out += [{"role": m.role, "content": m.text} for m in turns[_first_kept(turns, self._left_out):]]
         return out
 
     def _can_leave_out_more(self) -> bool:
@@ -296,10 +298,9 @@ class AnswerWriter(QObject):
         """A continued chat keeps the carried turns the model read: the ``left_out`` oldest questions, with
         their answers, leave it."""
         panel = self.panel
-        starts = [i for i, m in enumerate(panel.messages) if m.role == "user"]
-        if not left_out or len(starts) < 2:
+        cut = _first_kept(panel.messages, left_out)  # the chat's messages are its turns (no system rows)
+        if not cut:
             return
-        cut = starts[min(left_out, len(starts) - 1)]
         for message in panel.messages[:cut]:
             if message.store_id is not None and panel.store is not None:
                 panel.history.call(panel.store.delete_message, message.store_id)
