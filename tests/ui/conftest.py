@@ -71,6 +71,19 @@ def make_window(qtbot: QtBot, specdeck_home: Path) -> Iterator[object]:
         window.notifier.uninstall_hooks()
 
 
+@pytest.fixture
+def no_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home whose every model folder is empty (SpecDeck's, LM Studio's, the Hub cache, Ollama's): the empty
+    SpecDeck models folder."""
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    monkeypatch.setenv("SPECDECK_MODELS_DIR", str(empty))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    return empty
+
+
 def choose_pair(qtbot: QtBot, window: MainWindow, target: Path, drafter: Path | None = None,
                 ngram: int = 0) -> None:
     picker = window.picker

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
@@ -15,14 +14,8 @@ HOSTILE = "<b>bold</b> <a href='x'>link</a>"
 
 
 def test_the_details_of_the_chosen_target(
-    qtbot: QtBot, make_window, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    qtbot: QtBot, make_window, tmp_path: Path, no_models: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    empty = tmp_path / "no-models"
-    empty.mkdir()
-    monkeypatch.setenv("SPECDECK_MODELS_DIR", str(empty))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no LM Studio, Hub or Ollama folders either
-    monkeypatch.delenv("HF_HOME", raising=False)
-    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
     folder = tmp_path / "models"
     folder.mkdir()
     model = write_tiny_model(folder / "licensed.gguf", name="Licensed", metadata={"general.license": HOSTILE})

@@ -64,14 +64,8 @@ def test_sampling_fields_are_spin_boxes_with_the_ranges_validation_accepts(
 
 
 def test_first_run_panel_when_there_are_no_models(
-    qtbot: QtBot, make_window, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    qtbot: QtBot, make_window, no_models: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    empty = tmp_path / "no-models"
-    empty.mkdir()
-    monkeypatch.setenv("SPECDECK_MODELS_DIR", str(empty))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HOME", raising=False)
-    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
     window = make_window(start_engine=False)
     assert window.stack.currentWidget() is window.first_run
     assert window.first_run.demo_button.isEnabled()
