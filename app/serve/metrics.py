@@ -23,8 +23,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @dataclass
 class _LiveDecode:
-    """One answer's decode window counted so far."""
+    """The decode window counted so far of the answer being written (one at a time)."""
 
+    request_id: int
     end: float  # when the last emitting pass emitted its tokens (PassStats.t_emitted)
     tokens: int = 0
     seconds: float = 0.0
@@ -67,7 +68,7 @@ class ServeMetrics:
         self.plain_rate = Gauge(p + "plain_tokens_per_second",
                                 "Plain decoding's rate measured on the loaded model at load (one-token passes per "
                                 "second); the ceiling is the roofline's, not this", registry=r)
-        self._live: dict[int, _LiveDecode] = {}  # the answer being written (engine thread only)
+        self._live: _LiveDecode | None = None  # engine thread only
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -100,26 +101,28 @@ class ServeMetrics:
         since the end of the pass before."""
         if p.emitted <= 0:
             return
-        end = p.t_emitted
-        live = self._live.get(p.request_id)
-        if live is None:
-            self._live = {p.request_id: _LiveDecode(end)}  # one answer at a time: an older one is over
+        live = self._live
+        if live is None or live.request_id != p.request_id:
+            self._live = _LiveDecode(p.request_id, p.t_emitted)  # an older answer is over
             return
+        seconds = max(p.t_emitted - live.end, 0.0)
         self.tokens_predicted.inc(p.emitted)
-        self.tokens_predicted_seconds.inc(max(end - live.end, 0.0))
+        self.tokens_predicted_seconds.inc(seconds)
         live.tokens += p.emitted
-        live.seconds += max(end - live.end, 0.0)
-        live.end = end
+        live.seconds += seconds
+        live.end = p.t_emitted
 
     def on_finished(self, event: Finished) -> None:
         counts = event.stats.counts
-        live = self._live.pop(event.request_id, None) or _LiveDecode(0.0)
+        live = self._live if self._live is not None and self._live.request_id == event.request_id else None
+        self._live = None
+        counted_tokens, counted_seconds = (live.tokens, live.seconds) if live is not None else (0, 0.0)
         # What the passes left uncounted; never negative, counters only grow.
-        self.tokens_predicted.inc(max(counts.decode_tokens - live.tokens, 0))
-        self.tokens_predicted_seconds.inc(max(counts.decode_seconds - live.seconds, 0.0))
+        self.tokens_predicted.inc(max(counts.decode_tokens - counted_tokens, 0))
+        self.tokens_predicted_seconds.inc(max(counts.decode_seconds - counted_seconds, 0.0))
         self.requests.labels(reason=event.reason).inc()
 
     def on_ended(self, reason: str) -> None:
         """A request that ended without a Finished event (an engine error or crash)."""
-        self._live.clear()
+        self._live = None
         self.requests.labels(reason=reason).inc()
