@@ -458,7 +458,7 @@ class EngineSession:
             if hasattr(event, "text"):
                 pieces.append(event.text)
             yield event
-        stats = replace(totals.summary(decoder.plain_rate()),
+        stats = replace(totals.summary(totals.plain_rate()),
                         prefill_tps=decode_rate(prefilled, totals.prefill_seconds))
         yield Finished(request_id, stop.reason or "cancelled", stats, "".join(pieces))
 

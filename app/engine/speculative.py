@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.engine import sampling
-from app.engine.adaptive import DepthController
+from app.engine.adaptive import DepthController, DraftPlan
 from app.engine.drafters import Draft, TrainedDrafter
 from app.engine.grammar import GrammarMask
 from app.engine.llama import ROLLBACK_CHECKPOINTS, Context, Detokenizer, Model
@@ -45,6 +45,11 @@ from app.params import SamplingSettings
 # A pass slower than this: the load times fewer widths, once each (the cost model interpolates between them).
 SLOW_PASS_SECONDS = 0.1
 SPARSE_WIDTHS = (1, 2, 3, 5, 9, 17, 33)
+# "N× the plain rate" divides by the answer's own one-token passes: an adaptive answer that has drafted this many
+# passes in a row takes one plain pass, which costs it about nothing (its token comes at the plain rate) and keeps
+# the plain rate measured at the same time and under the same load as the drafting passes around it.
+PLAIN_PASS_EVERY = 16
+MIN_PLAIN_PASSES = 3  # fewer one-token passes than this: no plain rate, so no ratio
 
 
 @dataclass
@@ -114,6 +119,9 @@ class RunTotals:
     pos_accepted: list[int] = field(default_factory=list)
     k_history: list[int] = field(default_factory=list)
     hindsight: ProposalHindsight = field(default_factory=ProposalHindsight)
+    plain_passes: int = 0  # one-token passes after the first, and their seconds from the last emission on
+    plain_seconds: float = 0.0
+    last_plain_pass: int = 0  # ``passes`` after the latest of them
 
     def record_positions(self, accepted: Sequence[bool], drafted: int) -> None:
         count_first(self.pos_drafted, drafted)
@@ -128,6 +136,18 @@ class RunTotals:
             decode_seconds=max(self.t_last_token - self.t_first_token, 0.0),
             end_tokens=self.end_tokens,
         )
+
+    def add_plain_pass(self, seconds: float) -> None:
+        self.plain_passes += 1
+        self.plain_seconds += seconds
+        self.last_plain_pass = self.passes
+
+    def plain_rate(self) -> float | None:
+        """Tokens per second of this answer's own one-token passes, timed as its decode window is (from one
+        emission to the next, less the drafter's proposal that plain decoding does not make)."""
+        if self.plain_passes < MIN_PLAIN_PASSES or self.plain_seconds <= 0:
+            return None
+        return self.plain_passes / self.plain_seconds
 
     def summary(self, plain_tps: float | None) -> MessageStats:
         counts = self.counts()
@@ -196,11 +216,6 @@ class SpeculativeDecoder:
         self.kv_bytes_per_token = 0
         self.state_bytes = 0  # a recurrent state (and its snapshots), whatever the context length
         self.checkpoint_bytes = 0  # one checkpoint of the recurrent state, as llama.cpp copies it
-
-    def plain_rate(self) -> float | None:
-        """Tokens per second of plain decoding here, from the recent one-token passes (or calibration)."""
-        one = self.controller.cost.widths.get(1)
-        return 1.0 / one if one else self.plain_tps
 
     def reset_cache(self) -> None:
         """Forget every cached token (target and drafters), as before a fresh, comparable run."""
@@ -353,7 +368,12 @@ class SpeculativeDecoder:
             # the cost of a wide pass measured.
             # The split between the suffix draft and the trained drafter's is the controller's, from each
             # source's measured acceptance per position and cost.
-            plan = controller.plan(len(ng_draft), self.drafter is not None, ng_draft.match_len, probs=ng_draft.probs)
+            if controller.fixed is None and controller.k_max > 0 \
+                    and totals.passes - totals.last_plain_pass >= PLAIN_PASS_EVERY:
+                plan = DraftPlan(0, 0)
+            else:
+                plan = controller.plan(len(ng_draft), self.drafter is not None, ng_draft.match_len,
+                                       probs=ng_draft.probs)
             k = max(0, min(plan.k, self.k_cap, room - 1, remaining - 1, ctx.rollback_limit()))
             n_ngram = min(plan.ngram, k)
             draft = Draft(ng_draft.tokens[:n_ngram], ng_draft.q[:n_ngram], ng_draft.sources[:n_ngram])
@@ -415,6 +435,8 @@ class SpeculativeDecoder:
             produced += len(out_ids)
             sources = [draft.sources[i] if i < n_acc else FROM_TARGET for i in range(len(out_ids))]
             now = time.perf_counter()
+            if totals.tokens and len(out_ids) == 1 and width == 1:
+                totals.add_plain_pass(now - totals.t_last_token - (t_drafted - t_pass))
             if out_ids:
                 if totals.tokens == 0:
                     totals.t_first_token = now
