@@ -82,9 +82,10 @@ class Salvaged:
 
 
 def salvage(damaged: Path, into: sqlite3.Connection) -> Salvaged:
-    """Copy readable chats and their messages from ``damaged`` into ``into`` (a fresh, migrated history).
+    """Copy readable chats, their messages and their answers' alternatives from ``damaged`` into ``into`` (a
+    fresh, migrated history).
 
-    Messages whose chat is lost are not copied.
+    Messages whose chat is lost are not copied, nor alternatives whose question is.
     """
     # immutable: no lock files are created beside the kept copy; with a WAL beside it, its pages count too.
     mode = "mode=ro" if Path(f"{damaged}-wal").exists() else "mode=ro&immutable=1"
@@ -123,9 +124,12 @@ def salvage(damaged: Path, into: sqlite3.Connection) -> Salvaged:
                 except sqlite3.IntegrityError:
                     chats.pop(int(row[0]), None)
             marks = ", ".join("?" for _ in msg_cols)
+            kept: set[int] = set()
             for row in messages:
                 with contextlib.suppress(sqlite3.IntegrityError):  # a value the schema's checks refuse
                     into.execute(f"INSERT INTO messages ({', '.join(msg_cols)}) VALUES ({marks})", row)
+                    kept.add(int(row[0]))
+            _copy_alternatives(src, into, kept, unreadable)
             into.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -134,6 +138,22 @@ def salvage(damaged: Path, into: sqlite3.Connection) -> Salvaged:
     finally:
         src.close()
     return Salvaged(recovered, seen, messages_missing=unreadable[0] > 0 or orphans > 0 or recovered < seen)
+
+
+def _copy_alternatives(src: sqlite3.Connection, into: sqlite3.Connection, questions: set[int],
+                       unreadable: list[int]) -> None:
+    """A regenerated answer's earlier versions, under the questions that were copied (a history older than the
+    alternatives has none)."""
+    target_cols = _columns(into, "alternatives")
+    cols = [c for c in _columns(src, "alternatives") if c in target_cols]
+    if "id" not in cols or "question_id" not in cols:
+        return
+    question_at = cols.index("question_id")
+    marks = ", ".join("?" for _ in cols)
+    for row in _rows(src, "alternatives", cols, unreadable):
+        if row[question_at] in questions:
+            with contextlib.suppress(sqlite3.IntegrityError):
+                into.execute(f"INSERT INTO alternatives ({', '.join(cols)}) VALUES ({marks})", row)
 
 
 def fix_readonly_shm(db: Path) -> bool:

@@ -105,3 +105,29 @@ def test_a_history_from_before_alternatives_opens_and_keeps_them(tmp_path: Path)
         assert [m.text for m in store.messages(chat)] == ["Q", "first"]
         store.keep_alternative(question, answer)
         assert store.messages(chat)[0].alternatives == (1,)
+
+
+def test_a_salvaged_history_keeps_the_alternatives_of_the_questions_it_kept(tmp_path: Path) -> None:
+    from app.storage.history_repair import salvage
+
+    damaged = tmp_path / "damaged.sqlite3"
+    with HistoryStore(damaged) as s:
+        chat, question, answer = _chat(s)
+        s.keep_alternative(question, answer)
+        s.add_message(chat, "assistant", "second")
+        lost_chat, lost_question, lost_answer = _chat(s)
+        s.keep_alternative(lost_question, lost_answer)
+    conn = sqlite3.connect(damaged)  # one chat's row lost, its messages and alternatives left behind
+    conn.execute("DELETE FROM chats WHERE id = ?", (lost_chat,))
+    conn.commit()
+    conn.close()
+    with HistoryStore(tmp_path / "fresh.sqlite3") as fresh:
+        found = salvage(damaged, fresh._conn)
+        assert (found.chats, found.messages_missing) == (1, True)
+        messages = fresh.messages(chat)
+        assert [m.text for m in messages] == ["Q", "second"]
+        assert messages[0].alternatives == (1,)
+        fresh.choose_alternative(question, messages[1].id, 1)
+        assert [m.text for m in fresh.messages(chat)] == ["Q", "first"]  # the kept version, whole
+        assert fresh._conn.execute("SELECT count(*) FROM alternatives").fetchone()[0] == 1  # not the lost chat's
+        assert fresh.integrity_ok()
