@@ -378,6 +378,10 @@ class MainWindow(QMainWindow):
 
     @Slot(LoadSettings)
     def _on_picker_load_requested(self, settings: LoadSettings) -> None:
+        if self.remote.switch.running:  # the server holds the models: a second load here would hold them twice
+            self.notifier.error("The server is serving the loaded model; stop it (Model → Serve the loaded model) "
+                                "before loading a model here.")
+            return
         if settings.n_threads == 0:  # auto: leave the window a core of its own
             settings = replace(settings, n_threads=threads_beside_window())
         try:

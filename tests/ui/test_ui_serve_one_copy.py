@@ -1,8 +1,9 @@
 """The Server switch never holds a second copy of the model: the window unloads its own first (and says so),
 the server loads the window's whole load settings, the window chats through the server, and stopping the
 server loads the model back in the window's own engine. Serve waits for an answer or Tune to end, a server
-that cannot start gives the model back, closing the window while serving loads nothing, and a chat through
-the window's own server is saved once."""
+that cannot start (or whose engine cannot load the model) gives the model back, a load in the window while serving
+is refused, closing the window while serving loads nothing, and a chat through the window's own server is saved
+once."""
 
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def chat_engine_is_local(window: object) -> bool:
     return window.chat.bridge is window.bridge  # type: ignore[attr-defined]
 
 
-def test_closing_the_window_while_serving_loads_nothing_back(
+def test_loading_here_while_serving_is_refused_and_closing_the_window_loads_nothing_back(
     qtbot: QtBot, make_window: object, tiny_target: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     window = make_window(folders=(tiny_target.parent,))  # type: ignore[operator]
@@ -144,6 +145,27 @@ def test_closing_the_window_while_serving_loads_nothing_back(
         side.serve_action.setChecked(True)
     loads: list[object] = []
     monkeypatch.setattr(bridge, "load", loads.append)
+    assert window.picker.request_load()  # Load pressed while serving: refused, the server keeps the one copy
+    assert "stop it" in window.notifier.last_message
     window.close()
     assert not side.switch.running
     assert loads == []
+
+
+def test_a_server_whose_engine_cannot_load_the_model_stops_and_says_why(
+    qtbot: QtBot, tmp_path: Path, specdeck_home: Path,
+) -> None:
+    from app.params import LoadSettings
+    from ui.remote.server_switch import ServerSwitch
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))  # a header cut short: the engine refuses it, the HTTP side is up
+    switch = ServerSwitch(port=0)
+    with qtbot.waitSignal(switch.started, timeout=LOAD_TIMEOUT_MS) as started, \
+            qtbot.waitSignal(switch.failed, timeout=LOAD_TIMEOUT_MS) as failed:
+        switch.start(LoadSettings(target_path=str(broken)))
+    assert started.args[0] == switch.last_url
+    assert failed.args[0].startswith("The server stopped: it could not load the model (")
+    assert not switch.running
+    with pytest.raises(httpx.TransportError):  # not a server left answering 503 for ever
+        httpx.get(switch.last_url + "/health", timeout=5)
