@@ -193,13 +193,14 @@ class Loaded:
     # given); n_gpu_layers: the count llama.cpp was asked for.
     gpu_layers_note: str = ""
     n_gpu_layers: int = 0
+    mtp: bool = False  # the target's own MTP heads draft
 
 
 def drafted_by(loaded: Loaded) -> str | None:
     """What drafts for a loaded pair, as the chat's footer and the history name it: the drafter model's path,
     the suffix drafter with its shortest match, or both ("<path> + suffix drafter (3)"); None for plain
     decoding."""
-    parts = [loaded.drafter.path] if loaded.drafter is not None else []
+    parts = [loaded.drafter.path] if loaded.drafter is not None else ["the target's MTP heads"] if loaded.mtp else []
     if loaded.ngram:
         parts.append(f"suffix drafter ({loaded.ngram})")
     return " + ".join(parts) or None

@@ -1,6 +1,6 @@
 """A target's own multi-token-prediction (MTP, NextN) heads, from its GGUF alone: the memory they take (their
-weights, and the KV cache of the second context that runs them). Whether SpecDeck can draft with them is the
-library's answer (``app.library.heads.mtp_refusal``)."""
+weights, and the KV cache of the second context that runs them) and the bytes a draft step reads. Whether
+SpecDeck can draft with them is the library's answer (``app.library.heads.mtp_refusal``)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def mtp_weight_bytes(info: GGUFInfo) -> int:
     """Bytes of the MTP blocks' own tensors (blk.{n_layer - mtp_layers}.* on): loaded only with load_mtp."""
     layers = ModelShape.from_gguf(info).layer_bytes
     return sum(layers[info.n_layer - info.mtp_layers :]) if info.mtp_layers > 0 and layers else 0
+
+
+def mtp_step_ratio(info: GGUFInfo) -> float:
+    """c of one MTP draft step from the bytes it reads: one block and the output layer (which the heads share
+    with the target), over the trunk's one-token pass; inf where the header gives no trunk."""
+    shape = ModelShape.from_gguf(info)
+    heads = mtp_weight_bytes(info)
+    trunk = info.tensor_bytes - heads
+    if info.mtp_layers <= 0 or trunk <= 0:
+        return float("inf")
+    return (heads / info.mtp_layers + shape.output_bytes + shape.tied_output_bytes) / trunk

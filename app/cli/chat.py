@@ -113,7 +113,7 @@ class TerminalChat:
                 print()
                 self.messages.append({"role": "assistant", "content": event.text})
                 draft = self.settings.draft
-                keep_answer(self.settings.target_path, draft.drafter_path, draft.ngram, event.stats)
+                keep_answer(self.settings.target_path, draft.drafter_path, draft.ngram, event.stats, mtp=draft.mtp)
                 if self.stats:
                     s = event.stats
                     print(f"[{s.decode_tps:.1f} tok/s, acceptance {s.acceptance:.2f}, "

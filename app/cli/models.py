@@ -103,10 +103,12 @@ def _drafters_text(target: GGUFInfo, report: DrafterReport, entries: Sequence[Li
            f"ranked by predicted speedup on {curve}:"]
     rows = [["#", "DRAFTER", "c", "ACCEPT", "K", "TOK/PASS", "SPEEDUP", "GPU-STYLE"]]
     for n, r in enumerate(report.recommendations, 1):
-        if r.drafter_path is None:
+        if r.kind == "ngram":
             rank, label = "free", r.name
-        else:
+        elif r.kind == "model" and r.drafter_path is not None:
             rank, label = str(n), f"{labels.get(r.drafter_path, Path(r.drafter_path).name)} ({r.name})"
+        else:  # a trained head, named as the heads below name it
+            rank, label = str(n), r.name
         rows.append([rank, label, f"{r.cost_ratio:.3f}", f"{r.acceptance:.2f} {r.acceptance_source}",
                      str(r.best_k), f"{r.tokens_per_pass:.2f}", f"{r.speedup:.2f}x",
                      f"{r.bandwidth_speedup:.2f}x bandwidth-bound"])

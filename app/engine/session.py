@@ -374,6 +374,7 @@ class EngineSession:
             target=summarize(self.target),
             drafter=summarize(self.drafter_model) if self.drafter_model else None,
             ngram=self.settings.draft.ngram,
+            mtp=self.settings.draft.mtp,
             n_ctx=self.ctx.n_ctx,
             backend=backend_name(),
             gpu_offload=bool(self.devices),

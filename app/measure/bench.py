@@ -202,7 +202,7 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
                 (bases if plain else specs).append(result)
         for s in specs:
             if s.stats is not None:
-                keep_answer(target, draft.drafter_path, draft.ngram, s.stats)
+                keep_answer(target, draft.drafter_path, draft.ngram, s.stats, mtp=draft.mtp)
         prompt = PromptResult(index, tuple(specs), tuple(bases), tuple(firsts))
         prompts.append(prompt)
         answered = bases[0] if bases else specs[0]
@@ -224,7 +224,7 @@ def _measure(client: EngineClient, config: BenchConfig, loaded: Loaded, out: Tex
                          _raw(client, config.prompts[0], sampling.max_tokens, out) if config.raw else None,
                          tuple(traces) if config.keep_traces else ())
     keep_pass_costs(target, loaded.backend, report.verify_cost_ms, draft.drafter_path, draft.ngram,
-                    step.c if step else None)
+                    step.c if step else None, mtp=draft.mtp)
     summary = (f"total: {total.tok_s:.1f} tok/s, acceptance {total.acceptance:.2f}, "
                f"τ {total.tokens_per_pass:.2f}")
     if baseline is not None and speedup is not None:

@@ -8,7 +8,10 @@ uses too, and ``app.engine.adaptive.best_depth``).
 The rates are the pair's acceptance measured per position in earlier runs (``app.storage.pair_stats``):
 acceptance is clustered, so the i.i.d. rule (1 − α^(k+1)) / (1 − α) from one α misjudges both the tokens and
 the depth. Without a profile, the pair's measured α (or a stated default) is used at every position, i.i.d.
-The suffix drafter (text match) costs nothing to run and is always listed as the free option.
+The suffix drafter (text match) costs nothing to run and is always listed as the free option. Trained heads
+are ranked beside the drafter models: the target's own MTP heads with a step of one MTP block and the output
+layer, an EAGLE-3 or DFlash file with its weight bytes (DFlash drafts a block in one pass, so that overstates its
+cost), each with the step measured beside the target wherever a bench measured it.
 
 A CPU is not bandwidth-bound: a pass of k + 1 tokens can cost several one-token passes. Where this machine's
 verify-cost curve for the target was measured (``app.storage.verify_cost``, kept by bench and tune), the
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from app.ceiling.mtp_heads import mtp_step_ratio
 from app.ceiling.speculation import bandwidth_bound_pass, expected_tokens, expected_tokens_per_pass
 from app.engine.adaptive import MODEL_PRIOR, best_depth, conditional
 from app.library.compat import CompatResult, VocabInfo, check_compatible
@@ -31,7 +35,7 @@ from app.library.discovery import LibraryEntry, compatible_drafters, head_offers
 from app.library.gguf_reader import GGUFInfo
 from app.library.heads import HeadOffer
 from app.params import K_MAX
-from app.storage.pair_stats import NGRAM_KEY
+from app.storage.pair_stats import MTP_KEY, NGRAM_KEY
 from app.storage.verify_cost import VerifyCurve
 
 DEFAULT_ACCEPTANCE = MODEL_PRIOR  # the depth policy's own start for a pair never measured
@@ -66,9 +70,9 @@ def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
 
 @dataclass(frozen=True)
 class Recommendation:
-    drafter_path: str | None  # None for the n-gram drafter
+    drafter_path: str | None  # None for the n-gram drafter and the target's own MTP heads
     name: str
-    kind: str  # "model" or "ngram"
+    kind: str  # "model", "mtp" (the target's own heads), "head" (an EAGLE-3 or DFlash file) or "ngram"
     cost_ratio: float  # c: drafter bytes ÷ target bytes (0 for n-gram)
     acceptance: float  # α used
     acceptance_source: str  # "measured per position", "measured" (α only), "measured: drafted nothing", "default"
@@ -110,14 +114,17 @@ def recommend_drafters(
     pass_profiles: Mapping[tuple[str, str], tuple[Sequence[float], Sequence[float]]] | None = None,
     step_costs: Mapping[tuple[str, str], float] | None = None,
     idle: Mapping[tuple[str, str], int] | None = None,
+    heads: Sequence[tuple[HeadOffer, int]] = (),
 ) -> list[Recommendation]:
-    """Compatible model drafters ranked by predicted speedup (best first), then the n-gram drafter.
+    """Compatible model drafters and the trained heads that fit (``heads``: each offer with its file's weight
+    bytes) ranked by predicted speedup (best first), then the n-gram drafter.
     Candidates that fail llama.cpp's vocabulary rule, are the target itself or are not models are left
     out (the library's compatibility matrix says why). Keys of measured_acceptance and ``profiles`` are
     (target path, drafter path), with NGRAM_KEY as the drafter path for the n-gram drafter.
     ``verify_curves`` ({model path: measured curve}) and ``profiles`` ({pair: acceptance per position})
     default to what was measured on this machine; so does ``idle`` ({pair: answers in which the drafter drafted
-    nothing}), which makes a drafter never measured drafting predict plain decoding, not its default."""
+    nothing}), which makes a drafter never measured drafting predict plain decoding, not its default. The
+    target's own MTP heads are keyed MTP_KEY, kind "mtp"; an EAGLE-3 or DFlash file is kind "head"."""
     if verify_curves is None:
         from app.storage.verify_cost import load_curves
 
@@ -139,25 +146,19 @@ def recommend_drafters(
 
         idle = load_idle()
     curve = verify_curves.get(target.path)
-    target_vocab = VocabInfo.from_gguf(target)
-    models: list[Recommendation] = []
-    for cand in candidates:
-        if cand.kind != "model" or cand.missing_shards or _same_file(cand.path, target.path):
-            continue
-        if cand.tensor_bytes <= 0 or target.tensor_bytes <= 0:
-            continue
-        if not check_compatible(target_vocab, VocabInfo.from_gguf(cand)).ok:
-            continue
-        c = cand.tensor_bytes / target.tensor_bytes
-        alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, cand.path),
-                                             default_acceptance)
+
+    def trained(path: str | None, key: str, name: str, kind: str, c_bytes: float) -> Recommendation:
+        """The prediction for one trained drafter (a model or a head), ``c_bytes`` its step's c from weight bytes;
+        ``key`` its half of the measurements' keys."""
+        c = c_bytes
+        alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, key), default_acceptance)
         rates, limit = acceptance_rates(alpha, profile, k_max)
         k, tau, s = predict(rates, limit, c)
         gpu_style = s
         c_source = "weight bytes, bandwidth-bound"
         if curve is not None:
-            own = verify_curves.get(cand.path)  # a drafter step costs its own one-token pass, where measured
-            step = step_costs.get((target.path, cand.path))
+            own = verify_curves.get(path) if kind == "model" and path else None  # its own one-token pass
+            step = step_costs.get((target.path, key))
             if step is not None:  # timed inside the loop, beside this target: what a step really costs here
                 c, c_source = step, "measured drafter steps"
             elif own is not None:
@@ -165,7 +166,7 @@ def recommend_drafters(
             else:
                 c_source = "weight bytes"
             k, tau, s = predict(rates, limit, c, curve)
-        idle_answers = idle.get((target.path, cand.path), 0)
+        idle_answers = idle.get((target.path, key), 0)
         if source == "default" and idle_answers:
             # Loaded and asked, it drafted nothing: the depth policy found its drafts not worth their cost here.
             alpha, source, k, tau, s = 0.0, "measured: drafted nothing", 0, 1.0, 1.0
@@ -180,8 +181,27 @@ def recommend_drafters(
             note = f"too large for its acceptance (c = {c:.2f}, α = {alpha:.2f}): no depth beats plain decode"
         else:
             note = f"c = {c:.3f} ({c_source}), α = {alpha:.2f} ({_source_words(source)})"
-        models.append(Recommendation(cand.path, cand.name, "model", c, alpha, source, k, tau, s, note,
-                                     curve.describe() if curve else BANDWIDTH_BOUND, gpu_style, profile))
+        return Recommendation(path, name, kind, c, alpha, source, k, tau, s, note,
+                              curve.describe() if curve else BANDWIDTH_BOUND, gpu_style, profile)
+
+    target_vocab = VocabInfo.from_gguf(target)
+    models: list[Recommendation] = []
+    for cand in candidates:
+        if cand.kind != "model" or cand.missing_shards or _same_file(cand.path, target.path):
+            continue
+        if cand.tensor_bytes <= 0 or target.tensor_bytes <= 0:
+            continue
+        if not check_compatible(target_vocab, VocabInfo.from_gguf(cand)).ok:
+            continue
+        models.append(trained(cand.path, cand.path, cand.name, "model", cand.tensor_bytes / target.tensor_bytes))
+    for offer, head_bytes in heads:
+        if not offer.fits or target.tensor_bytes <= 0:
+            continue
+        if offer.path is None:  # the target's own MTP heads: one block and the output layer a step
+            if math.isfinite(step_ratio := mtp_step_ratio(target)):
+                models.append(trained(None, MTP_KEY, offer.label, "mtp", step_ratio))
+        elif head_bytes > 0:
+            models.append(trained(offer.path, offer.path, offer.label, "head", head_bytes / target.tensor_bytes))
     models.sort(key=lambda r: (-r.speedup, r.cost_ratio, r.drafter_path or ""))
 
     alpha, source, profile = _acceptance(measured_acceptance, profiles, (target.path, NGRAM_KEY),
@@ -219,9 +239,9 @@ def _same_file(a: str, b: str) -> bool:
 
 @dataclass(frozen=True)
 class DrafterReport:
-    recommendations: list[Recommendation]  # compatible drafters ranked, then the n-gram drafter
+    recommendations: list[Recommendation]  # compatible drafters and fitting heads ranked, then the n-gram drafter
     refused: list[tuple[LibraryEntry, CompatResult]]  # models that cannot draft for the target, and why
-    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files
+    heads: list[HeadOffer] = field(default_factory=list)  # own MTP heads, EAGLE-3 and DFlash files, fitting or not
 
 
 def drafters_for(
@@ -234,8 +254,11 @@ def drafters_for(
     """Rank the library's models as drafters for `target` (which need not be in the library); with `confirm`,
     what the fingerprints leave open is decided on the real token texts (``compatible_drafters``)."""
     ok, refused = compatible_drafters(target, entries, confirm=confirm)
-    recs = recommend_drafters(target, ok, measured_acceptance or {})
-    return DrafterReport(recs, refused, head_offers(target, entries))
+    offers = head_offers(target, entries)
+    sizes = {e.info.path: e.info.tensor_bytes for e in entries if e.info is not None}
+    recs = recommend_drafters(target, ok, measured_acceptance or {},
+                              heads=[(o, sizes.get(o.path, 0) if o.path else 0) for o in offers])
+    return DrafterReport(recs, refused, offers)
 
 
 __all__ = [

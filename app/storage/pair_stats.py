@@ -28,6 +28,7 @@ from app.storage.atomic import atomic_write_json, read_json_object
 
 FILE_NAME = "acceptance.json"
 NGRAM_KEY = "ngram"  # the drafter half of a measured_acceptance key for the n-gram drafter
+MTP_KEY = "mtp"  # ... and for the target's own MTP heads
 MIN_DRAFTED = 8  # fewer drafted tokens say too little to keep
 # An answer this long in which a trained drafter drafted nothing: the depth policy judged its drafts not worth
 # their cost here, which the ranking must hear (its default acceptance would go on predicting a speedup).
@@ -129,11 +130,17 @@ def measured_start(target: str, drafter: str | None) -> float | None:
     return load_measured().get((target, drafter)) if drafter else None
 
 
-def drafter_key(drafter_path: str | None, ngram: int) -> str | None:
-    """Which drafter a run's figures belong to, or None when two drafters shared the drafts."""
-    if drafter_path and ngram == 0:
-        return drafter_path
-    if not drafter_path and ngram > 0:
+def trained_key(drafter_path: str | None, mtp: bool) -> str | None:
+    """The trained drafter's half of a key: a drafter file's path, MTP_KEY for the target's own MTP heads."""
+    return MTP_KEY if mtp else drafter_path
+
+
+def drafter_key(trained: str | None, ngram: int) -> str | None:
+    """Which drafter a run's figures belong to (``trained``: ``trained_key``'s), or None when two drafters shared
+    the drafts."""
+    if trained and ngram == 0:
+        return trained
+    if not trained and ngram > 0:
         return NGRAM_KEY
     return None
 

@@ -153,8 +153,9 @@ def test_trained_heads_are_offered_as_drafters_for_their_target_with_the_reason_
     choose_pair(qtbot, window, target)
     combo = picker.drafter_combo
     labels = {combo.itemData(i): combo.itemText(i) for i in range(combo.count())}
-    assert labels[str(eagle)].endswith("(EAGLE-3 drafter)")
-    assert labels[str(dflash)].endswith("(DFlash drafter)")
+    # Heads that fit are ranked with a prediction, as the drafter models are.
+    assert "(EAGLE-3 drafter) — predicted" in labels[str(eagle)]
+    assert "(DFlash drafter) — predicted" in labels[str(dflash)]
     assert labels[str(narrow)].startswith("✗")
     assert OWN_MTP_HEADS not in labels  # a llama file has no MTP heads
     tip = combo.itemData(combo.findData(str(narrow)), TOOLTIP_ROLE)
@@ -168,7 +169,7 @@ def test_trained_heads_are_offered_as_drafters_for_their_target_with_the_reason_
 
     choose_pair(qtbot, window, mtp_target)
     index = combo.findData(OWN_MTP_HEADS)
-    assert combo.itemText(index) == OWN_MTP_HEADS
+    assert combo.itemText(index).startswith(f"{OWN_MTP_HEADS} — predicted")
     combo.setCurrentIndex(index)
     settings = picker.load_settings()
     assert settings.draft.mtp

@@ -35,7 +35,7 @@ from app.events import Devices, Loaded, drafted_by
 from app.library.compat import CompatResult
 from app.library.discovery import LibraryEntry, discover
 from app.library.gguf_reader import GGUFInfo
-from app.library.heads import OWN_MTP_HEADS
+from app.library.heads import OWN_MTP_HEADS, HeadOffer
 from app.measure.recommend import DrafterReport, Recommendation, drafters_for
 from app.params import (
     HISTORY_TOKENS,
@@ -348,7 +348,7 @@ class ModelPicker(QWidget):
         for entry, result in self._report.refused:
             if entry.path == drafter:
                 return result
-        if any(r.drafter_path == drafter for r in self._report.recommendations):
+        if any(r.kind == "model" and r.drafter_path == drafter for r in self._report.recommendations):
             return CompatResult(True, "", "same vocabulary")
         for offer in self._report.heads:
             if offer.path == drafter:
@@ -502,8 +502,19 @@ class ModelPicker(QWidget):
             self.drafter_combo.addItem(f"✗ {entry.label} (incompatible)", entry.path)
             self.drafter_combo.setItemData(self.drafter_combo.count() - 1, plain_tooltip(result.reason), TOOLTIP_ROLE)
             self._disable_item(self.drafter_combo.count() - 1)  # listed to say why, never to be chosen
-        for offer in report.heads:  # trained heads: the target's own MTP heads, EAGLE-3 and DFlash files
-            self.drafter_combo.addItem(offer.label if offer.fits else f"✗ {offer.label} (does not fit)",
+        # Trained heads (the target's own MTP heads, EAGLE-3 and DFlash files): those that fit in their ranking's
+        # order, with its prediction, then those that do not.
+        predicted = {r.drafter_path or OWN_MTP_HEADS: r for r in report.recommendations if r.kind in ("mtp", "head")}
+        order = list(predicted)
+
+        def rank(offer: HeadOffer) -> int:
+            key = offer.path or OWN_MTP_HEADS
+            return order.index(key) if key in predicted else len(order)
+
+        for offer in sorted(report.heads, key=rank):
+            head_rec = predicted.get(offer.path or OWN_MTP_HEADS)
+            label = self._rec_label(head_rec) if head_rec is not None else offer.label
+            self.drafter_combo.addItem(label if offer.fits else f"✗ {offer.label} (does not fit)",
                                        offer.path or OWN_MTP_HEADS)
             self.drafter_combo.setItemData(self.drafter_combo.count() - 1,
                                            plain_tooltip(offer.refusal or f"Drafts for this target: {offer.label}."),
