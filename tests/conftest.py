@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,21 @@ from tests.gguf_fixtures import write_tiny_model
 pytest_plugins = ["tests.logfail", "pytester"]
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def _scratch_home() -> None:
+    """Every test, and every process a test starts, keeps its config, measurements and logs in a scratch
+    SPECDECK_HOME: what one run measured for a temporary path must not reach a later run whose temporary
+    folders have the same names, nor the user's own data. The models folder stays the real one."""
+    from app.paths import models_dir
+
+    os.environ["SPECDECK_MODELS_DIR"] = str(models_dir())
+    home = tempfile.mkdtemp(prefix="specdeck-tests-")
+    os.environ["SPECDECK_HOME"] = home
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+
+
+_scratch_home()
 
 # Relative noise of the perturbed drafter. Measured with seed 0: greedy agreement with the target is about
 # 50 % per position on short English/code/chat prompts (0.1 gives ~65 %, 0.2 ~45 %, 0.3 ~30 %).
